@@ -1,0 +1,27 @@
+//! Host runtime of the MLA decode kernels.
+//!
+//! - [`validate`]: every request is checked before any device pointer is touched.
+//! - [`plan`]: pure functions (split counts, chunk ranges, workspace sizes); no CUDA types.
+//! - [`module`]: device discovery, kernel image choice, module load, symbol resolution.
+//! - [`launch`]: the only place that launches kernels.
+//! - [`oracle`]: the naive f64 CPU reference everything is tested against.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod error;
+pub mod launch;
+pub mod module;
+pub mod numeric;
+pub mod oracle;
+pub mod plan;
+pub mod request;
+pub mod rng;
+pub mod tensor;
+pub mod validate;
+
+pub use error::{MlaError, Result};
+pub use module::{DeviceInfo, KernelImages, Runtime, Variant};
+pub use request::{
+    AppendRequest, DecodeDtypes, DecodeRequest, DecodeShape, GatherRequest, HostMirror,
+    PagedShape, Scales,
+};
+pub use tensor::TensorView;

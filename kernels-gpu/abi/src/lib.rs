@@ -1,0 +1,342 @@
+//! The ABI shared by the GPU kernels (`mla-kernels`, compiled for `nvptx64`) and the host
+//! runtime (`mla-host`): geometry and tile constants, the `#[repr(C)]` params struct of
+//! every kernel, and every kernel symbol name. Nothing here is restated on either side:
+//! both crates import these items.
+//!
+//! `#![no_std]`, no dependencies, so it compiles for the GPU target unchanged.
+#![no_std]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+use core::marker::PhantomData;
+
+/// Width of the latent vector `c_kv` (= the value width).
+pub const D_LATENT: usize = 512;
+/// Width of the decoupled rope key.
+pub const D_ROPE: usize = 64;
+/// Key width: latent followed by rope.
+pub const D_QK: usize = D_LATENT + D_ROPE;
+/// Value width (the first `D_V` dims of each cached row).
+pub const D_V: usize = D_LATENT;
+
+/// Most query heads one launch accepts.
+pub const MAX_HEADS: u32 = 128;
+/// Most query tokens per sequence per step (MTP / speculative decode).
+pub const MAX_S_Q: u32 = 8;
+/// Most split-KV chunks one sequence may be cut into. The workspace holds this many
+/// partial results per (sequence, query row); a larger request is a typed error.
+pub const MAX_SPLITS: u32 = 64;
+/// Largest page size (tokens per page); every power of two from 1 up to it is accepted.
+pub const MAX_PAGE_SIZE: u32 = 256;
+
+/// Element type codes, as carried in params and reported by the host.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ElemType {
+    Bf16 = 0,
+    Fp16 = 1,
+    /// OCP fp8 e4m3 ("e4m3fn": no infinities, `0x7f`/`0xff` are NaN, max 448).
+    Fp8E4m3 = 2,
+    F32 = 3,
+}
+
+impl ElemType {
+    /// Bytes per element.
+    pub const fn size(self) -> usize {
+        match self {
+            ElemType::Bf16 | ElemType::Fp16 => 2,
+            ElemType::Fp8E4m3 => 1,
+            ElemType::F32 => 4,
+        }
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            ElemType::Bf16 => "bf16",
+            ElemType::Fp16 => "fp16",
+            ElemType::Fp8E4m3 => "fp8_e4m3",
+            ElemType::F32 => "f32",
+        }
+    }
+}
+
+/// A device address of elements of `T`, as the kernels receive it: a transparent `u64`.
+/// The type parameter documents and checks the element type on the host; it costs nothing.
+#[repr(transparent)]
+pub struct DevPtr<T> {
+    addr: u64,
+    _elem: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for DevPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for DevPtr<T> {}
+
+impl<T> core::fmt::Debug for DevPtr<T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "DevPtr({:#x})", self.addr)
+    }
+}
+
+impl<T> DevPtr<T> {
+    /// The null pointer, for the optional pointers documented as "may be null".
+    pub const NULL: Self = Self::from_addr(0);
+
+    pub const fn from_addr(addr: u64) -> Self {
+        Self {
+            addr,
+            _elem: PhantomData,
+        }
+    }
+
+    pub const fn addr(self) -> u64 {
+        self.addr
+    }
+
+    pub const fn is_null(self) -> bool {
+        self.addr == 0
+    }
+
+    /// The raw pointer, for device code.
+    pub const fn ptr(self) -> *mut T {
+        self.addr as *mut T
+    }
+}
+
+/// Tile configuration of the tensor-core decode kernel (`mma.sync`, all archs).
+pub mod decode_tile {
+    use super::D_QK;
+
+    /// Query rows per CTA (heads x query tokens folded together).
+    pub const BLOCK_M: usize = 64;
+    /// KV tokens per pipeline step.
+    pub const BLOCK_N: usize = 64;
+    /// Warps per CTA: 4 row groups of 16 x 2 column halves.
+    pub const WARPS: usize = 8;
+    pub const THREADS: usize = WARPS * 32;
+    /// One bf16/fp16 tile of `rows x D_QK`, 16-byte chunks XOR-swizzled by row.
+    pub const QK_TILE_BYTES: usize = BLOCK_N * D_QK * 2;
+    /// One fp8 staging tile of `BLOCK_N x D_QK` bytes.
+    pub const FP8_STAGE_BYTES: usize = BLOCK_N * D_QK;
+    /// Probabilities tile, `BLOCK_M x BLOCK_N` 16-bit.
+    pub const P_TILE_BYTES: usize = BLOCK_M * BLOCK_N * 2;
+    /// Row max exchange between the two column halves, and the row sums at the end.
+    pub const RED_BYTES: usize = 2 * BLOCK_M * 4;
+
+    /// Byte offsets of the shared-memory regions.
+    pub const SMEM_Q: usize = 0;
+    /// Two KV stages (16-bit caches) or, for fp8 caches, one converted tile.
+    pub const SMEM_KV: usize = SMEM_Q + QK_TILE_BYTES;
+    pub const SMEM_P: usize = SMEM_KV + 2 * QK_TILE_BYTES;
+    pub const SMEM_RED: usize = SMEM_P + P_TILE_BYTES;
+    pub const SMEM_BYTES: usize = SMEM_RED + RED_BYTES;
+    /// In the fp8 kernels the second KV stage holds the two raw fp8 stages.
+    pub const SMEM_FP8_STAGE: usize = SMEM_KV + QK_TILE_BYTES;
+
+    const _: () = assert!(2 * FP8_STAGE_BYTES <= QK_TILE_BYTES);
+    const _: () = assert!(SMEM_BYTES <= 227 * 1024);
+    const _: () = assert!(BLOCK_M == 16 * (WARPS / 2));
+}
+
+/// Launch shape of the split-KV combine kernel.
+pub mod combine_tile {
+    /// One CTA per query row; each thread owns `D_V / THREADS` output dims.
+    pub const THREADS: usize = 128;
+    pub const DIMS_PER_THREAD: usize = super::D_V / THREADS;
+    const _: () = assert!(DIMS_PER_THREAD * THREADS == super::D_V);
+}
+
+/// Launch shape of the paged-KV append and gather kernels: one CTA per token row,
+/// each thread moves 8 elements.
+pub mod paged_tile {
+    pub const THREADS: usize = 128;
+    pub const ELEMS_PER_THREAD: usize = 8;
+    pub const ACTIVE_THREADS: usize = super::D_QK / ELEMS_PER_THREAD;
+    const _: () = assert!(ACTIVE_THREADS <= THREADS);
+}
+
+/// Kernel symbol names. The host resolves every one of them when it loads a module.
+pub mod names {
+    pub const DECODE_BF16: &str = "mla_decode_mma_bf16";
+    pub const DECODE_FP16: &str = "mla_decode_mma_fp16";
+    pub const DECODE_FP8KV_BF16Q: &str = "mla_decode_mma_fp8kv_bf16q";
+    pub const DECODE_FP8: &str = "mla_decode_mma_fp8";
+    pub const COMBINE_BF16: &str = "mla_combine_bf16";
+    pub const COMBINE_FP16: &str = "mla_combine_fp16";
+    pub const APPEND_BF16: &str = "mla_append_bf16";
+    pub const APPEND_FP16: &str = "mla_append_fp16";
+    pub const APPEND_FP8_FROM_BF16: &str = "mla_append_fp8_from_bf16";
+    pub const GATHER_BF16: &str = "mla_gather_bf16";
+    pub const GATHER_FP16: &str = "mla_gather_fp16";
+    pub const GATHER_FP8: &str = "mla_gather_fp8";
+    pub const GATHER_FP8_TO_BF16: &str = "mla_gather_fp8_to_bf16";
+
+    /// Every kernel, with the size of its params struct (the one `.param` of its entry).
+    pub const ALL: &[(&str, usize)] = {
+        use super::*;
+        use core::mem::size_of;
+        &[
+            (DECODE_BF16, size_of::<DecodeParams>()),
+            (DECODE_FP16, size_of::<DecodeParams>()),
+            (DECODE_FP8KV_BF16Q, size_of::<DecodeParams>()),
+            (DECODE_FP8, size_of::<DecodeParams>()),
+            (COMBINE_BF16, size_of::<CombineParams>()),
+            (COMBINE_FP16, size_of::<CombineParams>()),
+            (APPEND_BF16, size_of::<AppendParams>()),
+            (APPEND_FP16, size_of::<AppendParams>()),
+            (APPEND_FP8_FROM_BF16, size_of::<AppendParams>()),
+            (GATHER_BF16, size_of::<GatherParams>()),
+            (GATHER_FP16, size_of::<GatherParams>()),
+            (GATHER_FP8, size_of::<GatherParams>()),
+            (GATHER_FP8_TO_BF16, size_of::<GatherParams>()),
+        ]
+    };
+}
+
+/// Params of `mla_decode_mma_*`. Grid: `(max_splits, ceil(s_q*heads / BLOCK_M), batch)`,
+/// block `decode_tile::THREADS`, dynamic shared memory `decode_tile::SMEM_BYTES`.
+///
+/// Strides are in elements. Element types follow the kernel: q and kv 16-bit (bf16 or
+/// fp16) or fp8 per the symbol; `out` is 16-bit (fp16 only for the fp16 kernel).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeParams {
+    /// `[batch, s_q, heads, D_QK]`, last dim contiguous. Never null.
+    pub q: DevPtr<u8>,
+    /// `[num_pages, page_size, D_QK]`, last dim contiguous. Never null.
+    pub kv_cache: DevPtr<u8>,
+    /// `[batch, page_table_stride]` i32 page ids. Never null.
+    pub page_table: DevPtr<i32>,
+    /// `[batch]` i32 KV lengths including this step's `s_q` tokens. Never null.
+    pub seq_lens: DevPtr<i32>,
+    /// `[batch]` i32 split count of each sequence, `1..=max_splits`. Never null.
+    pub num_splits: DevPtr<i32>,
+    /// `[batch, s_q, heads, D_V]`: written for sequences with one split. Never null.
+    pub out: DevPtr<u8>,
+    /// `[batch, s_q, heads]` f32 natural-log LSE, written with `out`. Never null.
+    pub lse: DevPtr<f32>,
+    /// `[max_splits, batch, s_q, heads, D_V]` f32 partial outputs. Null only if every
+    /// sequence has one split.
+    pub partial_o: DevPtr<f32>,
+    /// `[max_splits, batch, s_q, heads]` f32 partial LSE. Null with `partial_o`.
+    pub partial_lse: DevPtr<f32>,
+    pub q_stride_b: u64,
+    pub q_stride_s: u64,
+    pub q_stride_h: u64,
+    pub kv_stride_page: u64,
+    pub kv_stride_token: u64,
+    pub out_stride_b: u64,
+    pub out_stride_s: u64,
+    pub out_stride_h: u64,
+    pub batch: u32,
+    pub s_q: u32,
+    pub heads: u32,
+    /// Tokens per page, a power of two; `page_shift = log2(page_size)`.
+    pub page_size: u32,
+    pub page_shift: u32,
+    /// Columns of the page table per sequence (entries beyond a sequence's pages are never read).
+    pub page_table_stride: u32,
+    /// Valid page ids are `0..num_pages`; a token on any other id reads as zeros.
+    pub num_pages: u32,
+    /// Capacity of the split dimension of the workspace.
+    pub max_splits: u32,
+    /// Logit scale including fp8 `q_scale * kv_scale`.
+    pub softmax_scale: f32,
+    /// Dequantisation factor of values (`kv_scale` for fp8 caches, else 1).
+    pub value_scale: f32,
+    /// Multiplies the final output.
+    pub output_scale: f32,
+    /// Dequantisation factor of fp8 queries applied while loading them (1 otherwise);
+    /// `softmax_scale` must then not include it again.
+    pub q_dequant: f32,
+}
+
+/// Params of `mla_combine_*`. Grid: `(s_q * heads, batch)`, block `combine_tile::THREADS`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CombineParams {
+    /// `[max_splits, batch, s_q, heads, D_V]` f32. Never null.
+    pub partial_o: DevPtr<f32>,
+    /// `[max_splits, batch, s_q, heads]` f32 (natural log, `-inf` for empty chunks). Never null.
+    pub partial_lse: DevPtr<f32>,
+    /// `[batch]` i32; sequences with one split are left alone (the decode wrote them).
+    pub num_splits: DevPtr<i32>,
+    /// `[batch, s_q, heads, D_V]` 16-bit. Never null.
+    pub out: DevPtr<u8>,
+    /// `[batch, s_q, heads]` f32. Never null.
+    pub lse: DevPtr<f32>,
+    pub out_stride_b: u64,
+    pub out_stride_s: u64,
+    pub out_stride_h: u64,
+    pub batch: u32,
+    pub s_q: u32,
+    pub heads: u32,
+    pub max_splits: u32,
+    pub output_scale: f32,
+    pub _pad: u32,
+}
+
+/// Params of `mla_append_*`. Grid: `(s_q, batch)`, block `paged_tile::THREADS`.
+/// Token `t` of sequence `b` goes to position `seq_lens[b] - s_q + t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct AppendParams {
+    /// `[batch, s_q, D_QK]` new rows (bf16 for the fp8 cache). Never null.
+    pub new_kv: DevPtr<u8>,
+    /// `[num_pages, page_size, D_QK]`. Never null.
+    pub kv_cache: DevPtr<u8>,
+    /// `[batch, page_table_stride]` i32. Never null.
+    pub page_table: DevPtr<i32>,
+    /// `[batch]` i32, lengths including the new tokens. Never null.
+    pub seq_lens: DevPtr<i32>,
+    pub new_stride_b: u64,
+    pub new_stride_s: u64,
+    pub kv_stride_page: u64,
+    pub kv_stride_token: u64,
+    pub batch: u32,
+    pub s_q: u32,
+    pub page_size: u32,
+    pub page_shift: u32,
+    pub page_table_stride: u32,
+    pub num_pages: u32,
+    /// fp8 caches store `saturate(x / kv_scale)`; `inv_kv_scale = 1 / kv_scale`.
+    pub inv_kv_scale: f32,
+    pub _pad: u32,
+}
+
+/// Params of `mla_gather_*`. Grid: `(ceil(max_len / 1), batch)` rows are walked by
+/// `blockIdx.x` with a grid stride, block `paged_tile::THREADS`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct GatherParams {
+    /// `[num_pages, page_size, D_QK]`. Never null.
+    pub kv_cache: DevPtr<u8>,
+    /// `[batch, page_table_stride]` i32. Never null.
+    pub page_table: DevPtr<i32>,
+    /// `[batch]` i32. Never null.
+    pub seq_lens: DevPtr<i32>,
+    /// `[batch, out_stride_b / D_QK, D_QK]`: row `j < seq_lens[b]` of sequence `b` at
+    /// `out + b * out_stride_b + j * D_QK`. Never null.
+    pub out: DevPtr<u8>,
+    pub out_stride_b: u64,
+    pub kv_stride_page: u64,
+    pub kv_stride_token: u64,
+    pub batch: u32,
+    pub page_size: u32,
+    pub page_shift: u32,
+    pub page_table_stride: u32,
+    pub num_pages: u32,
+    /// Rows per sequence the output can hold; longer sequences are cut there.
+    pub out_rows: u32,
+    /// Multiplies dequantised fp8 values (`kv_scale`).
+    pub kv_scale: f32,
+    pub _pad: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<DevPtr<u8>>() == 8);
+const _: () = assert!(core::mem::size_of::<DecodeParams>() == 9 * 8 + 8 * 8 + 12 * 4);
+const _: () = assert!(core::mem::size_of::<CombineParams>() == 5 * 8 + 3 * 8 + 6 * 4);
+const _: () = assert!(core::mem::size_of::<AppendParams>() == 4 * 8 + 4 * 8 + 8 * 4);
+const _: () = assert!(core::mem::size_of::<GatherParams>() == 4 * 8 + 3 * 8 + 8 * 4);

@@ -1,0 +1,34 @@
+//! `cp.async` (sm_80+): asynchronous 16-byte global-to-shared copies.
+
+use core::arch::asm;
+
+/// `cp.async.cg.shared.global [dst], [src], 16, src_bytes;` — copies `src_bytes` (0 or 16)
+/// and zero-fills the rest of the 16 bytes. With `src_bytes == 0` nothing is read, so an
+/// out-of-range row can be "loaded" as zeros without touching memory.
+///
+/// # Safety
+/// `dst` is a 16-byte aligned smem address; when `src_bytes == 16`, `src` is a 16-byte
+/// aligned readable global address.
+#[inline(always)]
+pub unsafe fn cp_async_cg_16(dst: u32, src: *const u8, src_bytes: u32) {
+    // SAFETY: the caller guarantees both addresses.
+    unsafe {
+        asm!("cp.async.cg.shared.global [{d}], [{s}], 16, {n};",
+            d = in(reg32) dst, s = in(reg64) src, n = in(reg32) src_bytes, options(nostack))
+    }
+}
+
+/// `cp.async.commit_group;`
+#[inline(always)]
+pub fn cp_async_commit_group() {
+    // SAFETY: no memory is touched by committing a group.
+    unsafe { asm!("cp.async.commit_group;", options(nostack)) }
+}
+
+/// `cp.async.wait_group N;` — waits until at most `N` groups of this thread are pending.
+/// A barrier is still needed before other threads read the data.
+#[inline(always)]
+pub fn cp_async_wait_group<const N: u32>() {
+    // SAFETY: waiting has no preconditions.
+    unsafe { asm!("cp.async.wait_group {n};", n = const N, options(nostack)) }
+}

@@ -1,0 +1,91 @@
+//! Conversions between f32 and the 16-bit and 8-bit element types.
+
+use core::arch::asm;
+
+/// `cvt.rn.bf16x2.f32`: packs `(lo, hi)` into one register, `lo` in the low half.
+#[inline(always)]
+pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
+    let r: u32;
+    // SAFETY: a pure conversion. PTX takes the high element first.
+    unsafe { asm!("cvt.rn.bf16x2.f32 {r}, {h}, {l};", r = out(reg32) r, h = in(reg32) hi, l = in(reg32) lo, options(nostack, pure, nomem)) }
+    r
+}
+
+/// `cvt.rn.f16x2.f32`: packs `(lo, hi)` into one register, `lo` in the low half.
+#[inline(always)]
+pub fn pack_f16x2(lo: f32, hi: f32) -> u32 {
+    let r: u32;
+    // SAFETY: a pure conversion. PTX takes the high element first.
+    unsafe { asm!("cvt.rn.f16x2.f32 {r}, {h}, {l};", r = out(reg32) r, h = in(reg32) hi, l = in(reg32) lo, options(nostack, pure, nomem)) }
+    r
+}
+
+/// bf16 bits to f32 (exact).
+#[inline(always)]
+pub fn bf16_to_f32(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
+/// `cvt.f32.f16`: fp16 bits to f32 (exact).
+#[inline(always)]
+pub fn f16_to_f32(bits: u16) -> f32 {
+    let r: f32;
+    // SAFETY: a pure conversion.
+    unsafe { asm!("cvt.f32.f16 {r}, {h};", r = out(reg32) r, h = in(reg16) bits, options(nostack, pure, nomem)) }
+    r
+}
+
+/// fp8 e4m3 ("fn": no infinities; `0x7f`/`0xff` are NaN) to f32, exactly, in integer and
+/// one f32 multiply so it runs on every arch (sm_80 has no fp8 conversion instruction).
+/// The 7 magnitude bits shifted into a bf16-shaped f32 give `2^-120` times the value for
+/// normals and subnormals alike.
+#[inline(always)]
+pub fn e4m3_to_f32(byte: u32) -> f32 {
+    let mag = byte & 0x7f;
+    let sign = (byte & 0x80) << 24;
+    if mag == 0x7f {
+        return f32::NAN;
+    }
+    // 2^120 = 0x7b800000.
+    let v = f32::from_bits(mag << 20) * f32::from_bits(0x7b80_0000);
+    f32::from_bits(v.to_bits() | sign)
+}
+
+/// f32 to fp8 e4m3, round to nearest even, saturating to +-448; NaN stays NaN.
+#[inline(always)]
+pub fn f32_to_e4m3_sat(x: f32) -> u32 {
+    let bits = x.to_bits();
+    let sign = (bits >> 24) & 0x80;
+    let a = f32::from_bits(bits & 0x7fff_ffff);
+    if a != a {
+        return 0x7f | sign;
+    }
+    if a >= 464.0 {
+        // 448 is the largest finite value; halfway to the next binade step (480) rounds down.
+        return 0x7e | sign;
+    }
+    // Subnormal range: multiples of 2^-9 below 2^-6.
+    if a < f32::from_bits(0x3c80_0000) {
+        // a * 2^9, rounded to nearest even, is the mantissa count 0..=8 (8 = smallest normal).
+        let m = rne_to_int(a * 512.0);
+        return m | sign;
+    }
+    // Normal: keep 3 mantissa bits with round-to-nearest-even on the f32 bits.
+    let ab = a.to_bits();
+    let lsb = (ab >> 20) & 1;
+    let rounded = ab + 0x7ffff + lsb;
+    let exp = (rounded >> 23) as i32 - 127 + 7;
+    let man = (rounded >> 20) & 0x7;
+    let code = ((exp as u32) << 3) | man;
+    let code = if code > 0x7e { 0x7e } else { code };
+    code | sign
+}
+
+/// Round a non-negative f32 below 2^22 to the nearest integer, ties to even.
+#[inline(always)]
+fn rne_to_int(x: f32) -> u32 {
+    let r: u32;
+    // SAFETY: a pure conversion.
+    unsafe { asm!("cvt.rni.u32.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(nostack, pure, nomem)) }
+    r
+}

@@ -1,0 +1,50 @@
+//! Every `asm!` and intrinsic of the kernels lives under this module: one small
+//! `#[inline(always)]` wrapper per PTX instruction variant, named after it.
+//!
+//! Conventions: "smem address" means a 32-bit `.shared` window address (what
+//! `cp.async`, `ldmatrix` and `ld.shared` take); "generic pointer" means a 64-bit generic
+//! address (what plain Rust loads and stores use).
+
+pub mod cp_async;
+pub mod cvt;
+pub mod ldmatrix;
+pub mod mma;
+pub mod smem;
+pub mod sync;
+
+use core::arch::nvptx;
+
+/// `%tid.x`.
+#[inline(always)]
+pub fn thread_idx_x() -> u32 {
+    // SAFETY: reading a special register has no preconditions.
+    unsafe { nvptx::_thread_idx_x() as u32 }
+}
+
+/// `%ctaid.x`.
+#[inline(always)]
+pub fn block_idx_x() -> u32 {
+    // SAFETY: reading a special register has no preconditions.
+    unsafe { nvptx::_block_idx_x() as u32 }
+}
+
+/// `%ctaid.y`.
+#[inline(always)]
+pub fn block_idx_y() -> u32 {
+    // SAFETY: reading a special register has no preconditions.
+    unsafe { nvptx::_block_idx_y() as u32 }
+}
+
+/// `%ctaid.z`.
+#[inline(always)]
+pub fn block_idx_z() -> u32 {
+    // SAFETY: reading a special register has no preconditions.
+    unsafe { nvptx::_block_idx_z() as u32 }
+}
+
+/// `%nctaid.x`.
+#[inline(always)]
+pub fn grid_dim_x() -> u32 {
+    // SAFETY: reading a special register has no preconditions.
+    unsafe { nvptx::_grid_dim_x() as u32 }
+}

@@ -1,0 +1,103 @@
+//! The dynamic shared-memory buffer and 32-bit shared-window accesses.
+
+use core::arch::{asm, global_asm};
+
+// The one `.extern` the PTX may hold: the driver resolves the dynamic shared buffer.
+global_asm!(".extern .shared .align 128 .b8 mla_dyn_smem[];");
+
+/// 32-bit shared-window address of the dynamic shared buffer's first byte.
+#[inline(always)]
+pub fn smem_base() -> u32 {
+    let r: u32;
+    // SAFETY: taking the address of a symbol has no side effect.
+    unsafe { asm!("mov.u32 {r}, mla_dyn_smem;", r = out(reg32) r, options(nostack, pure, nomem)) }
+    r
+}
+
+/// `st.shared.b32 [addr], v`.
+///
+/// # Safety
+/// `addr` is 4-byte aligned and inside the launch's dynamic shared memory.
+#[inline(always)]
+pub unsafe fn st_shared_u32(addr: u32, v: u32) {
+    // SAFETY: the caller guarantees the address is valid.
+    unsafe { asm!("st.shared.b32 [{a}], {v};", a = in(reg32) addr, v = in(reg32) v, options(nostack)) }
+}
+
+/// `st.shared.f32 [addr], v`.
+///
+/// # Safety
+/// As [`st_shared_u32`].
+#[inline(always)]
+pub unsafe fn st_shared_f32(addr: u32, v: f32) {
+    // SAFETY: the caller guarantees the address is valid.
+    unsafe { asm!("st.shared.f32 [{a}], {v};", a = in(reg32) addr, v = in(reg32) v, options(nostack)) }
+}
+
+/// `ld.shared.f32`.
+///
+/// # Safety
+/// As [`st_shared_u32`].
+#[inline(always)]
+pub unsafe fn ld_shared_f32(addr: u32) -> f32 {
+    let r: f32;
+    // SAFETY: the caller guarantees the address is valid.
+    unsafe { asm!("ld.shared.f32 {r}, [{a}];", r = out(reg32) r, a = in(reg32) addr, options(nostack, readonly)) }
+    r
+}
+
+/// `st.shared.v4.b32 [addr], {a, b, c, d}`.
+///
+/// # Safety
+/// `addr` is 16-byte aligned and inside the launch's dynamic shared memory.
+#[inline(always)]
+pub unsafe fn st_shared_v4(addr: u32, v: [u32; 4]) {
+    // SAFETY: the caller guarantees the address is valid.
+    unsafe {
+        asm!("st.shared.v4.b32 [{a}], {{{x}, {y}, {z}, {w}}};", a = in(reg32) addr,
+            x = in(reg32) v[0], y = in(reg32) v[1], z = in(reg32) v[2], w = in(reg32) v[3], options(nostack))
+    }
+}
+
+/// `ld.shared.v4.b32`.
+///
+/// # Safety
+/// As [`st_shared_v4`].
+#[inline(always)]
+pub unsafe fn ld_shared_v4(addr: u32) -> [u32; 4] {
+    let (x, y, z, w): (u32, u32, u32, u32);
+    // SAFETY: the caller guarantees the address is valid.
+    unsafe {
+        asm!("ld.shared.v4.b32 {{{x}, {y}, {z}, {w}}}, [{a}];", a = in(reg32) addr,
+            x = out(reg32) x, y = out(reg32) y, z = out(reg32) z, w = out(reg32) w, options(nostack, readonly))
+    }
+    [x, y, z, w]
+}
+
+/// `ld.global.nc.v4.b32`: a 16-byte read-only global load.
+///
+/// # Safety
+/// `ptr` is 16-byte aligned, readable, and not written during the kernel.
+#[inline(always)]
+pub unsafe fn ld_global_nc_v4(ptr: *const u8) -> [u32; 4] {
+    let (x, y, z, w): (u32, u32, u32, u32);
+    // SAFETY: the caller guarantees the address is valid and read-only.
+    unsafe {
+        asm!("ld.global.nc.v4.b32 {{{x}, {y}, {z}, {w}}}, [{p}];", p = in(reg64) ptr,
+            x = out(reg32) x, y = out(reg32) y, z = out(reg32) z, w = out(reg32) w, options(nostack, readonly))
+    }
+    [x, y, z, w]
+}
+
+/// `st.global.v4.b32`: a 16-byte global store.
+///
+/// # Safety
+/// `ptr` is 16-byte aligned and writable.
+#[inline(always)]
+pub unsafe fn st_global_v4(ptr: *mut u8, v: [u32; 4]) {
+    // SAFETY: the caller guarantees the address is valid.
+    unsafe {
+        asm!("st.global.v4.b32 [{p}], {{{x}, {y}, {z}, {w}}};", p = in(reg64) ptr,
+            x = in(reg32) v[0], y = in(reg32) v[1], z = in(reg32) v[2], w = in(reg32) v[3], options(nostack))
+    }
+}
