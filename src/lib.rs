@@ -29,3 +29,5 @@ pub mod images {
 pub fn load(ordinal: usize) -> Result<Runtime, MlaError> {
     Runtime::load(ordinal, images::embedded())
 }
+
+pub mod harness;

@@ -1,1 +1,151 @@
-fn main(){}
+//! `mla`: the command-line face of the library.
+//!
+//! - `mla info`: device, arch, kernel image chosen, per-kernel resources.
+//! - `mla demo`: a DeepSeek-shaped decode of every dtype on the GPU, checked against the
+//!   f64 oracle; with no GPU, the oracle alone on the CPU at a small size.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use mla::harness::{self, CaseSpec, DeviceCase, HostCase, Splits, Values};
+use mla::rng::SplitMix64;
+use mla::{DecodeDtypes, MlaError};
+
+const USAGE: &str = "usage: mla <info|demo> [--seed N]";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let seed = args
+        .iter()
+        .position(|a| a == "--seed")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(SplitMix64::fresh_seed);
+    let result = match args.first().map(String::as_str) {
+        Some("info") => info(),
+        Some("demo") => demo(seed),
+        _ => {
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn info() -> Result<bool, MlaError> {
+    println!("mla {} (ptxas at build: {})", env!("CARGO_PKG_VERSION"), or_none(mla::images::PTXAS_VERSION));
+    println!(
+        "embedded images: PTX sm_80, sm_90a, sm_100a; cubins: sm_90a {}, sm_100a {}",
+        yes_no(mla::images::CUBIN_SM_90A.is_some()),
+        yes_no(mla::images::CUBIN_SM_100A.is_some())
+    );
+    let rt = match mla::load(0) {
+        Ok(rt) => rt,
+        Err(e @ (MlaError::NoDriver(_) | MlaError::NoDevice(_))) => {
+            println!("no GPU: {e}");
+            return Ok(true);
+        }
+        Err(e) => return Err(e),
+    };
+    println!("device: {}", rt.device());
+    println!("kernel image: {} ({:?})", rt.variant().name(), rt.form());
+    println!("{:<28} {:>5} {:>7} {:>11} {:>8}", "kernel", "regs", "local B", "static smem", "threads");
+    for r in rt.kernel_resources()? {
+        println!(
+            "{:<28} {:>5} {:>7} {:>11} {:>8}",
+            r.name, r.registers, r.local_bytes, r.static_smem_bytes, r.max_threads
+        );
+    }
+    println!("decode dynamic shared memory: {} B", mla::abi::decode_tile::SMEM_BYTES);
+    Ok(true)
+}
+
+fn yes_no(b: bool) -> &'static str {
+    if b { "yes" } else { "no" }
+}
+
+fn or_none(s: &str) -> &str {
+    if s.is_empty() { "none" } else { s }
+}
+
+fn demo_spec(dtypes: DecodeDtypes, batch: usize, len: usize) -> CaseSpec {
+    CaseSpec {
+        dtypes,
+        page_size: 64,
+        heads: 128,
+        s_q: 1,
+        lens: (0..batch).map(|i| len - 37 * i).collect(),
+        output_scale: 1.0,
+        share_prefix_pages: false,
+        values: Values::Normal,
+    }
+}
+
+fn demo(seed: u64) -> Result<bool, MlaError> {
+    println!("seed {seed} (mla demo --seed {seed} repeats this run)");
+    let mut rng = SplitMix64::new(seed);
+    let rt = match mla::load(0) {
+        Ok(rt) => Some(rt),
+        Err(e @ (MlaError::NoDriver(_) | MlaError::NoDevice(_))) => {
+            println!("NO GPU FOUND ({e}): running the f64 oracle alone on the CPU at a small size");
+            None
+        }
+        Err(e) => return Err(e),
+    };
+    let Some(rt) = rt else {
+        let spec = demo_spec(DecodeDtypes::Bf16, 2, 256);
+        let h = HostCase::random(&spec, &mut rng);
+        let t = Instant::now();
+        let (r, e) = h.references();
+        let err = r.out.iter().zip(&e.out).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        println!(
+            "oracle: B=2 L=256 H=128 S_q=1 bf16 in {:.2} s; max |bf16-emulated - f64| = {err:.3e}; lse[0] = {:.4}",
+            t.elapsed().as_secs_f64(),
+            r.lse[0]
+        );
+        return Ok(true);
+    };
+    println!("device: {} -> {} ({:?})", rt.device(), rt.variant().name(), rt.form());
+    let stream = rt.new_stream()?;
+    let sms = rt.device().sm_count as usize;
+    println!(
+        "{:<12} {:>3} {:>6} {:>4} {:>4} {:>7} {:>11} {:>11} {:>10} {:>5}",
+        "dtypes", "B", "L", "H", "S_q", "splits", "max|err|", "allowed", "lse err", "ok"
+    );
+    let mut all_ok = true;
+    for d in DecodeDtypes::ALL {
+        for (batch, len) in [(1usize, 4096usize), (8, 2048)] {
+            let spec = demo_spec(d, batch, len);
+            let h = HostCase::random(&spec, &mut rng);
+            let refs = h.references();
+            let mut dc = DeviceCase::upload(&stream, &h)?;
+            let mut ws = harness::workspace_for(&stream, &h)?;
+            let counts = Splits::Planned.counts(&spec.lens, spec.heads * spec.s_q, sms);
+            let got = harness::run_decode(&rt, &stream, &h, &mut dc, &mut ws, &counts)?;
+            let c = harness::check(&got, &refs);
+            all_ok &= c.ok();
+            println!(
+                "{:<12} {:>3} {:>6} {:>4} {:>4} {:>7} {:>11.3e} {:>11.3e} {:>10.2e} {:>5}",
+                d.name(),
+                batch,
+                len,
+                spec.heads,
+                spec.s_q,
+                counts.iter().max().copied().unwrap_or(1),
+                c.out.max_abs_err,
+                c.out.allowed,
+                c.lse.max_abs_err,
+                if c.ok() { "yes" } else { "NO" }
+            );
+        }
+    }
+    println!("{}", if all_ok { "all checks passed" } else { "SOME CHECKS FAILED" });
+    Ok(all_ok)
+}

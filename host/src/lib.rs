@@ -19,7 +19,8 @@ pub mod tensor;
 pub mod validate;
 
 pub use error::{MlaError, Result};
-pub use module::{DeviceInfo, KernelImages, Runtime, Variant};
+pub use launch::DecodeWorkspace;
+pub use module::{DeviceInfo, ImageForm, KernelImages, KernelResources, LoadOptions, Runtime, Variant};
 pub use request::{
     AppendRequest, DecodeDtypes, DecodeRequest, DecodeShape, GatherRequest, HostMirror,
     PagedShape, Scales,

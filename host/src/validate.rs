@@ -1,1 +1,698 @@
-//! placeholder, being written
+//! Request validation: a decode, append or gather request becomes a checked shape or a
+//! typed error naming the field, what was expected and what was received. Nothing here
+//! dereferences a device address; host mirrors of the index tensors are read when given.
+//!
+//! The rules come in families, one small private fn each, shared by the three requests:
+//! layouts (shapes and strides), element types, placement (null, alignment, byte spans),
+//! self-overlap and aliasing of outputs, scales, and the host mirror (lengths and the page
+//! ids they use).
+//!
+//! Three conventions hold throughout:
+//! - The stride of a dim of extent 1 is never multiplied by anything but 0, so no rule
+//!   looks at it (torch reports arbitrary strides for such dims of contiguous tensors).
+//! - `page_table` and `seq_lens` hold i32, for which [`ElemType`] has no code: their views
+//!   must carry a 4-byte element type (`F32` stands in) so that their byte spans are right.
+//! - Counts the kernels receive as `u32` (batch, page count, page-table columns and row
+//!   stride, gather rows) are checked to fit, so the returned shapes narrow without checks.
+
+use std::collections::HashMap;
+use std::ops::{Range, RangeInclusive};
+
+use mla_abi::{D_QK, D_V, ElemType, MAX_HEADS, MAX_PAGE_SIZE, MAX_S_Q};
+
+use crate::error::{MlaError, Result};
+use crate::request::{
+    AppendRequest, DecodeDtypes, DecodeRequest, DecodeShape, GatherRequest, HostMirror, PagedShape,
+    Scales,
+};
+use crate::tensor::TensorView;
+
+/// Bytes the kernels move per load or store of q, kv and out rows: base addresses and row
+/// strides of those tensors are multiples of it.
+const CHUNK_ALIGN: u64 = 16;
+/// Alignment of the 4-byte tensors (page table, lengths, lse).
+const WORD_ALIGN: u64 = 4;
+/// Largest count a `u32` kernel param holds.
+const U32_LIMIT: usize = u32::MAX as usize;
+/// Largest sequence length an i32 `seq_lens` entry holds.
+const I32_LIMIT: usize = i32::MAX as usize;
+
+/// A tensor's name and the error field of each of its dims and strides.
+struct Names<const R: usize> {
+    tensor: &'static str,
+    all_strides: &'static str,
+    shape: [&'static str; R],
+    strides: [&'static str; R],
+}
+
+/// `names!("q"; 0 "batch" "batch", ..)`: per dim its index, what its extent counts and
+/// what one step of its stride moves over.
+macro_rules! names {
+    ($t:literal; $($i:literal $dim:literal $step:literal),+ $(,)?) => {
+        Names {
+            tensor: $t,
+            all_strides: concat!($t, ".strides"),
+            shape: [$(concat!($t, ".shape[", $i, "] (", $dim, ")")),+],
+            strides: [$(concat!($t, ".strides[", $i, "] (", $step, ")")),+],
+        }
+    };
+}
+
+const Q: Names<4> =
+    names!("q"; 0 "batch" "batch", 1 "s_q" "token", 2 "heads" "head", 3 "D_QK" "dim");
+const OUT: Names<4> =
+    names!("out"; 0 "batch" "batch", 1 "s_q" "token", 2 "heads" "head", 3 "D_V" "dim");
+const LSE: Names<3> = names!("lse"; 0 "batch" "batch", 1 "s_q" "token", 2 "heads" "head");
+const KV: Names<3> =
+    names!("kv_cache"; 0 "num_pages" "page", 1 "page_size" "token", 2 "D_QK" "dim");
+const PAGE_TABLE: Names<2> = names!("page_table"; 0 "batch" "batch", 1 "max_pages" "page");
+const SEQ_LENS: Names<1> = names!("seq_lens"; 0 "batch" "batch");
+const NEW_KV: Names<3> = names!("new_kv"; 0 "batch" "batch", 1 "s_q" "token", 2 "D_QK" "dim");
+const GATHER_OUT: Names<3> = names!("out"; 0 "batch" "batch", 1 "max_len" "row", 2 "D_QK" "dim");
+
+/// A tensor's name and the bytes `[start, end)` it may touch.
+type Span = (&'static str, (u64, u64));
+
+/// The checked geometry of a paged cache and its index tensors.
+struct Paged {
+    batch: usize,
+    page_size: usize,
+    num_pages: usize,
+    max_pages: usize,
+    /// Entries from one sequence's page-table row to the next.
+    row_stride: usize,
+}
+
+impl Paged {
+    /// Longest sequence the page table can address.
+    fn capacity(&self) -> usize {
+        self.max_pages.saturating_mul(self.page_size)
+    }
+}
+
+/// Checks one decode step and returns its shape.
+pub fn validate_decode(req: &DecodeRequest) -> Result<DecodeShape> {
+    let (batch, s_q, heads) = query_layout(&req.q)?;
+    let paged = paged_layout(
+        &req.kv_cache,
+        &req.page_table,
+        &req.seq_lens,
+        batch,
+        Q.shape[0],
+    )?;
+    enough_pages(&paged, s_q)?;
+    decode_output_layout(&req.out, &req.lse, [batch, s_q, heads])?;
+
+    let dtypes = decode_dtypes(req.q.dtype, req.kv_cache.dtype)?;
+    dtype_in(OUT.tensor, req.out.dtype, &[dtypes.out()])?;
+    dtype_in(LSE.tensor, req.lse.dtype, &[ElemType::F32])?;
+    index_dtypes(&req.page_table, &req.seq_lens)?;
+
+    let q = placed(&Q, &req.q, CHUNK_ALIGN)?;
+    let [kv, page_table, seq_lens] =
+        paged_placement(&req.kv_cache, &req.page_table, &req.seq_lens)?;
+    let out = placed(&OUT, &req.out, CHUNK_ALIGN)?;
+    let lse = placed(&LSE, &req.lse, WORD_ALIGN)?;
+    no_self_overlap(&OUT, &req.out)?;
+    no_aliasing(&[out, lse], &[q, kv, page_table, seq_lens])?;
+
+    decode_scales(&req.scales, dtypes)?;
+    host_mirror(&req.host, &paged, s_q..=paged.capacity().min(I32_LIMIT))?;
+
+    Ok(DecodeShape {
+        batch,
+        s_q,
+        heads,
+        page_size: paged.page_size,
+        num_pages: paged.num_pages,
+        max_pages: paged.max_pages,
+        dtypes,
+    })
+}
+
+/// Checks an append of `s_q` new rows per sequence and returns its shape
+/// (`rows = s_q`, `other` = the type of `new_kv`).
+pub fn validate_append(req: &AppendRequest) -> Result<PagedShape> {
+    let new = &req.new_kv;
+    let batch = dim_in(NEW_KV.shape[0], new.shape[0], 1..=U32_LIMIT)?;
+    let s_q = dim_in(NEW_KV.shape[1], new.shape[1], 1..=MAX_S_Q as usize)?;
+    dim_is(NEW_KV.shape[2], new.shape[2], D_QK)?;
+    unit_last_stride(&NEW_KV, new)?;
+    let paged = paged_layout(
+        &req.kv_cache,
+        &req.page_table,
+        &req.seq_lens,
+        batch,
+        NEW_KV.shape[0],
+    )?;
+    enough_pages(&paged, s_q)?;
+
+    let cache = paged_cache_dtype(req.kv_cache.dtype)?;
+    // The fp8 cache is written from bf16 rows (quantised on the way in), nothing else.
+    let source = match cache {
+        ElemType::Fp8E4m3 => ElemType::Bf16,
+        other => other,
+    };
+    dtype_in(NEW_KV.tensor, new.dtype, &[source])?;
+    index_dtypes(&req.page_table, &req.seq_lens)?;
+
+    let new_kv = placed(&NEW_KV, new, CHUNK_ALIGN)?;
+    let [kv, page_table, seq_lens] =
+        paged_placement(&req.kv_cache, &req.page_table, &req.seq_lens)?;
+    no_aliasing(&[kv], &[new_kv, page_table, seq_lens])?;
+
+    positive("kv_scale", req.kv_scale)?;
+    unit_unless_fp8("kv_scale", req.kv_scale, KV.tensor, cache)?;
+    host_mirror(&req.host, &paged, s_q..=paged.capacity().min(I32_LIMIT))?;
+    append_slots_distinct(&req.host, &paged, s_q)?;
+
+    Ok(PagedShape {
+        batch,
+        rows: s_q,
+        page_size: paged.page_size,
+        num_pages: paged.num_pages,
+        max_pages: paged.max_pages,
+        cache,
+        other: new.dtype,
+    })
+}
+
+/// Checks a gather of each sequence's rows into `out` and returns its shape
+/// (`rows` = the output's rows per sequence, `other` = the type of `out`).
+pub fn validate_gather(req: &GatherRequest) -> Result<PagedShape> {
+    let out_view = &req.out;
+    let batch = dim_in(GATHER_OUT.shape[0], out_view.shape[0], 1..=U32_LIMIT)?;
+    let max_len = dim_in(GATHER_OUT.shape[1], out_view.shape[1], 1..=U32_LIMIT)?;
+    dim_is(GATHER_OUT.shape[2], out_view.shape[2], D_QK)?;
+    unit_last_stride(&GATHER_OUT, out_view)?;
+    // The kernel steps from row to row by D_QK elements: it takes no row stride.
+    if max_len > 1 && out_view.strides[1] != D_QK {
+        return Err(MlaError::shape(
+            GATHER_OUT.strides[1],
+            format!("{D_QK} (rows contiguous)"),
+            out_view.strides[1],
+        ));
+    }
+    let paged = paged_layout(
+        &req.kv_cache,
+        &req.page_table,
+        &req.seq_lens,
+        batch,
+        GATHER_OUT.shape[0],
+    )?;
+
+    let cache = paged_cache_dtype(req.kv_cache.dtype)?;
+    // An fp8 cache is copied as it is or dequantised to bf16.
+    let allowed: &[ElemType] = match cache {
+        ElemType::Fp8E4m3 => &[ElemType::Fp8E4m3, ElemType::Bf16],
+        ElemType::Bf16 => &[ElemType::Bf16],
+        _ => &[ElemType::Fp16],
+    };
+    dtype_in(GATHER_OUT.tensor, out_view.dtype, allowed)?;
+    index_dtypes(&req.page_table, &req.seq_lens)?;
+
+    let out = placed(&GATHER_OUT, out_view, CHUNK_ALIGN)?;
+    let [kv, page_table, seq_lens] =
+        paged_placement(&req.kv_cache, &req.page_table, &req.seq_lens)?;
+    no_self_overlap(&GATHER_OUT, out_view)?;
+    no_aliasing(&[out], &[kv, page_table, seq_lens])?;
+
+    positive("kv_scale", req.kv_scale)?;
+    unit_unless_fp8("kv_scale", req.kv_scale, KV.tensor, cache)?;
+    let longest = max_len.min(paged.capacity()).min(I32_LIMIT);
+    host_mirror(&req.host, &paged, 0..=longest)?;
+
+    Ok(PagedShape {
+        batch,
+        rows: max_len,
+        page_size: paged.page_size,
+        num_pages: paged.num_pages,
+        max_pages: paged.max_pages,
+        cache,
+        other: out_view.dtype,
+    })
+}
+
+// ---- layouts -------------------------------------------------------------------------
+
+fn dim_in(field: &'static str, got: usize, ok: RangeInclusive<usize>) -> Result<usize> {
+    if ok.contains(&got) {
+        Ok(got)
+    } else {
+        Err(MlaError::shape(
+            field,
+            format!("{}..={}", ok.start(), ok.end()),
+            got,
+        ))
+    }
+}
+
+fn dim_is(field: &'static str, got: usize, want: usize) -> Result<()> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(MlaError::shape(field, want, got))
+    }
+}
+
+/// A dim that must repeat one checked earlier (`source` names where it came from).
+fn dim_as(field: &'static str, got: usize, want: usize, source: &'static str) -> Result<()> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(MlaError::shape(field, format!("{want} (as {source})"), got))
+    }
+}
+
+/// The innermost dim is contiguous: the kernels read it in 16-byte chunks.
+fn unit_last_stride<const R: usize>(names: &Names<R>, view: &TensorView<R>) -> Result<()> {
+    let last = R - 1;
+    if view.shape[last] > 1 && view.strides[last] != 1 {
+        return Err(MlaError::shape(names.strides[last], 1, view.strides[last]));
+    }
+    Ok(())
+}
+
+/// Exactly row-major: for the tensors whose strides the kernels do not receive.
+fn row_major<const R: usize>(names: &Names<R>, view: &TensorView<R>) -> Result<()> {
+    let mut want = 1usize;
+    for i in (0..R).rev() {
+        if view.shape[i] > 1 && view.strides[i] != want {
+            return Err(MlaError::shape(
+                names.strides[i],
+                format!("{want} (row-major)"),
+                view.strides[i],
+            ));
+        }
+        want = want.saturating_mul(view.shape[i]);
+    }
+    Ok(())
+}
+
+fn query_layout(q: &TensorView<4>) -> Result<(usize, usize, usize)> {
+    let batch = dim_in(Q.shape[0], q.shape[0], 1..=U32_LIMIT)?;
+    let s_q = dim_in(Q.shape[1], q.shape[1], 1..=MAX_S_Q as usize)?;
+    let heads = dim_in(Q.shape[2], q.shape[2], 1..=MAX_HEADS as usize)?;
+    dim_is(Q.shape[3], q.shape[3], D_QK)?;
+    unit_last_stride(&Q, q)?;
+    Ok((batch, s_q, heads))
+}
+
+/// `out` `[batch, s_q, heads, D_V]` with its last dim contiguous, `lse` `[batch, s_q, heads]`
+/// row-major (the kernels take strides for `out` only).
+fn decode_output_layout(out: &TensorView<4>, lse: &TensorView<3>, dims: [usize; 3]) -> Result<()> {
+    for i in 0..3 {
+        dim_as(OUT.shape[i], out.shape[i], dims[i], Q.shape[i])?;
+    }
+    dim_is(OUT.shape[3], out.shape[3], D_V)?;
+    unit_last_stride(&OUT, out)?;
+    for i in 0..3 {
+        dim_as(LSE.shape[i], lse.shape[i], dims[i], Q.shape[i])?;
+    }
+    row_major(&LSE, lse)
+}
+
+/// The cache `[num_pages, page_size, D_QK]` with non-overlapping rows and pages, and the
+/// page table `[batch, max_pages]` and lengths `[batch]` that index it.
+fn paged_layout(
+    kv: &TensorView<3>,
+    page_table: &TensorView<2>,
+    seq_lens: &TensorView<1>,
+    batch: usize,
+    batch_source: &'static str,
+) -> Result<Paged> {
+    let num_pages = dim_in(KV.shape[0], kv.shape[0], 1..=U32_LIMIT)?;
+    let page_size = kv.shape[1];
+    if !page_size.is_power_of_two() || page_size > MAX_PAGE_SIZE as usize {
+        return Err(MlaError::shape(
+            KV.shape[1],
+            format!("a power of two in 1..={MAX_PAGE_SIZE}"),
+            page_size,
+        ));
+    }
+    dim_is(KV.shape[2], kv.shape[2], D_QK)?;
+    unit_last_stride(&KV, kv)?;
+    // Append writes rows in place, so no two rows may share an element.
+    let token_stride = if page_size > 1 {
+        if kv.strides[1] < D_QK {
+            return Err(MlaError::shape(
+                KV.strides[1],
+                format!(">= {D_QK} (one row)"),
+                kv.strides[1],
+            ));
+        }
+        kv.strides[1]
+    } else {
+        D_QK
+    };
+    if num_pages > 1 {
+        let page_rows = page_size.checked_mul(token_stride);
+        if page_rows.is_none_or(|need| kv.strides[0] < need) {
+            return Err(MlaError::shape(
+                KV.strides[0],
+                format!(">= page_size x token stride = {page_size} x {token_stride}"),
+                kv.strides[0],
+            ));
+        }
+    }
+
+    dim_as(
+        PAGE_TABLE.shape[0],
+        page_table.shape[0],
+        batch,
+        batch_source,
+    )?;
+    let max_pages = dim_in(PAGE_TABLE.shape[1], page_table.shape[1], 1..=U32_LIMIT)?;
+    unit_last_stride(&PAGE_TABLE, page_table)?;
+    let row_stride = page_table.strides[0];
+    if row_stride > U32_LIMIT {
+        return Err(MlaError::shape(
+            PAGE_TABLE.strides[0],
+            format!("<= {U32_LIMIT} (a u32 kernel param)"),
+            row_stride,
+        ));
+    }
+    dim_as(SEQ_LENS.shape[0], seq_lens.shape[0], batch, batch_source)?;
+    row_major(&SEQ_LENS, seq_lens)?;
+
+    Ok(Paged {
+        batch,
+        page_size,
+        num_pages,
+        max_pages,
+        row_stride,
+    })
+}
+
+/// The page table must be able to hold the `s_q` tokens every sequence has at least.
+fn enough_pages(paged: &Paged, s_q: usize) -> Result<()> {
+    if paged.capacity() < s_q {
+        return Err(MlaError::shape(
+            PAGE_TABLE.shape[1],
+            format!(
+                ">= {} (pages for s_q = {s_q} tokens)",
+                s_q.div_ceil(paged.page_size)
+            ),
+            paged.max_pages,
+        ));
+    }
+    Ok(())
+}
+
+// ---- element types -------------------------------------------------------------------
+
+fn dtype_in(field: &'static str, got: ElemType, allowed: &[ElemType]) -> Result<()> {
+    if allowed.contains(&got) {
+        return Ok(());
+    }
+    let expected: Vec<&str> = allowed.iter().map(|t| t.name()).collect();
+    Err(MlaError::DtypeMismatch {
+        field,
+        expected: expected.join(" or "),
+        got: got.name().to_string(),
+    })
+}
+
+fn decode_dtypes(q: ElemType, kv: ElemType) -> Result<DecodeDtypes> {
+    DecodeDtypes::from_types(q, kv).ok_or_else(|| {
+        let pairs: Vec<String> = DecodeDtypes::ALL
+            .iter()
+            .map(|d| format!("({}, {})", d.q().name(), d.kv().name()))
+            .collect();
+        MlaError::Unsupported {
+            what: "decode element types (q, kv_cache)",
+            got: format!("({}, {})", q.name(), kv.name()),
+            why: format!("supported pairs: {}", pairs.join(", ")),
+        }
+    })
+}
+
+/// Paged caches are 16-bit or fp8.
+fn paged_cache_dtype(cache: ElemType) -> Result<ElemType> {
+    match cache {
+        ElemType::Bf16 | ElemType::Fp16 | ElemType::Fp8E4m3 => Ok(cache),
+        ElemType::F32 => Err(MlaError::Unsupported {
+            what: "kv_cache element type",
+            got: cache.name().to_string(),
+            why: "paged caches are bf16, fp16 or fp8_e4m3".to_string(),
+        }),
+    }
+}
+
+/// The i32 index tensors: `ElemType` has no i32 code, so a 4-byte type stands in.
+fn index_dtypes(page_table: &TensorView<2>, seq_lens: &TensorView<1>) -> Result<()> {
+    for (field, dtype) in [
+        (PAGE_TABLE.tensor, page_table.dtype),
+        (SEQ_LENS.tensor, seq_lens.dtype),
+    ] {
+        if dtype.size() != 4 {
+            return Err(MlaError::DtypeMismatch {
+                field,
+                expected: "a 4-byte element type (i32 ids; f32 stands in for i32)".to_string(),
+                got: dtype.name().to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+// ---- placement: null, alignment, byte span ---------------------------------------------
+
+/// Non-null, `align`-aligned at its base and at every stride the kernels step by (all
+/// but the contiguous last dim), and its byte span fits `u64`. Returns the span.
+fn placed<const R: usize>(names: &Names<R>, view: &TensorView<R>, align: u64) -> Result<Span> {
+    if view.ptr == 0 {
+        return Err(MlaError::NullPointer {
+            field: names.tensor,
+        });
+    }
+    if view.ptr % align != 0 {
+        return Err(MlaError::Misaligned {
+            field: names.tensor,
+            addr: view.ptr,
+            align,
+        });
+    }
+    let elem = view.dtype.size() as u128;
+    for i in 0..R - 1 {
+        let bytes = view.strides[i] as u128 * elem;
+        if view.shape[i] > 1 && bytes % align as u128 != 0 {
+            return Err(MlaError::Misaligned {
+                field: names.strides[i],
+                addr: u64::try_from(bytes).unwrap_or(u64::MAX),
+                align,
+            });
+        }
+    }
+    let span = view.byte_span().ok_or_else(|| {
+        MlaError::shape(
+            names.tensor,
+            "a byte span that fits in u64",
+            format!(
+                "shape {:?}, strides {:?} from {:#x}",
+                view.shape, view.strides, view.ptr
+            ),
+        )
+    })?;
+    Ok((names.tensor, span))
+}
+
+fn paged_placement(
+    kv: &TensorView<3>,
+    page_table: &TensorView<2>,
+    seq_lens: &TensorView<1>,
+) -> Result<[Span; 3]> {
+    Ok([
+        placed(&KV, kv, CHUNK_ALIGN)?,
+        placed(&PAGE_TABLE, page_table, WORD_ALIGN)?,
+        placed(&SEQ_LENS, seq_lens, WORD_ALIGN)?,
+    ])
+}
+
+// ---- outputs: self-overlap and aliasing -------------------------------------------------
+
+/// No two elements of an output share an address: ordered by stride, each dim of extent
+/// > 1 steps past everything the dims inside it cover (the last dim is contiguous). This
+/// accepts every row-major layout, padded or permuted.
+fn no_self_overlap<const R: usize>(names: &Names<R>, view: &TensorView<R>) -> Result<()> {
+    let mut dims: Vec<(usize, usize)> = (0..R - 1)
+        .filter(|&i| view.shape[i] > 1)
+        .map(|i| (view.strides[i], view.shape[i]))
+        .collect();
+    dims.sort_unstable();
+    let mut covered = view.shape[R - 1] as u128;
+    for (stride, extent) in dims {
+        if (stride as u128) < covered {
+            return Err(MlaError::shape(
+                names.all_strides,
+                "strides under which no two elements share an address",
+                format!("{:?} for shape {:?}", view.strides, view.shape),
+            ));
+        }
+        covered = covered.saturating_add((extent as u128 - 1) * stride as u128);
+    }
+    Ok(())
+}
+
+/// Each output's span is disjoint from every earlier output's and from every input's.
+fn no_aliasing(outputs: &[Span], inputs: &[Span]) -> Result<()> {
+    for (i, &(a, (a0, a1))) in outputs.iter().enumerate() {
+        for &(b, (b0, b1)) in outputs[..i].iter().chain(inputs) {
+            if a0 < b1 && b0 < a1 {
+                return Err(MlaError::Aliasing { a, b });
+            }
+        }
+    }
+    Ok(())
+}
+
+// ---- scales --------------------------------------------------------------------------
+
+fn finite(field: &'static str, value: f32) -> Result<()> {
+    if value.is_finite() {
+        Ok(())
+    } else {
+        Err(MlaError::shape(field, "a finite value", value))
+    }
+}
+
+fn positive(field: &'static str, value: f32) -> Result<()> {
+    if value.is_finite() && value > 0.0 {
+        Ok(())
+    } else {
+        Err(MlaError::shape(field, "a finite value > 0", value))
+    }
+}
+
+/// Only fp8 tensors are dequantised: a scale on a 16-bit one would be silently ignored.
+fn unit_unless_fp8(field: &'static str, value: f32, tensor: &str, dtype: ElemType) -> Result<()> {
+    if dtype == ElemType::Fp8E4m3 || value == 1.0 {
+        return Ok(());
+    }
+    Err(MlaError::shape(
+        field,
+        format!(
+            "1 ({tensor} is {}: only fp8 tensors are dequantised)",
+            dtype.name()
+        ),
+        value,
+    ))
+}
+
+fn decode_scales(scales: &Scales, dtypes: DecodeDtypes) -> Result<()> {
+    positive("scales.softmax_scale", scales.softmax_scale)?;
+    finite("scales.output_scale", scales.output_scale)?;
+    positive("scales.q_scale", scales.q_scale)?;
+    positive("scales.kv_scale", scales.kv_scale)?;
+    unit_unless_fp8("scales.q_scale", scales.q_scale, Q.tensor, dtypes.q())?;
+    unit_unless_fp8("scales.kv_scale", scales.kv_scale, KV.tensor, dtypes.kv())
+}
+
+// ---- host mirror ---------------------------------------------------------------------
+
+/// Lengths in `lens`; each known sequence's used page ids (entries `0..ceil(L / page_size)`
+/// of its row) name a page of the cache. Entries past them are never read and may hold
+/// anything. Without host lengths every entry of the table counts as used.
+fn host_mirror(host: &HostMirror, paged: &Paged, lens: RangeInclusive<usize>) -> Result<()> {
+    if let Some(seq_lens) = host.seq_lens {
+        if seq_lens.len() != paged.batch {
+            return Err(MlaError::shape(
+                "host.seq_lens.len()",
+                format!("{} (the batch)", paged.batch),
+                seq_lens.len(),
+            ));
+        }
+        for (b, &len) in seq_lens.iter().enumerate() {
+            if !usize::try_from(len).is_ok_and(|l| lens.contains(&l)) {
+                return Err(MlaError::OutOfRange {
+                    field: SEQ_LENS.tensor,
+                    index: b,
+                    expected: format!("a length in {}..={}", lens.start(), lens.end()),
+                    got: i64::from(len),
+                });
+            }
+        }
+    }
+    let Some(table) = host.page_table else {
+        return Ok(());
+    };
+    let need = (paged.batch - 1)
+        .checked_mul(paged.row_stride)
+        .and_then(|rows| rows.checked_add(paged.max_pages))
+        .filter(|&need| need <= table.len());
+    let Some(need) = need else {
+        return Err(MlaError::shape(
+            "host.page_table.len()",
+            format!(
+                ">= (batch - 1) x row stride + max_pages = {} x {} + {}",
+                paged.batch - 1,
+                paged.row_stride,
+                paged.max_pages
+            ),
+            table.len(),
+        ));
+    };
+    match host.seq_lens {
+        // Rows that overlap or touch cover `0..need` without a gap: check each entry once.
+        None if paged.row_stride <= paged.max_pages => page_ids(table, 0..need, paged.num_pages),
+        _ => {
+            // Row starts ascend with `b`; `next` skips entries an earlier row checked.
+            let mut next = 0;
+            for b in 0..paged.batch {
+                // Lengths were checked above: non-negative and within the table's capacity.
+                let used = host.seq_lens.map_or(paged.max_pages, |lens| {
+                    (lens[b] as usize).div_ceil(paged.page_size)
+                });
+                let start = b * paged.row_stride;
+                page_ids(table, start.max(next)..start + used, paged.num_pages)?;
+                next = next.max(start + used);
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Every entry of `table[entries]` names a page of the cache.
+fn page_ids(table: &[i32], entries: Range<usize>, num_pages: usize) -> Result<()> {
+    for index in entries {
+        let id = table[index];
+        if !usize::try_from(id).is_ok_and(|p| p < num_pages) {
+            return Err(MlaError::OutOfRange {
+                field: PAGE_TABLE.tensor,
+                index,
+                expected: format!("a page id in 0..{num_pages}"),
+                got: i64::from(id),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// No two new rows of an append land on the same cache slot (their writes would race).
+/// Needs both host mirrors, already checked by [`host_mirror`].
+fn append_slots_distinct(host: &HostMirror, paged: &Paged, s_q: usize) -> Result<()> {
+    let (Some(seq_lens), Some(table)) = (host.seq_lens, host.page_table) else {
+        return Ok(());
+    };
+    let mut writer: HashMap<(i32, usize), usize> = HashMap::new();
+    for (b, &len) in seq_lens.iter().enumerate() {
+        let len = len as usize;
+        for pos in len - s_q..len {
+            let index = b * paged.row_stride + pos / paged.page_size;
+            let slot = pos % paged.page_size;
+            let page = table[index];
+            if let Some(other) = writer.insert((page, slot), b) {
+                return Err(MlaError::OutOfRange {
+                    field: PAGE_TABLE.tensor,
+                    index,
+                    expected: format!(
+                        "a page whose slot {slot} no other new row writes (sequence {other} \
+                         writes it too)"
+                    ),
+                    got: i64::from(page),
+                });
+            }
+        }
+    }
+    Ok(())
+}

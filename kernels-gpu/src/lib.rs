@@ -8,12 +8,24 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![allow(clippy::missing_safety_doc)]
 
+/// Expands `$body` once per listed index, with `$i` bound to it: register arrays are then
+/// indexed by constants only (a runtime index would send them to local memory).
+macro_rules! unroll {
+    ($i:ident in [$($n:literal),*] $body:block) => {
+        $( { let $i: usize = $n; $body } )*
+    };
+}
+
 pub mod arch;
 pub mod combine;
+pub mod decode;
 pub mod elem;
+pub mod paged;
 
 use elem::{Bf16, Fp16};
-use mla_abi::CombineParams;
+use decode::DecodeKind;
+use mla_abi::{AppendParams, CombineParams, DecodeParams, GatherParams};
+use paged::RowFormat;
 
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]
@@ -35,3 +47,44 @@ pub unsafe extern "ptx-kernel" fn mla_combine_fp16(p: CombineParams) {
     // SAFETY: launched by the host with the documented grid on validated params.
     unsafe { combine::combine::<Fp16>(p) }
 }
+
+macro_rules! decode_kernel {
+    ($name:ident, $kind:ident, $mma:ty, $q_fp8:expr, $kv_fp8:expr) => {
+        pub struct $kind;
+        impl DecodeKind for $kind {
+            type Mma = $mma;
+            const Q_FP8: bool = $q_fp8;
+            const KV_FP8: bool = $kv_fp8;
+        }
+        /// A decode entry point: see [`decode`].
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: DecodeParams) {
+            // SAFETY: launched by the host with the documented grid on validated params.
+            unsafe { decode::decode::<$kind>(p) }
+        }
+    };
+}
+
+decode_kernel!(mla_decode_mma_bf16, DecodeBf16, Bf16, false, false);
+decode_kernel!(mla_decode_mma_fp16, DecodeFp16, Fp16, false, false);
+decode_kernel!(mla_decode_mma_fp8kv_bf16q, DecodeFp8KvBf16Q, Bf16, false, true);
+decode_kernel!(mla_decode_mma_fp8, DecodeFp8, Bf16, true, true);
+
+macro_rules! paged_kernel {
+    ($name:ident, $body:ident, $params:ty, $fmt:expr) => {
+        /// A paged-KV entry point: see [`paged`].
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: $params) {
+            // SAFETY: launched by the host with the documented grid on validated params.
+            unsafe { paged::$body(p, $fmt) }
+        }
+    };
+}
+
+paged_kernel!(mla_append_bf16, append, AppendParams, RowFormat::Half);
+paged_kernel!(mla_append_fp16, append, AppendParams, RowFormat::Half);
+paged_kernel!(mla_append_fp8_from_bf16, append, AppendParams, RowFormat::Bf16ToFp8);
+paged_kernel!(mla_gather_bf16, gather, GatherParams, RowFormat::Half);
+paged_kernel!(mla_gather_fp16, gather, GatherParams, RowFormat::Half);
+paged_kernel!(mla_gather_fp8, gather, GatherParams, RowFormat::Fp8);
+paged_kernel!(mla_gather_fp8_to_bf16, gather, GatherParams, RowFormat::Fp8ToBf16);

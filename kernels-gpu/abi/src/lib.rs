@@ -248,9 +248,9 @@ pub struct DecodeParams {
     pub value_scale: f32,
     /// Multiplies the final output.
     pub output_scale: f32,
-    /// Dequantisation factor of fp8 queries applied while loading them (1 otherwise);
-    /// `softmax_scale` must then not include it again.
-    pub q_dequant: f32,
+    /// Page-table columns in use per sequence: lengths beyond `max_pages * page_size` are
+    /// cut there, so no table entry past a row's end is ever read.
+    pub max_pages: u32,
 }
 
 /// Params of `mla_combine_*`. Grid: `(s_q * heads, batch)`, block `combine_tile::THREADS`.
@@ -303,11 +303,11 @@ pub struct AppendParams {
     pub num_pages: u32,
     /// fp8 caches store `saturate(x / kv_scale)`; `inv_kv_scale = 1 / kv_scale`.
     pub inv_kv_scale: f32,
-    pub _pad: u32,
+    /// Page-table columns in use per sequence (see [`DecodeParams::max_pages`]).
+    pub max_pages: u32,
 }
 
-/// Params of `mla_gather_*`. Grid: `(ceil(max_len / 1), batch)` rows are walked by
-/// `blockIdx.x` with a grid stride, block `paged_tile::THREADS`.
+/// Params of `mla_gather_*`. Grid: `(out_rows, batch)`, block `paged_tile::THREADS`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct GatherParams {
@@ -332,7 +332,8 @@ pub struct GatherParams {
     pub out_rows: u32,
     /// Multiplies dequantised fp8 values (`kv_scale`).
     pub kv_scale: f32,
-    pub _pad: u32,
+    /// Page-table columns in use per sequence (see [`DecodeParams::max_pages`]).
+    pub max_pages: u32,
 }
 
 const _: () = assert!(core::mem::size_of::<DevPtr<u8>>() == 8);

@@ -1,0 +1,410 @@
+//! The only place that launches kernels: one safe function per kernel family, each of which
+//! validates its request first and touches no device pointer before that succeeded.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, result};
+use mla_abi::{
+    AppendParams, CombineParams, DecodeParams, DevPtr, ElemType, GatherParams, MAX_SPLITS, combine_tile,
+    decode_tile, names, paged_tile,
+};
+
+use crate::error::{MlaError, Result};
+use crate::module::Runtime;
+use crate::plan::{WorkspaceCapacity, row_tiles};
+use crate::request::{AppendRequest, DecodeRequest, DecodeShape, GatherRequest};
+use crate::validate::{validate_append, validate_decode, validate_gather};
+
+/// Largest grid y / z dimension.
+const MAX_GRID_YZ: usize = 65535;
+
+/// Split-KV workspace of a decode: partial outputs and LSE for up to `capacity`, plus the
+/// device array of per-sequence split counts. Allocated once (outside any graph capture);
+/// sized by capacity, not by the live batch, so it can be reused as batches change.
+pub struct DecodeWorkspace {
+    partial_o: CudaSlice<f32>,
+    partial_lse: CudaSlice<f32>,
+    num_splits: CudaSlice<i32>,
+    capacity: WorkspaceCapacity,
+    /// Largest split count of the last `set_splits` (the decode grid's x dimension).
+    grid_splits: usize,
+    /// Entries written by the last `set_splits`.
+    splits_len: usize,
+}
+
+impl DecodeWorkspace {
+    pub fn new(stream: &Arc<CudaStream>, capacity: WorkspaceCapacity) -> Result<Self> {
+        if capacity.batch == 0 || capacity.rows == 0 || !(1..=MAX_SPLITS as usize).contains(&capacity.max_splits) {
+            return Err(MlaError::shape(
+                "workspace capacity",
+                format!("batch >= 1, rows >= 1, max_splits in 1..={MAX_SPLITS}"),
+                format!("{capacity:?}"),
+            ));
+        }
+        Ok(Self {
+            partial_o: stream.alloc_zeros(capacity.partial_o_len())?,
+            partial_lse: stream.alloc_zeros(capacity.partial_lse_len())?,
+            num_splits: stream.alloc_zeros(capacity.batch)?,
+            capacity,
+            grid_splits: 0,
+            splits_len: 0,
+        })
+    }
+
+    pub fn capacity(&self) -> WorkspaceCapacity {
+        self.capacity
+    }
+
+    /// Uploads the split count of each sequence (`1..=max_splits`) for the next decodes.
+    pub fn set_splits(&mut self, stream: &Arc<CudaStream>, splits: &[i32]) -> Result<()> {
+        if splits.is_empty() || splits.len() > self.capacity.batch {
+            return Err(MlaError::shape(
+                "splits.len()",
+                format!("1..={} (workspace batch capacity)", self.capacity.batch),
+                splits.len(),
+            ));
+        }
+        for (i, &s) in splits.iter().enumerate() {
+            if s < 1 || s as usize > self.capacity.max_splits {
+                return Err(MlaError::OutOfRange {
+                    field: "splits",
+                    index: i,
+                    expected: format!("1..={} (workspace max_splits)", self.capacity.max_splits),
+                    got: s as i64,
+                });
+            }
+        }
+        let mut dst = self.num_splits.slice_mut(0..splits.len());
+        stream.memcpy_htod(splits, &mut dst)?;
+        self.grid_splits = splits.iter().copied().max().unwrap_or(1) as usize;
+        self.splits_len = splits.len();
+        Ok(())
+    }
+}
+
+/// Device address of a cudarc slice, for params (the slice outlives the launch because the
+/// caller holds it across the call and the stream orders later frees after the kernel).
+fn addr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
+    let (p, _sync) = s.device_ptr(stream);
+    p
+}
+
+/// `cuLaunchKernel` with one params struct by value.
+///
+/// # Safety
+/// `params` matches the kernel's params struct and holds device pointers that are valid for
+/// the grid (validated by the caller).
+unsafe fn launch<P>(
+    rt: &Runtime,
+    f: &CudaFunction,
+    kernel: &'static str,
+    grid: (u32, u32, u32),
+    block: u32,
+    smem: u32,
+    stream: &CudaStream,
+    params: &P,
+) -> Result<()> {
+    rt.context().bind_to_thread()?;
+    let mut args = [params as *const P as *mut c_void];
+    // SAFETY: forwarded from the caller; `args` outlives the call, which copies the params.
+    unsafe { result::launch_kernel(f.cu_function(), grid, (block, 1, 1), smem, stream.cu_stream(), &mut args) }
+        .map_err(|source| MlaError::Launch { kernel, source })
+}
+
+fn dev<T>(p: u64) -> DevPtr<T> {
+    DevPtr::from_addr(p)
+}
+
+impl Runtime {
+    /// One MLA decode step: the split-KV decode kernel, then the combine kernel when any
+    /// sequence has more than one split (as set by [`DecodeWorkspace::set_splits`]).
+    pub fn decode(&self, stream: &CudaStream, req: &DecodeRequest, ws: &DecodeWorkspace) -> Result<DecodeShape> {
+        let shape = validate_decode(req)?;
+        let rows = shape.rows();
+        let cap = ws.capacity;
+        if shape.batch > cap.batch || rows > cap.rows {
+            return Err(MlaError::shape(
+                "workspace capacity",
+                format!("batch >= {}, rows >= {}", shape.batch, rows),
+                format!("batch {}, rows {}", cap.batch, cap.rows),
+            ));
+        }
+        if ws.splits_len != shape.batch {
+            return Err(MlaError::shape(
+                "workspace splits (DecodeWorkspace::set_splits)",
+                format!("{} entries (the batch)", shape.batch),
+                ws.splits_len,
+            ));
+        }
+        if shape.batch > MAX_GRID_YZ {
+            return Err(MlaError::Unsupported {
+                what: "batch",
+                got: shape.batch.to_string(),
+                why: format!("at most {MAX_GRID_YZ} sequences per launch"),
+            });
+        }
+        let fp8 = shape.dtypes.kv() == ElemType::Fp8E4m3;
+        let s = req.scales;
+        let (softmax_scale, value_scale) = if fp8 {
+            (s.softmax_scale * s.q_scale * s.kv_scale, s.kv_scale)
+        } else {
+            (s.softmax_scale, 1.0)
+        };
+        let p = DecodeParams {
+            q: dev(req.q.ptr),
+            kv_cache: dev(req.kv_cache.ptr),
+            page_table: dev(req.page_table.ptr),
+            seq_lens: dev(req.seq_lens.ptr),
+            num_splits: dev(addr(&ws.num_splits, stream)),
+            out: dev(req.out.ptr),
+            lse: dev(req.lse.ptr),
+            partial_o: dev(addr(&ws.partial_o, stream)),
+            partial_lse: dev(addr(&ws.partial_lse, stream)),
+            q_stride_b: req.q.strides[0] as u64,
+            q_stride_s: req.q.strides[1] as u64,
+            q_stride_h: req.q.strides[2] as u64,
+            kv_stride_page: req.kv_cache.strides[0] as u64,
+            kv_stride_token: req.kv_cache.strides[1] as u64,
+            out_stride_b: req.out.strides[0] as u64,
+            out_stride_s: req.out.strides[1] as u64,
+            out_stride_h: req.out.strides[2] as u64,
+            batch: shape.batch as u32,
+            s_q: shape.s_q as u32,
+            heads: shape.heads as u32,
+            page_size: shape.page_size as u32,
+            page_shift: shape.page_size.trailing_zeros(),
+            page_table_stride: req.page_table.strides[0] as u32,
+            num_pages: shape.num_pages.min(u32::MAX as usize) as u32,
+            max_splits: cap.max_splits as u32,
+            softmax_scale,
+            value_scale,
+            output_scale: s.output_scale,
+            max_pages: shape.max_pages as u32,
+        };
+        let kernel = shape.dtypes.decode_kernel();
+        let grid = (ws.grid_splits.max(1) as u32, row_tiles(rows) as u32, shape.batch as u32);
+        // SAFETY: the request was validated (shapes, strides, alignment, no aliasing) and the
+        // workspace holds max_splits x batch x rows partials.
+        unsafe {
+            launch(
+                self,
+                self.function(kernel)?,
+                kernel,
+                grid,
+                decode_tile::THREADS as u32,
+                decode_tile::SMEM_BYTES as u32,
+                stream,
+                &p,
+            )?;
+        }
+        if ws.grid_splits > 1 {
+            let c = CombineParams {
+                partial_o: p.partial_o,
+                partial_lse: p.partial_lse,
+                num_splits: p.num_splits,
+                out: p.out,
+                lse: p.lse,
+                out_stride_b: p.out_stride_b,
+                out_stride_s: p.out_stride_s,
+                out_stride_h: p.out_stride_h,
+                batch: p.batch,
+                s_q: p.s_q,
+                heads: p.heads,
+                max_splits: p.max_splits,
+                output_scale: p.output_scale,
+                _pad: 0,
+            };
+            let kernel = shape.dtypes.combine_kernel();
+            // SAFETY: as above; the combine reads what the decode wrote on the same stream.
+            unsafe {
+                launch(
+                    self,
+                    self.function(kernel)?,
+                    kernel,
+                    (rows as u32, shape.batch as u32, 1),
+                    combine_tile::THREADS as u32,
+                    0,
+                    stream,
+                    &c,
+                )?;
+            }
+        }
+        Ok(shape)
+    }
+
+    /// Runs the combine kernel alone on caller-provided partials (for tests and for merging
+    /// partials computed elsewhere, e.g. context-parallel decode). `partial_o` is
+    /// `[max_splits, batch, rows, D_V]` f32, `partial_lse` `[max_splits, batch, rows]`,
+    /// `num_splits` `[batch]` i32 in `1..=max_splits`, `out` contiguous `[batch, rows, D_V]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn combine(
+        &self,
+        stream: &CudaStream,
+        partial_o: &CudaSlice<f32>,
+        partial_lse: &CudaSlice<f32>,
+        num_splits: &CudaSlice<i32>,
+        out: &mut CudaSlice<u16>,
+        out_dtype: ElemType,
+        lse: &mut CudaSlice<f32>,
+        (batch, s_q, heads, max_splits): (usize, usize, usize, usize),
+        output_scale: f32,
+    ) -> Result<()> {
+        let rows = s_q * heads;
+        let need = |field: &'static str, have: usize, want: usize| {
+            if have < want {
+                Err(MlaError::shape(field, format!(">= {want} elements"), have))
+            } else {
+                Ok(())
+            }
+        };
+        if batch == 0 || rows == 0 || batch > MAX_GRID_YZ || !(1..=MAX_SPLITS as usize).contains(&max_splits) {
+            return Err(MlaError::shape(
+                "combine geometry",
+                format!("batch 1..={MAX_GRID_YZ}, s_q*heads >= 1, max_splits 1..={MAX_SPLITS}"),
+                format!("batch {batch}, s_q {s_q}, heads {heads}, max_splits {max_splits}"),
+            ));
+        }
+        need("partial_o", partial_o.len(), max_splits * batch * rows * mla_abi::D_V)?;
+        need("partial_lse", partial_lse.len(), max_splits * batch * rows)?;
+        need("num_splits", num_splits.len(), batch)?;
+        need("out", out.len(), batch * rows * mla_abi::D_V)?;
+        need("lse", lse.len(), batch * rows)?;
+        let kernel = match out_dtype {
+            ElemType::Bf16 => names::COMBINE_BF16,
+            ElemType::Fp16 => names::COMBINE_FP16,
+            other => {
+                return Err(MlaError::DtypeMismatch {
+                    field: "out",
+                    expected: "bf16 or fp16".into(),
+                    got: other.name().into(),
+                });
+            }
+        };
+        let c = CombineParams {
+            partial_o: dev(addr(partial_o, stream)),
+            partial_lse: dev(addr(partial_lse, stream)),
+            num_splits: dev(addr(num_splits, stream)),
+            out: dev(addr(out, stream)),
+            lse: dev(addr(lse, stream)),
+            out_stride_b: (rows * mla_abi::D_V) as u64,
+            out_stride_s: (heads * mla_abi::D_V) as u64,
+            out_stride_h: mla_abi::D_V as u64,
+            batch: batch as u32,
+            s_q: s_q as u32,
+            heads: heads as u32,
+            max_splits: max_splits as u32,
+            output_scale,
+            _pad: 0,
+        };
+        // SAFETY: every buffer was checked to hold what the kernel indexes.
+        unsafe {
+            launch(
+                self,
+                self.function(kernel)?,
+                kernel,
+                (rows as u32, batch as u32, 1),
+                combine_tile::THREADS as u32,
+                0,
+                stream,
+                &c,
+            )
+        }
+    }
+
+    /// Writes each sequence's `s_q` new rows into its pages (quantising for fp8 caches).
+    pub fn append_kv(&self, stream: &CudaStream, req: &AppendRequest) -> Result<()> {
+        let shape = validate_append(req)?;
+        if shape.batch > MAX_GRID_YZ {
+            return Err(MlaError::Unsupported {
+                what: "batch",
+                got: shape.batch.to_string(),
+                why: format!("at most {MAX_GRID_YZ} sequences per launch"),
+            });
+        }
+        let kernel = match shape.cache {
+            ElemType::Bf16 => names::APPEND_BF16,
+            ElemType::Fp16 => names::APPEND_FP16,
+            _ => names::APPEND_FP8_FROM_BF16,
+        };
+        let p = AppendParams {
+            new_kv: dev(req.new_kv.ptr),
+            kv_cache: dev(req.kv_cache.ptr),
+            page_table: dev(req.page_table.ptr),
+            seq_lens: dev(req.seq_lens.ptr),
+            new_stride_b: req.new_kv.strides[0] as u64,
+            new_stride_s: req.new_kv.strides[1] as u64,
+            kv_stride_page: req.kv_cache.strides[0] as u64,
+            kv_stride_token: req.kv_cache.strides[1] as u64,
+            batch: shape.batch as u32,
+            s_q: shape.rows as u32,
+            page_size: shape.page_size as u32,
+            page_shift: shape.page_size.trailing_zeros(),
+            page_table_stride: req.page_table.strides[0] as u32,
+            num_pages: shape.num_pages.min(u32::MAX as usize) as u32,
+            inv_kv_scale: 1.0 / req.kv_scale,
+            max_pages: shape.max_pages as u32,
+        };
+        // SAFETY: validated request.
+        unsafe {
+            launch(
+                self,
+                self.function(kernel)?,
+                kernel,
+                (shape.rows as u32, shape.batch as u32, 1),
+                paged_tile::THREADS as u32,
+                0,
+                stream,
+                &p,
+            )
+        }
+    }
+
+    /// Copies each sequence's rows out of the pages (dequantising fp8 to bf16 on request).
+    pub fn gather_kv(&self, stream: &CudaStream, req: &GatherRequest) -> Result<()> {
+        let shape = validate_gather(req)?;
+        if shape.batch > MAX_GRID_YZ || shape.rows > i32::MAX as usize {
+            return Err(MlaError::Unsupported {
+                what: "gather size",
+                got: format!("batch {}, rows {}", shape.batch, shape.rows),
+                why: format!("at most {MAX_GRID_YZ} sequences and 2^31-1 rows per launch"),
+            });
+        }
+        let kernel = match (shape.cache, shape.other) {
+            (ElemType::Bf16, _) => names::GATHER_BF16,
+            (ElemType::Fp16, _) => names::GATHER_FP16,
+            (_, ElemType::Fp8E4m3) => names::GATHER_FP8,
+            _ => names::GATHER_FP8_TO_BF16,
+        };
+        let p = GatherParams {
+            kv_cache: dev(req.kv_cache.ptr),
+            page_table: dev(req.page_table.ptr),
+            seq_lens: dev(req.seq_lens.ptr),
+            out: dev(req.out.ptr),
+            out_stride_b: req.out.strides[0] as u64,
+            kv_stride_page: req.kv_cache.strides[0] as u64,
+            kv_stride_token: req.kv_cache.strides[1] as u64,
+            batch: shape.batch as u32,
+            page_size: shape.page_size as u32,
+            page_shift: shape.page_size.trailing_zeros(),
+            page_table_stride: req.page_table.strides[0] as u32,
+            num_pages: shape.num_pages.min(u32::MAX as usize) as u32,
+            out_rows: shape.rows as u32,
+            kv_scale: req.kv_scale,
+            max_pages: shape.max_pages as u32,
+        };
+        // SAFETY: validated request.
+        unsafe {
+            launch(
+                self,
+                self.function(kernel)?,
+                kernel,
+                (shape.rows as u32, shape.batch as u32, 1),
+                paged_tile::THREADS as u32,
+                0,
+                stream,
+                &p,
+            )
+        }
+    }
+}

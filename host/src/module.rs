@@ -1,0 +1,314 @@
+//! Device discovery, the choice of kernel image, module load and symbol resolution.
+//!
+//! The driver library is loaded at run time (cudarc `dynamic-loading`): without it every
+//! entry point returns [`MlaError::NoDriver`]. A module is loaded once per [`Runtime`] and
+//! every kernel of [`mla_abi::names::ALL`] is resolved at load, so a missing symbol fails
+//! the load, never a later launch.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::nvrtc::Ptx;
+use mla_abi::{decode_tile, names};
+
+use crate::error::{MlaError, Result};
+
+/// The kernel images a [`Runtime`] can load (the `mla` crate embeds them).
+#[derive(Clone, Copy, Debug)]
+pub struct KernelImages {
+    pub ptx_sm80: &'static str,
+    pub ptx_sm90a: &'static str,
+    pub ptx_sm100a: &'static str,
+    pub cubin_sm90a: Option<&'static [u8]>,
+    pub cubin_sm100a: Option<&'static [u8]>,
+}
+
+/// Which build of the kernels runs on a device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Variant {
+    /// `sm_90a` (Hopper, exact arch only).
+    Sm90a,
+    /// `sm_100a` (Blackwell, exact arch only). Built and assembled; not run here.
+    Sm100a,
+    /// `sm_80` PTX, JIT-compiled by the driver on any GPU of compute capability >= 8.0.
+    Portable,
+}
+
+impl Variant {
+    /// The variant for a compute capability, or why none runs there.
+    pub fn for_compute_capability(major: i32, minor: i32) -> Result<Self> {
+        match (major, minor) {
+            (9, 0) => Ok(Variant::Sm90a),
+            (10, 0) => Ok(Variant::Sm100a),
+            (m, _) if m >= 8 => Ok(Variant::Portable),
+            _ => Err(MlaError::Unsupported {
+                what: "GPU architecture",
+                got: format!("sm_{major}{minor}"),
+                why: "the kernels need compute capability 8.0 or newer (cp.async, bf16 mma.sync)".into(),
+            }),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Sm90a => "sm_90a",
+            Variant::Sm100a => "sm_100a",
+            Variant::Portable => "sm_80 (portable PTX)",
+        }
+    }
+}
+
+/// How the module was loaded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImageForm {
+    /// A `ptxas`-built cubin for the exact arch.
+    Cubin,
+    /// PTX compiled by the driver's JIT at load.
+    PtxJit,
+}
+
+/// Load-time choices, for tests and debugging; the defaults pick the best image.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LoadOptions {
+    /// Force a variant (it must be able to run on the device).
+    pub variant: Option<Variant>,
+    /// Force PTX JIT (`Some(PtxJit)`) or require a cubin (`Some(Cubin)`).
+    pub form: Option<ImageForm>,
+}
+
+/// What the driver reports about a device.
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    pub name: String,
+    pub compute_capability: (i32, i32),
+    pub sm_count: u32,
+    /// Largest dynamic shared memory one block may opt into.
+    pub smem_per_block_optin: u32,
+    pub smem_per_sm: u32,
+    pub l2_bytes: u32,
+    pub driver_version: i32,
+}
+
+impl fmt::Display for DeviceInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (ma, mi) = self.compute_capability;
+        write!(
+            f,
+            "{} (device {}, sm_{ma}{mi}, {} SMs, {} KB smem/block opt-in, {} MB L2, driver {}.{})",
+            self.name,
+            self.ordinal,
+            self.sm_count,
+            self.smem_per_block_optin / 1024,
+            self.l2_bytes / (1024 * 1024),
+            self.driver_version / 1000,
+            (self.driver_version % 1000) / 10
+        )
+    }
+}
+
+/// Per-kernel resources as the driver reports them for the loaded image.
+#[derive(Clone, Debug)]
+pub struct KernelResources {
+    pub name: &'static str,
+    pub registers: i32,
+    pub local_bytes: i32,
+    pub static_smem_bytes: i32,
+    pub max_threads: i32,
+}
+
+/// True when the CUDA driver library can be loaded on this machine.
+pub fn driver_available() -> bool {
+    // SAFETY: only probes for the library file; no driver call is made.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+fn require_driver() -> Result<()> {
+    if driver_available() {
+        Ok(())
+    } else {
+        Err(MlaError::NoDriver(
+            "libcuda could not be loaded (no NVIDIA driver installed, or not on the loader path)".into(),
+        ))
+    }
+}
+
+/// Number of CUDA devices (0 when the driver is present but sees none).
+pub fn device_count() -> Result<usize> {
+    require_driver()?;
+    match CudaContext::device_count() {
+        Ok(n) => Ok(n.max(0) as usize),
+        Err(e) => Err(MlaError::NoDevice(format!("cuDeviceGetCount: {e}"))),
+    }
+}
+
+/// A loaded kernel module on one device: the handle every launch goes through.
+pub struct Runtime {
+    ctx: Arc<CudaContext>,
+    _module: Arc<CudaModule>,
+    functions: HashMap<&'static str, CudaFunction>,
+    info: DeviceInfo,
+    variant: Variant,
+    form: ImageForm,
+}
+
+impl fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Runtime")
+            .field("device", &self.info.name)
+            .field("variant", &self.variant)
+            .field("form", &self.form)
+            .finish()
+    }
+}
+
+impl Runtime {
+    /// Loads the best image for device `ordinal`.
+    pub fn load(ordinal: usize, images: KernelImages) -> Result<Self> {
+        Self::load_with(ordinal, images, LoadOptions::default())
+    }
+
+    /// Loads with explicit choices. The env var `MLA_IMAGE=ptx` forces the PTX JIT.
+    pub fn load_with(ordinal: usize, images: KernelImages, opts: LoadOptions) -> Result<Self> {
+        let count = device_count()?;
+        if ordinal >= count {
+            return Err(MlaError::NoDevice(format!(
+                "device {ordinal} requested, {count} device(s) visible"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal)?;
+        let info = query_info(&ctx, ordinal)?;
+        let (ma, mi) = info.compute_capability;
+        let native = Variant::for_compute_capability(ma, mi)?;
+        let variant = match opts.variant {
+            None => native,
+            Some(Variant::Portable) => Variant::Portable,
+            Some(v) if v == native => v,
+            Some(v) => {
+                return Err(MlaError::Unsupported {
+                    what: "kernel variant",
+                    got: v.name().into(),
+                    why: format!("this device is sm_{ma}{mi}; exact-arch images run only on their arch"),
+                });
+            }
+        };
+        let env_ptx = std::env::var("MLA_IMAGE").is_ok_and(|v| v == "ptx");
+        let cubin = match variant {
+            Variant::Sm90a => images.cubin_sm90a,
+            Variant::Sm100a => images.cubin_sm100a,
+            Variant::Portable => None,
+        };
+        let ptx = match variant {
+            Variant::Sm90a => images.ptx_sm90a,
+            Variant::Sm100a => images.ptx_sm100a,
+            Variant::Portable => images.ptx_sm80,
+        };
+        let want_jit = env_ptx || opts.form == Some(ImageForm::PtxJit);
+        let (image, form) = match (cubin, want_jit) {
+            (Some(c), false) => (Ptx::from_binary(c.to_vec()), ImageForm::Cubin),
+            (None, _) if opts.form == Some(ImageForm::Cubin) => {
+                return Err(MlaError::Load {
+                    variant: variant.name().into(),
+                    detail: "no cubin embedded for this arch (ptxas was not found at build time)".into(),
+                });
+            }
+            _ => (Ptx::from_src(ptx), ImageForm::PtxJit),
+        };
+        let module = ctx.load_module(image).map_err(|e| MlaError::Load {
+            variant: variant.name().into(),
+            detail: format!("{e:?} ({form:?})"),
+        })?;
+        let mut functions = HashMap::new();
+        for &(name, _) in names::ALL {
+            let f = module.load_function(name).map_err(|e| MlaError::Load {
+                variant: variant.name().into(),
+                detail: format!("symbol {name}: {e:?}"),
+            })?;
+            functions.insert(name, f);
+        }
+        for name in [names::DECODE_BF16, names::DECODE_FP16, names::DECODE_FP8KV_BF16Q, names::DECODE_FP8] {
+            let f = &functions[name];
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                decode_tile::SMEM_BYTES as i32,
+            )
+            .map_err(|source| MlaError::Launch { kernel: name, source })?;
+        }
+        Ok(Self {
+            ctx,
+            _module: module,
+            functions,
+            info,
+            variant,
+            form,
+        })
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    pub fn device(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    pub fn variant(&self) -> Variant {
+        self.variant
+    }
+
+    pub fn form(&self) -> ImageForm {
+        self.form
+    }
+
+    /// A new stream on this runtime's context.
+    pub fn new_stream(&self) -> Result<Arc<CudaStream>> {
+        Ok(self.ctx.new_stream()?)
+    }
+
+    /// A resolved kernel.
+    pub(crate) fn function(&self, name: &'static str) -> Result<&CudaFunction> {
+        self.functions.get(name).ok_or_else(|| MlaError::Load {
+            variant: self.variant.name().into(),
+            detail: format!("symbol {name} was not resolved"),
+        })
+    }
+
+    /// Registers, local memory, static shared memory and thread limit of every kernel.
+    pub fn kernel_resources(&self) -> Result<Vec<KernelResources>> {
+        use CUfunction_attribute::*;
+        let mut out = Vec::new();
+        for &(name, _) in names::ALL {
+            let f = self.function(name)?;
+            let attr = |a| f.get_attribute(a).map_err(|source| MlaError::Launch { kernel: name, source });
+            out.push(KernelResources {
+                name,
+                registers: attr(CU_FUNC_ATTRIBUTE_NUM_REGS)?,
+                local_bytes: attr(CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
+                static_smem_bytes: attr(CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
+                max_threads: attr(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+            });
+        }
+        Ok(out)
+    }
+}
+
+fn query_info(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<DeviceInfo> {
+    use CUdevice_attribute::*;
+    let attr = |a| ctx.attribute(a).map(|v| v.max(0) as u32);
+    let mut driver_version = 0i32;
+    // SAFETY: a plain query writing one i32.
+    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver_version) }.result()?;
+    Ok(DeviceInfo {
+        ordinal,
+        name: ctx.name()?,
+        compute_capability: ctx.compute_capability()?,
+        sm_count: attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+        smem_per_block_optin: attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
+        smem_per_sm: attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?,
+        l2_bytes: attr(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?,
+        driver_version,
+    })
+}

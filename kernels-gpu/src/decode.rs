@@ -1,0 +1,487 @@
+//! MLA decode over a paged latent KV cache with `mma.sync` tensor cores (sm_80+).
+//!
+//! - Grid: `(max_splits, ceil(s_q * heads / BLOCK_M), batch)`. CTA `(split, tile, b)` takes
+//!   query rows `tile * 64 .. +64` of sequence `b` (row `r` is query token `r / heads`,
+//!   head `r % heads`: S_q is folded into the rows) over KV chunk `split` of `num_splits[b]`
+//!   (whole 64-token blocks, [`chunk_blocks`]). CTAs past `num_splits[b]` exit at once.
+//! - Block: 256 threads, 8 warps. Warp `w` owns row group `rg = w % 4` (16 rows) and column
+//!   half `ch = w / 4`: for QK^T it computes tokens `ch * 32 .. +32` of the block, for PV the
+//!   output dims `ch * 256 .. +256` (128 f32 accumulators per thread). The two warps of a row
+//!   group exchange row maxima and probabilities through shared memory.
+//! - Shared memory (`decode_tile`): Q tile 64 x 576 16-bit (72 KB), two KV stages of
+//!   64 x 576 16-bit (144 KB; for fp8 caches one converted tile + two raw fp8 stages), the
+//!   P tile 64 x 64 16-bit (8 KB), 512 B of row-max / row-sum exchange. 16-byte chunks of
+//!   every row are XOR-swizzled by `row % 8` so `ldmatrix` is conflict-free.
+//! - Pipeline: `cp.async` prefetches block `i + 1` while block `i` is computed.
+//! - Reads [`DecodeParams`]; writes `out` + `lse` when the sequence has one split, else the
+//!   partials (`partial_o`, `partial_lse`) for the combine kernel. Tokens past the visible
+//!   range are never read (zero-filled by `cp.async` with a source size of 0) and are masked;
+//!   a page id outside `0..num_pages` reads as zeros.
+
+use crate::arch::{self, cp_async, cvt, ldmatrix, smem, sync};
+use crate::elem::Half16;
+use mla_abi::{D_QK, D_V, DecodeParams, decode_tile as T};
+
+const LOG2E: f32 = core::f32::consts::LOG2_E;
+const LN2: f32 = core::f32::consts::LN_2;
+/// 16-byte chunks per 16-bit row of D_QK values.
+const ROW_CHUNKS: u32 = (D_QK * 2 / 16) as u32;
+const ROW_BYTES: u32 = (D_QK * 2) as u32;
+/// 16-byte chunks per fp8 row.
+const FP8_ROW_CHUNKS: u32 = (D_QK / 16) as u32;
+const THREADS: u32 = T::THREADS as u32;
+const BLOCK_N: u32 = T::BLOCK_N as u32;
+const BLOCK_M: u32 = T::BLOCK_M as u32;
+/// 8-column output tiles per warp (256 dims).
+const O_TILES: usize = D_V / 2 / 8;
+
+/// What a decode kernel instantiation computes with.
+pub trait DecodeKind {
+    /// The tensor-core operand type (Q, K, P, V in shared memory) and the output type.
+    type Mma: Half16;
+    /// Queries are fp8 e4m3 (converted to `Mma` while loading).
+    const Q_FP8: bool;
+    /// The cache is fp8 e4m3 (converted to `Mma` after each stage lands).
+    const KV_FP8: bool;
+}
+
+/// Byte offset of 16-byte chunk `k` of row `r` in a swizzled tile of D_QK-wide rows.
+#[inline(always)]
+fn qk_off(r: u32, k: u32) -> u32 {
+    r * ROW_BYTES + ((k ^ (r & 7)) << 4)
+}
+
+/// Byte offset of chunk `k` (0..8) of row `r` of the swizzled 64-wide P tile.
+#[inline(always)]
+fn p_off(r: u32, k: u32) -> u32 {
+    r * (BLOCK_N * 2) + ((k ^ (r & 7)) << 4)
+}
+
+/// KV blocks `[first, end)` of chunk `split` of `splits` over `blocks` blocks.
+#[inline(always)]
+pub fn chunk_blocks(blocks: u32, splits: u32, split: u32) -> (u32, u32) {
+    let per = blocks.div_ceil(splits);
+    let first = split * per;
+    (first.min(blocks), (first + per).min(blocks))
+}
+
+/// Byte address of KV row `j` of sequence `b`, or `None` when it must not be read.
+#[inline(always)]
+fn kv_row_addr(p: &DecodeParams, b: u32, j: u32, len: u32, elem_bytes: u64) -> Option<*const u8> {
+    if j >= len {
+        return None;
+    }
+    let slot = b as usize * p.page_table_stride as usize + (j >> p.page_shift) as usize;
+    // SAFETY: j < len <= max_pages * page_size (clamped by the caller), so the slot
+    // is inside row b of the page table.
+    let page = unsafe { *p.page_table.ptr().add(slot) };
+    if page < 0 || page as u32 >= p.num_pages {
+        return None;
+    }
+    let off = page as u64 * p.kv_stride_page + (j & (p.page_size - 1)) as u64 * p.kv_stride_token;
+    // SAFETY: page < num_pages and the token offset < page_size: inside the cache.
+    Some(unsafe { p.kv_cache.ptr().add((off * elem_bytes) as usize) as *const u8 })
+}
+
+/// Loads the CTA's 64 query rows into the swizzled Q tile (zeros past the last row).
+#[inline(always)]
+unsafe fn load_q_tile<K: DecodeKind>(p: &DecodeParams, b: u32, row0: u32, q_smem: u32) {
+    let rows = p.s_q * p.heads;
+    let mut c = arch::thread_idx_x();
+    while c < BLOCK_M * ROW_CHUNKS {
+        let r = c / ROW_CHUNKS;
+        let k = c % ROW_CHUNKS;
+        let gr = row0 + r;
+        let dst = q_smem + qk_off(r, k);
+        let row_off = if gr < rows {
+            let (t, h) = (gr / p.heads, gr % p.heads);
+            Some(b as u64 * p.q_stride_b + t as u64 * p.q_stride_s + h as u64 * p.q_stride_h)
+        } else {
+            None
+        };
+        if K::Q_FP8 {
+            // 8 fp8 values -> 8 16-bit values (one 16-byte chunk).
+            let v = match row_off {
+                Some(off) => {
+                    // SAFETY: row off + 8k .. +8 lies in the validated q row; 8-byte aligned.
+                    let raw = unsafe { *(p.q.ptr().add((off + 8 * k as u64) as usize) as *const [u32; 2]) };
+                    fp8x8_to_half::<K::Mma>(raw)
+                }
+                None => [0; 4],
+            };
+            // SAFETY: dst is a 16-byte aligned address inside the Q tile.
+            unsafe { smem::st_shared_v4(dst, v) };
+        } else {
+            let (src, n) = match row_off {
+                // SAFETY: 16-byte chunk k of a validated, 16-byte aligned q row.
+                Some(off) => (unsafe { p.q.ptr().add(((off * 2) + 16 * k as u64) as usize) as *const u8 }, 16),
+                None => (p.q.ptr() as *const u8, 0),
+            };
+            // SAFETY: dst inside the Q tile; src valid when n == 16, unread when n == 0.
+            unsafe { cp_async::cp_async_cg_16(dst, src, n) };
+        }
+        c += THREADS;
+    }
+}
+
+/// Issues the `cp.async` copies of KV block `kb` into a stage: the swizzled 16-bit tile, or
+/// for fp8 caches the raw staging buffer (rows of 576 bytes, unswizzled).
+#[inline(always)]
+unsafe fn issue_kv_block<K: DecodeKind>(p: &DecodeParams, b: u32, len: u32, kb: u32, stage: u32) {
+    let n0 = kb * BLOCK_N;
+    let (chunks_per_row, elem) = if K::KV_FP8 { (FP8_ROW_CHUNKS, 1) } else { (ROW_CHUNKS, 2) };
+    let mut c = arch::thread_idx_x();
+    while c < BLOCK_N * chunks_per_row {
+        let r = c / chunks_per_row;
+        let k = c % chunks_per_row;
+        let dst = if K::KV_FP8 { stage + r * D_QK as u32 + (k << 4) } else { stage + qk_off(r, k) };
+        let (src, n) = match kv_row_addr(p, b, n0 + r, len, elem) {
+            // SAFETY: chunk k of a cache row that kv_row_addr bounds-checked.
+            Some(a) => (unsafe { a.add((k << 4) as usize) }, 16),
+            None => (p.kv_cache.ptr() as *const u8, 0),
+        };
+        // SAFETY: dst inside the stage; src valid when n == 16, unread when n == 0.
+        unsafe { cp_async::cp_async_cg_16(dst, src, n) };
+        c += THREADS;
+    }
+}
+
+/// Eight fp8 e4m3 values (two little-endian words) to eight 16-bit values, exactly.
+#[inline(always)]
+fn fp8x8_to_half<H: Half16>(raw: [u32; 2]) -> [u32; 4] {
+    let mut o = [0u32; 4];
+    unroll!(i in [0, 1, 2, 3] {
+        let w = raw[i / 2] >> (16 * (i % 2));
+        o[i] = H::pack2(cvt::e4m3_to_f32(w & 0xff), cvt::e4m3_to_f32((w >> 8) & 0xff));
+    });
+    o
+}
+
+/// Converts a landed raw fp8 stage into the swizzled 16-bit KV tile.
+#[inline(always)]
+unsafe fn convert_fp8_stage<K: DecodeKind>(raw_stage: u32, tile: u32) {
+    let mut c = arch::thread_idx_x();
+    while c < BLOCK_N * FP8_ROW_CHUNKS {
+        let r = c / FP8_ROW_CHUNKS;
+        let k = c % FP8_ROW_CHUNKS;
+        // SAFETY: inside the raw stage and the tile (both sized by decode_tile).
+        unsafe {
+            let v = smem::ld_shared_v4(raw_stage + r * D_QK as u32 + (k << 4));
+            smem::st_shared_v4(tile + qk_off(r, 2 * k), fp8x8_to_half::<K::Mma>([v[0], v[1]]));
+            smem::st_shared_v4(tile + qk_off(r, 2 * k + 1), fp8x8_to_half::<K::Mma>([v[2], v[3]]));
+        }
+        c += THREADS;
+    }
+}
+
+/// S (16 rows x 32 tokens) = Q[rows of rg] . K[tokens of ch]^T over all 576 dims.
+#[inline(always)]
+unsafe fn qk_tile_gemm<H: Half16>(q_smem: u32, kv: u32, rg: u32, ch: u32, lane: u32) -> [[f32; 4]; 4] {
+    let mut s = [[0.0f32; 4]; 4];
+    let a_row = rg * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+    let a_half = lane / 16;
+    let b_row0 = ch * 32 + (lane % 8) + (lane / 16) * 8;
+    let b_half = (lane / 8) % 2;
+    for ks in 0..(D_QK / 16) as u32 {
+        // SAFETY: rows < 64 and chunks < 72 address the Q and KV tiles; warp converged.
+        unsafe {
+            let a = ldmatrix::ldmatrix_x4(q_smem + qk_off(a_row, ks * 2 + a_half));
+            let b0 = ldmatrix::ldmatrix_x4(kv + qk_off(b_row0, ks * 2 + b_half));
+            let b1 = ldmatrix::ldmatrix_x4(kv + qk_off(b_row0 + 16, ks * 2 + b_half));
+            H::mma(&mut s[0], a, [b0[0], b0[1]]);
+            H::mma(&mut s[1], a, [b0[2], b0[3]]);
+            H::mma(&mut s[2], a, [b1[0], b1[1]]);
+            H::mma(&mut s[3], a, [b1[2], b1[3]]);
+        }
+    }
+    s
+}
+
+/// O (16 rows x 256 dims of ch) += P[rows of rg, 64 tokens] . V[64 tokens, dims of ch].
+///
+/// V tile n-pair `np` (16 dims) of lane `l` sits in swizzled chunk
+/// `ch*32 + 8*(np/4) + ((2*(np%4) + l/16) ^ (row % 8))`: four per-lane column offsets plus a
+/// constant 128 bytes per `np / 4`, so the 16 addresses fold into immediates.
+#[inline(always)]
+unsafe fn pv_tile_gemm<H: Half16>(o: &mut [[f32; 4]; O_TILES], p_smem: u32, kv: u32, rg: u32, ch: u32, lane: u32) {
+    let a_row = rg * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+    let a_half = lane / 16;
+    let v_row = (lane % 8) + ((lane / 8) % 2) * 8;
+    let sw = v_row & 7;
+    let col = |q: u32| (ch * 32 + ((2 * q + lane / 16) ^ sw)) << 4;
+    let vcol = [col(0), col(1), col(2), col(3)];
+    for kk in 0..(BLOCK_N / 16) {
+        // SAFETY: P rows < 64, chunks < 8; V rows < 64, chunks < 64 (of 72); converged.
+        unsafe {
+            let a = ldmatrix::ldmatrix_x4(p_smem + p_off(a_row, kk * 2 + a_half));
+            let vbase = kv + (kk * 16 + v_row) * ROW_BYTES;
+            unroll!(np in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+                let v = ldmatrix::ldmatrix_x4_trans(vbase + vcol[np % 4] + (np as u32 / 4) * 128);
+                H::mma(&mut o[2 * np], a, [v[0], v[1]]);
+                H::mma(&mut o[2 * np + 1], a, [v[2], v[3]]);
+            });
+        }
+    }
+}
+
+/// Row max over the quad (the 4 lanes sharing a row).
+#[inline(always)]
+unsafe fn quad_max(v: f32) -> f32 {
+    // SAFETY: forwarded: the warp is converged.
+    unsafe {
+        let v = sync::fmax(v, sync::shfl_xor_f32(v, 1));
+        sync::fmax(v, sync::shfl_xor_f32(v, 2))
+    }
+}
+
+#[inline(always)]
+unsafe fn quad_sum(v: f32) -> f32 {
+    // SAFETY: forwarded: the warp is converged.
+    unsafe {
+        let v = v + sync::shfl_xor_f32(v, 1);
+        v + sync::shfl_xor_f32(v, 2)
+    }
+}
+
+/// The decode kernel body.
+///
+/// # Safety
+/// Launched with the grid, block and shared memory documented above, on params that the
+/// host validated (shapes, strides, alignment, workspace capacity).
+#[inline(always)]
+pub unsafe fn decode<K: DecodeKind>(p: DecodeParams) {
+    let split = arch::block_idx_x();
+    let tile = arch::block_idx_y();
+    let b = arch::block_idx_z();
+    if b >= p.batch {
+        return;
+    }
+    // SAFETY: b < batch entries of seq_lens and num_splits.
+    let (len_raw, nsplit_raw) = unsafe { (*p.seq_lens.ptr().add(b as usize), *p.num_splits.ptr().add(b as usize)) };
+    let nsplit = (nsplit_raw.max(1) as u32).min(p.max_splits);
+    if split >= nsplit {
+        return;
+    }
+    // Lengths the page table cannot address are cut to what it can.
+    let len = (len_raw.max(0) as u32).min(p.max_pages.saturating_mul(p.page_size));
+    let rows = p.s_q * p.heads;
+    let row0 = tile * BLOCK_M;
+    let blocks = len.div_ceil(BLOCK_N);
+    let (kb0, kb1) = chunk_blocks(blocks, nsplit, split);
+
+    let tid = arch::thread_idx_x();
+    let warp = tid / 32;
+    let lane = tid % 32;
+    let rg = warp % 4;
+    let ch = warp / 4;
+    let g = lane / 4;
+    let c4 = lane % 4;
+
+    let base = smem::smem_base();
+    let q_smem = base + T::SMEM_Q as u32;
+    let kv_tile = |s: u32| base + T::SMEM_KV as u32 + s * T::QK_TILE_BYTES as u32;
+    let raw_stage = |s: u32| base + T::SMEM_FP8_STAGE as u32 + s * T::FP8_STAGE_BYTES as u32;
+    let stage_of = |s: u32| if K::KV_FP8 { raw_stage(s) } else { kv_tile(s) };
+    let p_smem = base + T::SMEM_P as u32;
+    let red = base + T::SMEM_RED as u32;
+
+    // Causal visibility of this thread's two rows (g and g + 8 of its row group).
+    let row_a = row0 + rg * 16 + g;
+    let vis = |gr: u32| -> u32 {
+        let t = if gr < rows { gr / p.heads } else { p.s_q - 1 };
+        (len + t + 1).saturating_sub(p.s_q)
+    };
+    let vis_r = [vis(row_a), vis(row_a + 8)];
+    let scale_log2 = p.softmax_scale * LOG2E;
+
+    // SAFETY (whole pipeline): every smem address below stays inside the regions of
+    // decode_tile; every barrier is reached by all threads (loop bounds are CTA-uniform).
+    unsafe {
+        load_q_tile::<K>(&p, b, row0, q_smem);
+        if kb0 < kb1 {
+            issue_kv_block::<K>(&p, b, len, kb0, stage_of(0));
+        }
+        cp_async::cp_async_commit_group();
+    }
+
+    let mut o = [[0.0f32; 4]; O_TILES];
+    let mut m_run = [f32::NEG_INFINITY; 2];
+    let mut l_run = [0.0f32; 2];
+
+    let mut kb = kb0;
+    let mut stage = 0u32;
+    while kb < kb1 {
+        // SAFETY: see above.
+        unsafe {
+            if kb + 1 < kb1 {
+                issue_kv_block::<K>(&p, b, len, kb + 1, stage_of(stage ^ 1));
+            }
+            cp_async::cp_async_commit_group();
+            cp_async::cp_async_wait_group::<1>();
+            sync::bar_sync();
+        }
+        let kv = if K::KV_FP8 {
+            // SAFETY: see above.
+            unsafe {
+                convert_fp8_stage::<K>(raw_stage(stage), kv_tile(0));
+                sync::bar_sync();
+            }
+            kv_tile(0)
+        } else {
+            kv_tile(stage)
+        };
+
+        // SAFETY: see above.
+        let mut s = unsafe { qk_tile_gemm::<K::Mma>(q_smem, kv, rg, ch, lane) };
+
+        // Mask, scale to log2 units, local row maxima.
+        let n_base = kb * BLOCK_N + ch * 32 + 2 * c4;
+        let mut m_loc = [f32::NEG_INFINITY; 2];
+        unroll!(nt in [0, 1, 2, 3] {
+            unroll!(e in [0, 1, 2, 3] {
+                let j = n_base + nt as u32 * 8 + (e % 2) as u32;
+                let x = if j < vis_r[e / 2] { s[nt][e] * scale_log2 } else { f32::NEG_INFINITY };
+                s[nt][e] = x;
+                m_loc[e / 2] = sync::fmax(m_loc[e / 2], x);
+            });
+        });
+        // SAFETY: converged warp; red holds [2][64] f32; barrier reached by all threads.
+        let m_new = unsafe {
+            let m0 = quad_max(m_loc[0]);
+            let m1 = quad_max(m_loc[1]);
+            if c4 == 0 {
+                smem::st_shared_f32(red + (ch * BLOCK_M + rg * 16 + g) * 4, m0);
+                smem::st_shared_f32(red + (ch * BLOCK_M + rg * 16 + g + 8) * 4, m1);
+            }
+            sync::bar_sync();
+            let both = |r: u32| sync::fmax(smem::ld_shared_f32(red + r * 4), smem::ld_shared_f32(red + (BLOCK_M + r) * 4));
+            [
+                sync::fmax(m_run[0], both(rg * 16 + g)),
+                sync::fmax(m_run[1], both(rg * 16 + g + 8)),
+            ]
+        };
+        // A row with nothing visible yet keeps max -inf; use 0 as its reference so that
+        // exp2(-inf - ref) is 0 and never NaN.
+        let m_ref = [
+            if m_new[0] == f32::NEG_INFINITY { 0.0 } else { m_new[0] },
+            if m_new[1] == f32::NEG_INFINITY { 0.0 } else { m_new[1] },
+        ];
+        let alpha = [sync::ex2(m_run[0] - m_ref[0]), sync::ex2(m_run[1] - m_ref[1])];
+        m_run = m_new;
+        l_run[0] *= alpha[0];
+        l_run[1] *= alpha[1];
+
+        // Probabilities: to the P tile as 16-bit, row sums in f32.
+        unroll!(nt in [0, 1, 2, 3] {
+            let p0 = sync::ex2(s[nt][0] - m_ref[0]);
+            let p1 = sync::ex2(s[nt][1] - m_ref[0]);
+            let p2 = sync::ex2(s[nt][2] - m_ref[1]);
+            let p3 = sync::ex2(s[nt][3] - m_ref[1]);
+            l_run[0] += p0 + p1;
+            l_run[1] += p2 + p3;
+            let col_chunk = ch * 4 + nt as u32;
+            let r_a = rg * 16 + g;
+            // SAFETY: rows < 64, chunk < 8: inside the P tile.
+            unsafe {
+                smem::st_shared_u32(p_smem + p_off(r_a, col_chunk) + 4 * c4, K::Mma::pack2(p0, p1));
+                smem::st_shared_u32(p_smem + p_off(r_a + 8, col_chunk) + 4 * c4, K::Mma::pack2(p2, p3));
+            }
+        });
+        unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
+            o[i][0] *= alpha[0];
+            o[i][1] *= alpha[0];
+            o[i][2] *= alpha[1];
+            o[i][3] *= alpha[1];
+        });
+        // SAFETY: see above.
+        unsafe {
+            sync::bar_sync();
+            pv_tile_gemm::<K::Mma>(&mut o, p_smem, kv, rg, ch, lane);
+            sync::bar_sync();
+        }
+        kb += 1;
+        stage ^= 1;
+    }
+    // Drain the (possibly empty) last group before the CTA may exit.
+    cp_async::cp_async_wait_group::<0>();
+
+    // Row sums: quad reduce, then add the other column half's through shared memory.
+    // SAFETY: converged warps; barriers reached by all threads; red holds [2][64] f32.
+    let l_tot = unsafe {
+        let l0 = quad_sum(l_run[0]);
+        let l1 = quad_sum(l_run[1]);
+        sync::bar_sync();
+        if c4 == 0 {
+            smem::st_shared_f32(red + (ch * BLOCK_M + rg * 16 + g) * 4, l0);
+            smem::st_shared_f32(red + (ch * BLOCK_M + rg * 16 + g + 8) * 4, l1);
+        }
+        sync::bar_sync();
+        let both = |r: u32| smem::ld_shared_f32(red + r * 4) + smem::ld_shared_f32(red + (BLOCK_M + r) * 4);
+        [both(rg * 16 + g), both(rg * 16 + g + 8)]
+    };
+    // SAFETY: the host sized out/lse and the workspace for these indices (validated).
+    unsafe { write_rows::<K>(&p, &o, l_tot, m_run, b, row_a, split, nsplit, ch, c4) };
+}
+
+/// Normalises the accumulators and stores this thread's two rows: to `out`/`lse` when the
+/// sequence has one split, else to the workspace partials.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn write_rows<K: DecodeKind>(
+    p: &DecodeParams,
+    o: &[[f32; 4]; O_TILES],
+    l_tot: [f32; 2],
+    m_run: [f32; 2],
+    b: u32,
+    row_a: u32,
+    split: u32,
+    nsplit: u32,
+    ch: u32,
+    c4: u32,
+) {
+    let rows = p.s_q * p.heads;
+    let direct = nsplit == 1;
+    unroll!(half in [0, 1] {
+        let gr = row_a + 8 * half as u32;
+        if gr < rows {
+            let l = l_tot[half];
+            let (inv, lse) = if l > 0.0 {
+                (sync::rcp(l), (m_run[half] + sync::lg2(l)) * LN2)
+            } else {
+                (0.0, f32::NEG_INFINITY)
+            };
+            let row_idx = (b * rows + gr) as usize;
+            let dim0 = (ch * 256 + 2 * c4) as usize;
+            if direct {
+                let scale = inv * p.value_scale * p.output_scale;
+                let (t, h) = (gr / p.heads, gr % p.heads);
+                let row_off = b as u64 * p.out_stride_b + t as u64 * p.out_stride_s + h as u64 * p.out_stride_h;
+                // SAFETY: dims < 512 of a validated out row; 4-byte aligned pairs.
+                let dst = unsafe { (p.out.ptr() as *mut u16).add(row_off as usize + dim0) };
+                unroll!(nt in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
+                    let v = K::Mma::pack2(o[nt][2 * half] * scale, o[nt][2 * half + 1] * scale);
+                    // SAFETY: as above.
+                    unsafe { *(dst.add(nt * 8) as *mut u32) = v };
+                });
+                if ch == 0 && c4 == 0 {
+                    // SAFETY: row_idx < batch * rows entries of lse.
+                    unsafe { *p.lse.ptr().add(row_idx) = lse };
+                }
+            } else {
+                let scale = inv * p.value_scale;
+                let part = split as usize * (p.batch * rows) as usize + row_idx;
+                // SAFETY: split < max_splits: inside the workspace sized by the host.
+                let dst = unsafe { p.partial_o.ptr().add(part * D_V + dim0) };
+                unroll!(nt in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
+                    let v = [o[nt][2 * half] * scale, o[nt][2 * half + 1] * scale];
+                    // SAFETY: as above; 8-byte aligned pairs.
+                    unsafe { *(dst.add(nt * 8) as *mut [f32; 2]) = v };
+                });
+                if ch == 0 && c4 == 0 {
+                    // SAFETY: as above.
+                    unsafe { *p.partial_lse.ptr().add(part) = lse };
+                }
+            }
+        }
+    });
+}

@@ -1,0 +1,63 @@
+//! Shared setup of the GPU test files: the device (or a loud skip), the seed, and
+//! references computed on all CPU cores.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+use mla::harness::{CaseSpec, HostCase};
+use mla::oracle::OracleOutput;
+use mla::rng::SplitMix64;
+use mla::{MlaError, Runtime};
+
+/// The runtime on device 0, or `None` after printing why the GPU tests are skipped.
+pub fn gpu(test: &str) -> Option<(Runtime, Arc<CudaStream>)> {
+    match mla::load(0) {
+        Ok(rt) => {
+            let stream = rt.new_stream().expect("stream");
+            eprintln!("[{test}] {} -> {} ({:?})", rt.device(), rt.variant().name(), rt.form());
+            Some((rt, stream))
+        }
+        Err(e @ (MlaError::NoDriver(_) | MlaError::NoDevice(_))) => {
+            eprintln!("\n!!! SKIPPED GPU test {test}: {e} !!!\n");
+            None
+        }
+        Err(e) => panic!("[{test}] loading the kernels failed: {e}"),
+    }
+}
+
+/// A fresh seed (or `MLA_SEED` to reproduce a run), printed.
+pub fn seed(test: &str) -> u64 {
+    let seed = std::env::var("MLA_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(SplitMix64::fresh_seed);
+    eprintln!("[{test}] seed = {seed} (rerun with MLA_SEED={seed})");
+    seed
+}
+
+/// Builds every case's inputs and references on all cores. Case `i` draws its data from
+/// `SplitMix64::new(seed ^ i * K)` so that results do not depend on the thread count.
+pub fn prepare(specs: &[CaseSpec], seed: u64) -> Vec<(HostCase, (OracleOutput, OracleOutput))> {
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let mut slots: Vec<Option<(HostCase, (OracleOutput, OracleOutput))>> = (0..specs.len()).map(|_| None).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results = std::sync::Mutex::new(&mut slots);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= specs.len() {
+                        break;
+                    }
+                    let mut rng = SplitMix64::new(seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+                    let h = HostCase::random(&specs[i], &mut rng);
+                    let refs = h.references();
+                    results.lock().unwrap()[i] = Some((h, refs));
+                }
+            });
+        }
+    });
+    slots.into_iter().map(|s| s.unwrap()).collect()
+}

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Builds the release test binaries and the `mla` CLI, and stages them with the PTX (and,
+# when given --peers, the peers' benchmark kit) in ./stage, which git ignores. The GPU
+# machine has no Rust: pass `stage` in the device call's carry and run
+#   bash tests/gpu/run.sh
+# there from the repo root.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+with_peers=0
+[[ "${1:-}" == "--peers" ]] && with_peers=1
+
+rm -rf stage
+mkdir -p stage/bin stage/ptx
+cargo build --release --bin mla
+cp target/release/mla stage/bin/mla
+cargo test --release --no-run --message-format=json 2>/dev/null \
+  | python3 -c '
+import json, sys, shutil, os
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    exe = m.get("executable")
+    if m.get("reason") == "compiler-artifact" and exe and m["target"]["kind"] == ["test"]:
+        dst = "stage/bin/test-" + m["target"]["name"]
+        shutil.copy(exe, dst)
+        print("staged", dst)
+'
+strip stage/bin/* 2>/dev/null || true
+out_dir=$(dirname "$(ls -t target/release/build/mla-*/out/mla_sm_90a.ptx | head -1)")
+cp "$out_dir"/*.ptx "$out_dir"/*.cubin stage/ptx/ 2>/dev/null || true
+if [[ $with_peers == 1 ]]; then
+  cp -r ../shared/peers stage/peers
+fi
+git rev-parse --short HEAD > stage/COMMIT 2>/dev/null || echo unknown > stage/COMMIT
+du -sh stage

@@ -1,0 +1,275 @@
+//! The decode kernels against the f64 oracle on the GPU: the case matrix (as data), corner
+//! cases, split and page-permutation invariance, and the fp8 accuracy report.
+//!
+//! Every run draws fresh data (seed printed; `MLA_SEED` reproduces), poisons the outputs
+//! before each launch, fills unused cache slots with NaN and unused table entries with
+//! invalid page ids, and checks every element of `out` and `lse`.
+//! `MLA_GPU_MATRIX=quick` runs a thinned matrix (for compute-sanitizer).
+
+mod common;
+
+use mla::harness::{self, CaseSpec, DeviceCase, HostCase, Splits, Values};
+use mla::rng::SplitMix64;
+use mla::{DecodeDtypes, MlaError, abi::MAX_SPLITS};
+
+const PAGE_SIZES: [usize; 5] = [1, 16, 64, 128, 256];
+const HEADS: [usize; 7] = [1, 3, 16, 32, 64, 100, 128];
+const S_QS: [usize; 4] = [1, 2, 4, 8];
+const SPLITS: [Splits; 3] = [Splits::Fixed(1), Splits::Fixed(3), Splits::Fixed(MAX_SPLITS as usize)];
+
+#[derive(Clone, Copy, Debug)]
+enum LenMix {
+    /// Every sequence holds only this step's tokens (length 1 at S_q = 1).
+    AllMin,
+    AllEqual,
+    OneLongAmongShort,
+    /// Lengths at page boundaries: P - 1, P, P + 1, 2P + 1 (at least S_q).
+    PageEdges,
+}
+
+const MIXES: [LenMix; 4] = [LenMix::AllMin, LenMix::AllEqual, LenMix::OneLongAmongShort, LenMix::PageEdges];
+
+fn lens(mix: LenMix, s_q: usize, page: usize) -> Vec<usize> {
+    let v = match mix {
+        LenMix::AllMin => vec![s_q; 3],
+        LenMix::AllEqual => vec![197; 3],
+        LenMix::OneLongAmongShort => vec![s_q + 3, 1031, s_q, s_q + 17],
+        LenMix::PageEdges => vec![page.saturating_sub(1), page, page + 1, 2 * page + 1],
+    };
+    v.into_iter().map(|l| l.max(s_q)).collect()
+}
+
+fn spec(dtypes: DecodeDtypes, page_size: usize, heads: usize, s_q: usize, lens: Vec<usize>) -> CaseSpec {
+    CaseSpec {
+        dtypes,
+        page_size,
+        heads,
+        s_q,
+        lens,
+        output_scale: 1.0,
+        share_prefix_pages: false,
+        values: Values::Normal,
+    }
+}
+
+fn matrix() -> Vec<CaseSpec> {
+    let quick = std::env::var("MLA_GPU_MATRIX").is_ok_and(|v| v == "quick");
+    let mut out = Vec::new();
+    for (di, &d) in DecodeDtypes::ALL.iter().enumerate() {
+        for (pi, &p) in PAGE_SIZES.iter().enumerate() {
+            for (hi, &h) in HEADS.iter().enumerate() {
+                for (si, &s) in S_QS.iter().enumerate() {
+                    for (mi, &m) in MIXES.iter().enumerate() {
+                        if quick && (di + pi + hi + si + mi) % 29 != 0 {
+                            continue;
+                        }
+                        let mut c = spec(d, p, h, s, lens(m, s, p));
+                        // Exercise output_scale on part of the matrix.
+                        if (hi + si) % 3 == 0 {
+                            c.output_scale = 0.75;
+                        }
+                        out.push(c);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Runs `specs` with every split mode of `splits` and returns the failures.
+fn run_cases(test: &str, specs: &[CaseSpec], splits: &[Splits], seed: u64) -> (usize, Vec<String>) {
+    let Some((rt, stream)) = common::gpu(test) else {
+        return (0, Vec::new());
+    };
+    let sms = rt.device().sm_count as usize;
+    let mut failures = Vec::new();
+    let mut runs = 0;
+    for (ci, chunk) in specs.chunks(64).enumerate() {
+        let prepared = common::prepare(chunk, seed ^ (ci as u64) << 40);
+        for (h, refs) in &prepared {
+            let mut d = DeviceCase::upload(&stream, h).expect("upload");
+            let mut ws = harness::workspace_for(&stream, h).expect("workspace");
+            for &sp in splits {
+                let counts = sp.counts(&h.spec.lens, h.spec.s_q * h.spec.heads, sms);
+                let got = harness::run_decode(&rt, &stream, h, &mut d, &mut ws, &counts).expect("decode");
+                let chk = harness::check(&got, refs);
+                runs += 1;
+                if !chk.ok() {
+                    failures.push(format!(
+                        "{} P={} H={} S_q={} lens={:?} splits={sp:?}: out {} | lse {}",
+                        h.spec.dtypes.name(),
+                        h.spec.page_size,
+                        h.spec.heads,
+                        h.spec.s_q,
+                        h.spec.lens,
+                        chk.out,
+                        chk.lse
+                    ));
+                }
+            }
+        }
+    }
+    (runs, failures)
+}
+
+fn report(test: &str, seed: u64, runs: usize, failures: &[String]) {
+    eprintln!("[{test}] {runs} decodes checked, {} failed (seed {seed})", failures.len());
+    for f in failures.iter().take(30) {
+        eprintln!("  FAIL {f}");
+    }
+    assert!(failures.is_empty(), "[{test}] {} of {runs} decodes failed (seed {seed})", failures.len());
+}
+
+#[test]
+fn case_matrix_against_oracle() {
+    let test = "case_matrix";
+    let seed = common::seed(test);
+    let specs = matrix();
+    let (runs, failures) = run_cases(test, &specs, &SPLITS, seed);
+    report(test, seed, runs, &failures);
+}
+
+#[test]
+fn corner_cases() {
+    let test = "corner_cases";
+    let seed = common::seed(test);
+    let mut rng = SplitMix64::new(seed);
+    let mut specs = vec![
+        spec(DecodeDtypes::Bf16, 64, 128, 1, vec![4096]),
+        spec(DecodeDtypes::Bf16, 16, 16, 2, (0..256).map(|_| rng.range(2, 300)).collect()),
+        spec(DecodeDtypes::Fp8KvBf16Q, 64, 16, 1, (0..256).map(|_| rng.range(1, 200)).collect()),
+        spec(DecodeDtypes::Bf16, 64, 16, 1, vec![131072]),
+        spec(DecodeDtypes::Fp8KvBf16Q, 128, 16, 2, vec![131072]),
+    ];
+    let mut shared = spec(DecodeDtypes::Bf16, 16, 32, 2, vec![500, 613, 700, 801]);
+    shared.share_prefix_pages = true;
+    specs.push(shared);
+    let mut shared8 = spec(DecodeDtypes::Fp8, 64, 128, 4, vec![1000, 1100, 1200]);
+    shared8.share_prefix_pages = true;
+    specs.push(shared8);
+    let (runs, failures) = run_cases(test, &specs, &[Splits::Fixed(1), Splits::Planned], seed);
+    report(test, seed, runs, &failures);
+}
+
+/// 1, 3, max and planned splits all pass the oracle and agree with each other; permuting
+/// the physical pages changes no bit of the output.
+#[test]
+fn split_and_page_permutation_invariance() {
+    let test = "invariance";
+    let seed = common::seed(test);
+    let Some((rt, stream)) = common::gpu(test) else { return };
+    let sms = rt.device().sm_count as usize;
+    let mut rng = SplitMix64::new(seed);
+    let mut failures = Vec::new();
+    for &d in &DecodeDtypes::ALL {
+        let s = spec(d, 16, 64, 2, vec![777, 64, 2049]);
+        let h = HostCase::random(&s, &mut rng);
+        let refs = h.references();
+        let mut dc = DeviceCase::upload(&stream, &h).unwrap();
+        let mut ws = harness::workspace_for(&stream, &h).unwrap();
+        let mut outs = Vec::new();
+        for sp in [Splits::Fixed(1), Splits::Fixed(3), Splits::Fixed(MAX_SPLITS as usize), Splits::Planned] {
+            let counts = sp.counts(&h.spec.lens, s.s_q * s.heads, sms);
+            let got = harness::run_decode(&rt, &stream, &h, &mut dc, &mut ws, &counts).unwrap();
+            let chk = harness::check(&got, &refs);
+            if !chk.ok() {
+                failures.push(format!("{} {sp:?}: {} | {}", d.name(), chk.out, chk.lse));
+            }
+            outs.push((sp, counts, got));
+        }
+        // Mutual agreement: within twice the oracle tolerance of each other.
+        let base = &outs[0].2;
+        for (sp, _, o) in &outs[1..] {
+            let diff = base.0.iter().zip(&o.0).map(|(a, b)| (a - b).abs() as f64).fold(0.0, f64::max);
+            let allowed = 2.0 * harness::check(base, &refs).out.allowed;
+            eprintln!("[{test}] {} splits {sp:?} vs 1: max |diff| = {diff:.3e} (allowed {allowed:.3e})", d.name());
+            if diff.is_nan() || diff > allowed {
+                failures.push(format!("{} {sp:?} differs from 1 split by {diff:e}", d.name()));
+            }
+        }
+        // Page permutation: bitwise identical for the same split counts.
+        let hp = h.permute_pages(&mut rng);
+        let mut dp = DeviceCase::upload(&stream, &hp).unwrap();
+        for (sp, counts, o) in &outs {
+            let got = harness::run_decode(&rt, &stream, &hp, &mut dp, &mut ws, counts).unwrap();
+            let same = got.0.iter().zip(&o.0).all(|(a, b)| a.to_bits() == b.to_bits())
+                && got.1.iter().zip(&o.1).all(|(a, b)| a.to_bits() == b.to_bits());
+            if !same {
+                failures.push(format!("{} {sp:?}: output changed under page permutation", d.name()));
+            }
+        }
+    }
+    report(test, seed, DecodeDtypes::ALL.len() * 8, &failures);
+}
+
+/// fp8 accuracy on realistic values with outliers: the kernel's fp8 output against the f64
+/// oracle on the unquantised data (reported), and against the oracle on the quantised
+/// data (checked with the usual tolerance).
+#[test]
+fn fp8_accuracy_report() {
+    let test = "fp8_accuracy";
+    let seed = common::seed(test);
+    let Some((rt, stream)) = common::gpu(test) else { return };
+    let mut rng = SplitMix64::new(seed);
+    let mut failures = Vec::new();
+    for d in [DecodeDtypes::Fp8KvBf16Q, DecodeDtypes::Fp8] {
+        for (heads, s_q) in [(16usize, 1usize), (128, 2)] {
+            let mut s = spec(d, 64, heads, s_q, vec![3000, 1500, 4097]);
+            s.values = Values::Outliers;
+            let h = HostCase::random(&s, &mut rng);
+            let refs = h.references();
+            let mut dc = DeviceCase::upload(&stream, &h).unwrap();
+            let mut ws = harness::workspace_for(&stream, &h).unwrap();
+            let counts = Splits::Planned.counts(&s.lens, s_q * heads, rt.device().sm_count as usize);
+            let got = harness::run_decode(&rt, &stream, &h, &mut dc, &mut ws, &counts).unwrap();
+            let chk = harness::check(&got, &refs);
+            if !chk.ok() {
+                failures.push(format!("{} H={heads}: {} | {}", d.name(), chk.out, chk.lse));
+            }
+            // Against the unquantised inputs.
+            let mut inp = h.oracle_input();
+            inp.q = &h.q_orig;
+            inp.kv_cache = &h.kv_orig;
+            inp.q_scale = 1.0;
+            inp.kv_scale = 1.0;
+            let exact = mla::oracle::decode(&inp);
+            let num: f64 = got.0.iter().zip(&exact.out).map(|(a, b)| (*a as f64 - b).powi(2)).sum();
+            let den: f64 = exact.out.iter().map(|b| b * b).sum();
+            let rel = (num / den).sqrt();
+            let qnum: f64 = refs.0.out.iter().zip(&exact.out).map(|(a, b)| (a - b).powi(2)).sum();
+            let qrel = (qnum / den).sqrt();
+            eprintln!(
+                "[{test}] {} H={heads} S_q={s_q}: kernel vs unquantised f64 rel L2 = {rel:.4e}; \
+                 f64 on fp8 data vs unquantised = {qrel:.4e} (quantisation alone)",
+                d.name()
+            );
+            if rel.is_nan() || rel > 2.0 * qrel + 1e-2 {
+                failures.push(format!("{} H={heads}: rel L2 {rel} vs quantisation error {qrel}", d.name()));
+            }
+        }
+    }
+    report(test, seed, 4, &failures);
+}
+
+/// A bad request is refused before any launch, with the field named.
+#[test]
+fn bad_requests_are_typed_errors() {
+    let test = "bad_requests";
+    let Some((rt, stream)) = common::gpu(test) else { return };
+    let mut rng = SplitMix64::new(1);
+    let h = HostCase::random(&spec(DecodeDtypes::Bf16, 16, 16, 1, vec![100]), &mut rng);
+    let d = DeviceCase::upload(&stream, &h).unwrap();
+    let mut ws = harness::workspace_for(&stream, &h).unwrap();
+    ws.set_splits(&stream, &[1]).unwrap();
+    let mut req = d.request(&stream, &h);
+    req.q.shape[2] = 129;
+    let e = rt.decode(&stream, &req, &ws).unwrap_err();
+    assert!(matches!(e, MlaError::InvalidShape { .. }), "{e}");
+    let mut req = d.request(&stream, &h);
+    req.q.ptr += 2;
+    let e = rt.decode(&stream, &req, &ws).unwrap_err();
+    assert!(matches!(e, MlaError::Misaligned { .. }), "{e}");
+    assert!(ws.set_splits(&stream, &[MAX_SPLITS as i32 + 1]).is_err());
+    assert!(ws.set_splits(&stream, &[0]).is_err());
+}

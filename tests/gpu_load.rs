@@ -1,0 +1,60 @@
+//! Every image form the H200 can run loads, resolves every kernel, and computes the same
+//! decode: the sm_90a cubin, the sm_90a PTX through the driver JIT, and the portable sm_80
+//! PTX through the driver JIT.
+
+mod common;
+
+use mla::harness::{self, CaseSpec, DeviceCase, HostCase, Splits, Values};
+use mla::rng::SplitMix64;
+use mla::{DecodeDtypes, ImageForm, LoadOptions, Runtime, Variant};
+
+#[test]
+fn every_image_form_loads_and_decodes() {
+    let test = "image_forms";
+    let seed = common::seed(test);
+    let Some((rt0, _)) = common::gpu(test) else { return };
+    let native = rt0.variant();
+    drop(rt0);
+    let mut forms = vec![
+        (Some(native), Some(ImageForm::Cubin)),
+        (Some(native), Some(ImageForm::PtxJit)),
+        (Some(Variant::Portable), Some(ImageForm::PtxJit)),
+    ];
+    if native == Variant::Portable {
+        forms.truncate(1);
+        forms[0].1 = Some(ImageForm::PtxJit);
+    }
+    let mut rng = SplitMix64::new(seed);
+    let mut failures = Vec::new();
+    for (variant, form) in forms {
+        let rt = Runtime::load_with(0, mla::images::embedded(), LoadOptions { variant, form }).unwrap();
+        let stream = rt.new_stream().unwrap();
+        for res in rt.kernel_resources().unwrap() {
+            assert_eq!(res.local_bytes, 0, "{:?} {:?}: {} uses local memory", variant, form, res.name);
+        }
+        for d in DecodeDtypes::ALL {
+            let spec = CaseSpec {
+                dtypes: d,
+                page_size: 64,
+                heads: 128,
+                s_q: 2,
+                lens: vec![1000, 130],
+                output_scale: 1.0,
+                share_prefix_pages: false,
+                values: Values::Normal,
+            };
+            let h = HostCase::random(&spec, &mut rng);
+            let refs = h.references();
+            let mut dc = DeviceCase::upload(&stream, &h).unwrap();
+            let mut ws = harness::workspace_for(&stream, &h).unwrap();
+            let counts = Splits::Fixed(4).counts(&spec.lens, 256, 132);
+            let got = harness::run_decode(&rt, &stream, &h, &mut dc, &mut ws, &counts).unwrap();
+            let c = harness::check(&got, &refs);
+            eprintln!("[{test}] {:?} {:?} {}: {}", rt.variant(), rt.form(), d.name(), c.out);
+            if !c.ok() {
+                failures.push(format!("{:?} {:?} {}: {} | {}", rt.variant(), rt.form(), d.name(), c.out, c.lse));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}

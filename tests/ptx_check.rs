@@ -1,0 +1,141 @@
+//! CPU checks of the embedded kernel images: every PTX is self-contained, holds every
+//! kernel of the ABI with a `.param` block of exactly the host's params size, and `ptxas`
+//! assembles it for its arch with no spill, no stack frame and no local memory.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+use mla::abi::names;
+use mla::images;
+
+const IMAGES: &[(&str, &str)] = &[
+    ("sm_80", images::PTX_SM_80),
+    ("sm_90a", images::PTX_SM_90A),
+    ("sm_100a", images::PTX_SM_100A),
+];
+
+/// `.entry NAME(` followed by `.param .align A .b8 NAME_param_0[SIZE]`.
+fn entry_param_sizes(ptx: &str) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    let mut lines = ptx.lines();
+    while let Some(l) = lines.next() {
+        if let Some(rest) = l.trim().strip_prefix(".visible .entry ") {
+            let name = rest.trim_end_matches('(').to_string();
+            let param = lines.next().unwrap_or("");
+            let size = param
+                .rsplit('[')
+                .next()
+                .and_then(|s| s.trim_end_matches(|c| c == ']' || c == ',' || c == ' ').parse().ok())
+                .unwrap_or(usize::MAX);
+            out.insert(name, size);
+        }
+    }
+    out
+}
+
+#[test]
+fn ptx_is_self_contained_and_matches_the_abi() {
+    for &(tag, ptx) in IMAGES {
+        for l in ptx.lines().filter(|l| l.contains(".extern")) {
+            assert!(l.contains(".extern .shared"), "{tag}: unresolved declaration {l}");
+        }
+        let target = format!(".target {tag}");
+        assert!(ptx.contains(&target), "{tag}: PTX lacks `{target}`");
+        let entries = entry_param_sizes(ptx);
+        for &(name, size) in names::ALL {
+            assert_eq!(entries.get(name), Some(&size), "{tag}: entry {name} param size (host size_of = {size})");
+        }
+        assert_eq!(entries.len(), names::ALL.len(), "{tag}: entries {:?}", entries.keys());
+    }
+}
+
+struct Resources {
+    registers: u32,
+    stack: u32,
+    spill_stores: u32,
+    spill_loads: u32,
+}
+
+fn parse_ptxas(report: &str) -> BTreeMap<String, Resources> {
+    let mut out = BTreeMap::new();
+    let mut current: Option<String> = None;
+    let num_before = |s: &str, key: &str| -> u32 {
+        s.split(key)
+            .next()
+            .and_then(|h| h.split_whitespace().last())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(u32::MAX)
+    };
+    for l in report.lines() {
+        if let Some(i) = l.find("Compiling entry function '") {
+            let rest = &l[i + "Compiling entry function '".len()..];
+            current = rest.split('\'').next().map(str::to_string);
+        } else if l.contains("bytes stack frame") {
+            if let Some(n) = &current {
+                out.insert(
+                    n.clone(),
+                    Resources {
+                        registers: 0,
+                        stack: num_before(l, "bytes stack frame"),
+                        spill_stores: num_before(l, "bytes spill stores"),
+                        spill_loads: num_before(l, "bytes spill loads"),
+                    },
+                );
+            }
+        } else if l.contains("Used ") && l.contains(" registers") {
+            if let Some(r) = current.as_ref().and_then(|n| out.get_mut(n)) {
+                r.registers = l.split("Used ").nth(1).and_then(|s| s.split_whitespace().next()).and_then(|n| n.parse().ok()).unwrap_or(0);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn ptxas_assembles_every_arch_without_spills() {
+    let ptxas = std::env::var("MLA_PTXAS").unwrap_or_else(|_| images::PTXAS_PATH.to_string());
+    if ptxas.is_empty() || !std::path::Path::new(&ptxas).is_file() {
+        eprintln!(
+            "\n!!! SKIPPED ptxas check: no ptxas (install the PyPI wheel nvidia-cuda-nvcc==13.0.88 \
+             into ./.venv or set MLA_PTXAS, then rebuild) !!!\n"
+        );
+        return;
+    }
+    eprintln!("ptxas: {ptxas} ({})", images::PTXAS_VERSION);
+    let dir = std::env::temp_dir().join(format!("mla-ptx-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut failures = Vec::new();
+    eprintln!("{:<8} {:<28} {:>5} {:>6} {:>7} {:>7}", "arch", "kernel", "regs", "stack", "spill-st", "spill-ld");
+    for &(tag, ptx) in IMAGES {
+        let path = dir.join(format!("{tag}.ptx"));
+        std::fs::write(&path, ptx).unwrap();
+        let out = Command::new(&ptxas)
+            .args([&format!("-arch={tag}"), "-v"])
+            .arg(&path)
+            .arg("-o")
+            .arg(dir.join(format!("{tag}.cubin")))
+            .output()
+            .unwrap();
+        let report = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "ptxas -arch={tag} failed:\n{report}");
+        let res = parse_ptxas(&report);
+        for &(name, _) in names::ALL {
+            let Some(r) = res.get(name) else {
+                failures.push(format!("{tag}: no ptxas report for {name}"));
+                continue;
+            };
+            eprintln!(
+                "{tag:<8} {name:<28} {:>5} {:>6} {:>7} {:>7}",
+                r.registers, r.stack, r.spill_stores, r.spill_loads
+            );
+            if r.stack != 0 || r.spill_stores != 0 || r.spill_loads != 0 {
+                failures.push(format!(
+                    "{tag} {name}: stack {} B, spill stores {} B, spill loads {} B",
+                    r.stack, r.spill_stores, r.spill_loads
+                ));
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(failures.is_empty(), "local memory in kernels:\n{}", failures.join("\n"));
+}
