@@ -87,6 +87,7 @@ fn nan_bits(dtype: ElemType) -> Vec<u8> {
         ElemType::Fp16 => 0x7e00u16.to_le_bytes().to_vec(),
         ElemType::Fp8E4m3 => vec![0x7f],
         ElemType::F32 => f32::NAN.to_le_bytes().to_vec(),
+        ElemType::I32 => (-1i32).to_le_bytes().to_vec(),
     }
 }
 
@@ -249,7 +250,7 @@ impl HostCase {
 }
 
 /// Element type code of the i32 index tensors.
-const INDEX_TYPE: ElemType = ElemType::F32;
+const INDEX_TYPE: ElemType = ElemType::I32;
 
 /// A case's tensors on the device.
 pub struct DeviceCase {

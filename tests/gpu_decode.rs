@@ -85,13 +85,35 @@ fn run_cases(test: &str, specs: &[CaseSpec], splits: &[Splits], seed: u64) -> (u
     let sms = rt.device().sm_count as usize;
     let mut failures = Vec::new();
     let mut runs = 0;
+    let trace = std::env::var("MLA_TRACE").is_ok();
+    let chunks = specs.len().div_ceil(64);
     for (ci, chunk) in specs.chunks(64).enumerate() {
+        let t0 = std::time::Instant::now();
         let prepared = common::prepare(chunk, seed ^ (ci as u64) << 40);
+        let t1 = t0.elapsed().as_secs_f64();
+        let first = &chunk[0];
+        eprintln!(
+            "[{test}] chunk {}/{chunks} ({} P={} H={} ..): references {t1:.1} s",
+            ci + 1,
+            first.dtypes.name(),
+            first.page_size,
+            first.heads
+        );
         for (h, refs) in &prepared {
             let mut d = DeviceCase::upload(&stream, h).expect("upload");
             let mut ws = harness::workspace_for(&stream, h).expect("workspace");
             for &sp in splits {
                 let counts = sp.counts(&h.spec.lens, h.spec.s_q * h.spec.heads, sms);
+                if trace {
+                    eprintln!(
+                        "[{test}] run {} P={} H={} S_q={} lens={:?} splits={sp:?}",
+                        h.spec.dtypes.name(),
+                        h.spec.page_size,
+                        h.spec.heads,
+                        h.spec.s_q,
+                        h.spec.lens
+                    );
+                }
                 let got = harness::run_decode(&rt, &stream, h, &mut d, &mut ws, &counts).expect("decode");
                 let chk = harness::check(&got, refs);
                 runs += 1;
@@ -109,6 +131,7 @@ fn run_cases(test: &str, specs: &[CaseSpec], splits: &[Splits], seed: u64) -> (u
                 }
             }
         }
+        eprintln!("[{test}]   GPU runs {:.1} s, failures so far {}", t0.elapsed().as_secs_f64() - t1, failures.len());
     }
     (runs, failures)
 }

@@ -11,7 +11,7 @@ use mla::numeric;
 use mla::rng::SplitMix64;
 use mla::{AppendRequest, DecodeDtypes, GatherRequest, HostMirror, TensorView};
 
-const INDEX: ElemType = ElemType::F32;
+const INDEX: ElemType = ElemType::I32;
 
 fn ptr<T>(s: &cudarc::driver::CudaSlice<T>, stream: &cudarc::driver::CudaStream) -> u64 {
     use cudarc::driver::DevicePtr;

@@ -108,6 +108,8 @@ pub fn round_to(dtype: ElemType, x: f64) -> f64 {
         ElemType::Fp16 => f16_to_f32(f16_from_f32(x32)),
         ElemType::Fp8E4m3 => e4m3_to_f32(e4m3_from_f32(x32)),
         ElemType::F32 => x32,
+        // Integers round to the nearest i32 (saturating), as an index tensor stores them.
+        ElemType::I32 => (x32.round() as i32) as f32,
     };
     f64::from(r)
 }
@@ -138,6 +140,10 @@ pub fn to_f32(dtype: ElemType, bytes: &[u8]) -> Vec<f32> {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect(),
+        ElemType::I32 => bytes
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32)
+            .collect(),
     }
 }
 
@@ -160,6 +166,11 @@ pub fn from_f32(dtype: ElemType, vals: &[f32]) -> Vec<u8> {
         ElemType::F32 => {
             for &v in vals {
                 out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        ElemType::I32 => {
+            for &v in vals {
+                out.extend_from_slice(&(v.round() as i32).to_le_bytes());
             }
         }
     }

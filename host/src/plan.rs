@@ -23,18 +23,18 @@ pub fn row_tiles(rows: usize) -> usize {
     rows.div_ceil(decode_tile::BLOCK_M)
 }
 
-/// Split counts per sequence so that about one wave of CTAs (`sm_count`, one CTA per SM)
-/// covers the batch: every CTA gets about the same number of KV blocks, each sequence gets
-/// `1..=min(max_splits, its blocks)` splits. Deterministic; lengths `<= 0` get 1 split.
+/// Split counts per sequence so that at most about one wave of CTAs (`sm_count`, one CTA
+/// per SM) covers the batch: sequence `b` gets `floor(blocks_b * sm_count / total_blocks)`
+/// splits (total over all row tiles), clamped to `1..=min(max_splits, blocks_b)`. Never
+/// rounds up into a second, mostly empty wave. Deterministic; lengths `<= 0` get 1 split.
 pub fn split_counts(seq_lens: &[i32], rows: usize, sm_count: usize, max_splits: usize) -> Vec<i32> {
     let max_splits = max_splits.clamp(1, MAX_SPLITS as usize);
     let tiles = row_tiles(rows).max(1);
     let blocks: Vec<usize> = seq_lens.iter().map(|&l| (l.max(0) as usize).div_ceil(BLOCK_N)).collect();
     let total: usize = blocks.iter().sum::<usize>() * tiles;
-    let budget = total.div_ceil(sm_count.max(1)).max(1);
     blocks
         .iter()
-        .map(|&nb| nb.div_ceil(budget).clamp(1, max_splits.min(nb.max(1))) as i32)
+        .map(|&nb| (nb * sm_count.max(1) / total.max(1)).clamp(1, max_splits.min(nb.max(1))) as i32)
         .collect()
 }
 

@@ -10,8 +10,7 @@
 //! Three conventions hold throughout:
 //! - The stride of a dim of extent 1 is never multiplied by anything but 0, so no rule
 //!   looks at it (torch reports arbitrary strides for such dims of contiguous tensors).
-//! - `page_table` and `seq_lens` hold i32, for which [`ElemType`] has no code: their views
-//!   must carry a 4-byte element type (`F32` stands in) so that their byte spans are right.
+//! - `page_table` and `seq_lens` hold i32: their views must carry [`ElemType::I32`].
 //! - Counts the kernels receive as `u32` (batch, page count, page-table columns and row
 //!   stride, gather rows) are checked to fit, so the returned shapes narrow without checks.
 
@@ -301,13 +300,13 @@ fn query_layout(q: &TensorView<4>) -> Result<(usize, usize, usize)> {
 /// `out` `[batch, s_q, heads, D_V]` with its last dim contiguous, `lse` `[batch, s_q, heads]`
 /// row-major (the kernels take strides for `out` only).
 fn decode_output_layout(out: &TensorView<4>, lse: &TensorView<3>, dims: [usize; 3]) -> Result<()> {
-    for i in 0..3 {
-        dim_as(OUT.shape[i], out.shape[i], dims[i], Q.shape[i])?;
+    for (i, &want) in dims.iter().enumerate() {
+        dim_as(OUT.shape[i], out.shape[i], want, Q.shape[i])?;
     }
     dim_is(OUT.shape[3], out.shape[3], D_V)?;
     unit_last_stride(&OUT, out)?;
-    for i in 0..3 {
-        dim_as(LSE.shape[i], lse.shape[i], dims[i], Q.shape[i])?;
+    for (i, &want) in dims.iter().enumerate() {
+        dim_as(LSE.shape[i], lse.shape[i], want, Q.shape[i])?;
     }
     row_major(&LSE, lse)
 }
@@ -431,7 +430,7 @@ fn decode_dtypes(q: ElemType, kv: ElemType) -> Result<DecodeDtypes> {
 fn paged_cache_dtype(cache: ElemType) -> Result<ElemType> {
     match cache {
         ElemType::Bf16 | ElemType::Fp16 | ElemType::Fp8E4m3 => Ok(cache),
-        ElemType::F32 => Err(MlaError::Unsupported {
+        ElemType::F32 | ElemType::I32 => Err(MlaError::Unsupported {
             what: "kv_cache element type",
             got: cache.name().to_string(),
             why: "paged caches are bf16, fp16 or fp8_e4m3".to_string(),
@@ -439,16 +438,16 @@ fn paged_cache_dtype(cache: ElemType) -> Result<ElemType> {
     }
 }
 
-/// The i32 index tensors: `ElemType` has no i32 code, so a 4-byte type stands in.
+/// The index tensors are i32.
 fn index_dtypes(page_table: &TensorView<2>, seq_lens: &TensorView<1>) -> Result<()> {
     for (field, dtype) in [
         (PAGE_TABLE.tensor, page_table.dtype),
         (SEQ_LENS.tensor, seq_lens.dtype),
     ] {
-        if dtype.size() != 4 {
+        if dtype != ElemType::I32 {
             return Err(MlaError::DtypeMismatch {
                 field,
-                expected: "a 4-byte element type (i32 ids; f32 stands in for i32)".to_string(),
+                expected: "i32".to_string(),
                 got: dtype.name().to_string(),
             });
         }
@@ -466,7 +465,7 @@ fn placed<const R: usize>(names: &Names<R>, view: &TensorView<R>, align: u64) ->
             field: names.tensor,
         });
     }
-    if view.ptr % align != 0 {
+    if !view.ptr.is_multiple_of(align) {
         return Err(MlaError::Misaligned {
             field: names.tensor,
             addr: view.ptr,
@@ -476,7 +475,7 @@ fn placed<const R: usize>(names: &Names<R>, view: &TensorView<R>, align: u64) ->
     let elem = view.dtype.size() as u128;
     for i in 0..R - 1 {
         let bytes = view.strides[i] as u128 * elem;
-        if view.shape[i] > 1 && bytes % align as u128 != 0 {
+        if view.shape[i] > 1 && !bytes.is_multiple_of(u128::from(align)) {
             return Err(MlaError::Misaligned {
                 field: names.strides[i],
                 addr: u64::try_from(bytes).unwrap_or(u64::MAX),
@@ -511,9 +510,9 @@ fn paged_placement(
 
 // ---- outputs: self-overlap and aliasing -------------------------------------------------
 
-/// No two elements of an output share an address: ordered by stride, each dim of extent
-/// > 1 steps past everything the dims inside it cover (the last dim is contiguous). This
-/// accepts every row-major layout, padded or permuted.
+/// No two elements of an output share an address: ordered by stride, each dim longer
+/// than 1 steps past everything the dims inside it cover (the last dim is contiguous).
+/// This accepts every row-major layout, padded or permuted.
 fn no_self_overlap<const R: usize>(names: &Names<R>, view: &TensorView<R>) -> Result<()> {
     let mut dims: Vec<(usize, usize)> = (0..R - 1)
         .filter(|&i| view.shape[i] > 1)

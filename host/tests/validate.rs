@@ -48,8 +48,8 @@ fn decode_req(d: DecodeDtypes) -> DecodeRequest<'static> {
     DecodeRequest {
         q: TensorView::contiguous(region(0), d.q(), [B, S_Q, H, D_QK]),
         kv_cache: TensorView::contiguous(region(1), d.kv(), [PAGES, P, D_QK]),
-        page_table: TensorView::contiguous(region(2), ElemType::F32, [B, MAX_PAGES]),
-        seq_lens: TensorView::contiguous(region(3), ElemType::F32, [B]),
+        page_table: TensorView::contiguous(region(2), ElemType::I32, [B, MAX_PAGES]),
+        seq_lens: TensorView::contiguous(region(3), ElemType::I32, [B]),
         out: TensorView::contiguous(region(4), d.out(), [B, S_Q, H, D_V]),
         lse: TensorView::contiguous(region(5), ElemType::F32, [B, S_Q, H]),
         scales: Scales {
@@ -76,8 +76,8 @@ fn append_req(cache: ElemType, new: ElemType) -> AppendRequest<'static> {
     AppendRequest {
         new_kv: TensorView::contiguous(region(0), new, [B, S_Q, D_QK]),
         kv_cache: TensorView::contiguous(region(1), cache, [PAGES, P, D_QK]),
-        page_table: TensorView::contiguous(region(2), ElemType::F32, [B, MAX_PAGES]),
-        seq_lens: TensorView::contiguous(region(3), ElemType::F32, [B]),
+        page_table: TensorView::contiguous(region(2), ElemType::I32, [B, MAX_PAGES]),
+        seq_lens: TensorView::contiguous(region(3), ElemType::I32, [B]),
         kv_scale: if cache == ElemType::Fp8E4m3 { 0.5 } else { 1.0 },
         host: full_host(),
     }
@@ -86,8 +86,8 @@ fn append_req(cache: ElemType, new: ElemType) -> AppendRequest<'static> {
 fn gather_req(cache: ElemType, out: ElemType) -> GatherRequest<'static> {
     GatherRequest {
         kv_cache: TensorView::contiguous(region(1), cache, [PAGES, P, D_QK]),
-        page_table: TensorView::contiguous(region(2), ElemType::F32, [B, MAX_PAGES]),
-        seq_lens: TensorView::contiguous(region(3), ElemType::F32, [B]),
+        page_table: TensorView::contiguous(region(2), ElemType::I32, [B, MAX_PAGES]),
+        seq_lens: TensorView::contiguous(region(3), ElemType::I32, [B]),
         out: TensorView::contiguous(region(4), out, [B, MAX_LEN, D_QK]),
         kv_scale: if cache == ElemType::Fp8E4m3 { 0.5 } else { 1.0 },
         host: full_host(),
@@ -619,9 +619,10 @@ fn disjoint(a: (u128, u128), b: (u128, u128)) -> bool {
 /// Base and every stepped-over stride (dims of extent > 1 but the last) 16-byte aligned.
 fn aligned16(ptr: u64, dtype: ElemType, shape: &[usize], strides: &[usize]) -> bool {
     let outer = shape.len() - 1;
-    ptr % 16 == 0
-        && (0..outer)
-            .all(|i| shape[i] <= 1 || (strides[i] as u128 * dtype.size() as u128) % 16 == 0)
+    ptr.is_multiple_of(16)
+        && (0..outer).all(|i| {
+            shape[i] <= 1 || (strides[i] as u128 * dtype.size() as u128).is_multiple_of(16)
+        })
 }
 
 /// Some order of the outer dims (extent > 1) nests: each stride clears all the elements
@@ -649,7 +650,7 @@ fn scale_ok(v: f32) -> bool {
     v.is_finite() && v > 0.0
 }
 
-/// Cache, page table and lengths: returns (batch-agreeing) max_pages.
+/// The cache, page-table and length rules every request shares.
 fn paged_by_spec(
     kv: &TensorView<3>,
     pt: &TensorView<2>,
@@ -676,7 +677,7 @@ fn paged_by_spec(
     rule!(pt.strides[0] as u128 <= U32, "page table row stride");
     rule!(sl.shape[0] == batch, "seq_lens batch");
     rule!(batch == 1 || sl.strides[0] == 1, "seq_lens stride");
-    rule!(pt.dtype.size() == 4 && sl.dtype.size() == 4, "index dtypes");
+    rule!(pt.dtype == ElemType::I32 && sl.dtype == ElemType::I32, "index dtypes");
     rule!(
         kv.ptr != 0 && pt.ptr != 0 && sl.ptr != 0,
         "null index/cache pointer"
@@ -685,7 +686,10 @@ fn paged_by_spec(
         aligned16(kv.ptr, kv.dtype, &kv.shape, &kv.strides),
         "kv alignment"
     );
-    rule!(pt.ptr % 4 == 0 && sl.ptr % 4 == 0, "index alignment");
+    rule!(
+        pt.ptr.is_multiple_of(4) && sl.ptr.is_multiple_of(4),
+        "index alignment"
+    );
     Ok(())
 }
 
@@ -768,7 +772,7 @@ fn decode_by_spec(r: &DecodeRequest) -> Result<(), String> {
         aligned16(out.ptr, out.dtype, &out.shape, &out.strides),
         "out alignment"
     );
-    rule!(lse.ptr % 4 == 0, "lse alignment");
+    rule!(lse.ptr.is_multiple_of(4), "lse alignment");
     let spans = [
         spec_span(q.ptr, q.dtype, &q.shape, &q.strides),
         spec_span(kv.ptr, kv.dtype, &kv.shape, &kv.strides),
@@ -817,7 +821,7 @@ fn append_by_spec(r: &AppendRequest) -> Result<(), String> {
     let want = match kv.dtype {
         ElemType::Bf16 | ElemType::Fp8E4m3 => ElemType::Bf16,
         ElemType::Fp16 => ElemType::Fp16,
-        ElemType::F32 => return Err("f32 cache".into()),
+        ElemType::F32 | ElemType::I32 => return Err("f32 cache".into()),
     };
     rule!(n.dtype == want, "new_kv dtype");
     rule!(
@@ -869,7 +873,7 @@ fn gather_by_spec(r: &GatherRequest) -> Result<(), String> {
         ElemType::Bf16 => &[ElemType::Bf16],
         ElemType::Fp16 => &[ElemType::Fp16],
         ElemType::Fp8E4m3 => &[ElemType::Fp8E4m3, ElemType::Bf16],
-        ElemType::F32 => &[],
+        ElemType::F32 | ElemType::I32 => &[],
     };
     rule!(ok_types.contains(&o.dtype), "out dtype");
     rule!(
@@ -949,10 +953,13 @@ fn valid_case(rng: &mut SplitMix64, kind: usize) -> Case {
     } else {
         1
     };
-    let p = 1 << rng.range(0, 8);
+    // Small pages and the fewest pages that hold s_q often: the capacity limits are near.
+    let any_p = rng.range(0, 8);
+    let p = 1 << pick(rng, &[0, 1, 2, any_p, any_p]);
     let np = rng.range(1, 12);
     let fewest = s_q.div_ceil(p);
-    let mp = rng.range(fewest, fewest.max(6));
+    let any_mp = rng.range(fewest, fewest.max(6));
+    let mp = pick(rng, &[fewest, any_mp, any_mp]);
     let cap = mp * p;
     let (q_t, kv_t, out_t) = match kind {
         0 => {
@@ -985,7 +992,9 @@ fn valid_case(rng: &mut SplitMix64, kind: usize) -> Case {
         main_strides[0] = main_strides[0].max(main_shape[1] * D_QK);
     }
     let kv_shape = [np, p, D_QK];
-    let row_stride = mp + rng.range(0, 1) * rng.range(0, 3);
+    // Page-table rows padded, or overlapping (shared entries are fine for an input).
+    let (pad, overlap) = (mp + rng.range(1, 3), rng.range(0, mp - 1));
+    let row_stride = pick(rng, &[mp, mp, pad, overlap]);
     let lens: Vec<i32> = (0..b)
         .map(|_| {
             let lo = if kind == 2 { 0 } else { s_q };
@@ -1045,8 +1054,8 @@ fn valid_case(rng: &mut SplitMix64, kind: usize) -> Case {
             s[0] = s[0].max(p * s[1]);
             s
         }),
-        pt: TensorView::strided(addr(rng, 2), ElemType::F32, [b, mp], [row_stride, 1]),
-        sl: TensorView::contiguous(addr(rng, 3), ElemType::F32, [b]),
+        pt: TensorView::strided(addr(rng, 2), ElemType::I32, [b, mp], [row_stride, 1]),
+        sl: TensorView::contiguous(addr(rng, 3), ElemType::I32, [b]),
         out: TensorView::strided(
             addr(rng, 4),
             out_t,
@@ -1061,32 +1070,15 @@ fn valid_case(rng: &mut SplitMix64, kind: usize) -> Case {
     }
 }
 
+/// Extents and strides at or next to a limit somewhere in the rules.
+#[rustfmt::skip]
+const SPECIAL: [usize; 22] = [
+    0, 1, 2, 3, 7, 8, 9, 16, 127, 128, 129, 255, 256, 257, 512, 575, 576, 577,
+    u32::MAX as usize, u32::MAX as usize + 1, 1 << 40, usize::MAX,
+];
+
 /// Changes one thing of a case, often into something invalid, sometimes harmlessly.
 fn mutate(rng: &mut SplitMix64, c: &mut Case) {
-    let dims = [
-        0,
-        1,
-        2,
-        3,
-        7,
-        8,
-        9,
-        16,
-        127,
-        128,
-        129,
-        255,
-        256,
-        257,
-        512,
-        575,
-        576,
-        577,
-        u32::MAX as usize,
-        u32::MAX as usize + 1,
-        1 << 40,
-        usize::MAX,
-    ];
     // Every tensor's byte span, to place pointers right at or just across the edges.
     let spans = [
         c.main.byte_span(),
@@ -1141,7 +1133,7 @@ fn mutate(rng: &mut SplitMix64, c: &mut Case) {
     let i = rng.range(0, shape.len() - 1);
     match rng.range(0, 9) {
         0 => {
-            let (now, special) = (shape[i], pick(rng, &dims));
+            let (now, special) = (shape[i], pick(rng, &SPECIAL));
             let choices = [
                 special,
                 now.saturating_add(1),
@@ -1154,7 +1146,7 @@ fn mutate(rng: &mut SplitMix64, c: &mut Case) {
             let now = strides[i];
             let unit = 16 / dtype.size();
             let choices = [
-                pick(rng, &dims),
+                pick(rng, &SPECIAL),
                 now.saturating_add(1),
                 now.saturating_sub(1),
                 now.saturating_add(unit),
@@ -1319,8 +1311,15 @@ fn fuzz<T: Debug>(
     validate: impl Fn(&Case) -> Result<T, MlaError>,
     spec: impl Fn(&Case) -> Result<(), String>,
 ) {
-    let seed = SplitMix64::fresh_seed();
-    eprintln!("validate fuzz kind {kind}: seed {seed:#x}");
+    // MLA_TEST_SEED (decimal or 0x-hex) replays a printed seed.
+    let seed = std::env::var("MLA_TEST_SEED")
+        .ok()
+        .and_then(|s| match s.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16).ok(),
+            None => s.parse().ok(),
+        })
+        .unwrap_or_else(SplitMix64::fresh_seed);
+    eprintln!("validate fuzz kind {kind}: seed {seed:#x} (set MLA_TEST_SEED to replay)");
     let mut rng = SplitMix64::new(seed);
     let mut accepted = 0;
     for it in 0..iterations {

@@ -50,7 +50,12 @@ pub unsafe fn combine<O: Half16>(p: CombineParams) {
     let mut sum = 0.0f32;
     if m != f32::NEG_INFINITY {
         for i in 0..splits {
-            let w = sync::ex2((lse_at(i) - m) * LOG2E);
+            let l = lse_at(i);
+            if l == f32::NEG_INFINITY {
+                // An empty chunk: weight 0, and its O is never read (it may be garbage).
+                continue;
+            }
+            let w = sync::ex2((l - m) * LOG2E);
             sum += w;
             let src = (i as usize * split_stride + row_idx) * D_V + dim0;
             // SAFETY: 16-byte aligned (D_V and dim0 multiples of 4 f32) and in bounds.

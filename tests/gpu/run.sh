@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU suite, run from the repo root on the GPU machine after tests/gpu/stage.sh
 # staged ./stage here. Logs go to $OUT (or ./stage/logs); the summary is printed last.
+# Each test runs under a timeout so that one hang cannot eat the whole call.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 logs=${OUT:-stage/logs}
@@ -9,26 +10,44 @@ export MLA_SEED=${MLA_SEED:-$(date +%s%N | cut -c1-18)}
 echo "commit $(cat stage/COMMIT)  seed $MLA_SEED"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 summary=()
-stage/bin/mla info 2>&1 | tee "$logs/info.log"
-for t in stage/bin/test-*; do
-  name=$(basename "$t")
+stage/bin/mla info >"$logs/info.log" 2>&1
+head -4 "$logs/info.log"
+
+# name  binary  filter  timeout(s)
+plan=(
+  "load       test-gpu_load     ''                      90"
+  "paged      test-gpu_paged    ''                      90"
+  "combine    test-gpu_combine  ''                      60"
+  "bad-input  test-gpu_decode   bad_requests            30"
+  "invariance test-gpu_decode   split_and_page          90"
+  "fp8-acc    test-gpu_decode   fp8_accuracy            90"
+  "corners    test-gpu_decode   corner_cases            180"
+  "matrix     test-gpu_decode   case_matrix             ${MLA_MATRIX_TIMEOUT:-300}"
+)
+export MLA_TRACE=1
+for entry in "${plan[@]}"; do
+  read -r name bin filter tmo <<<"$entry"
+  filter=${filter//\'/}
   start=$(date +%s)
-  "$t" --test-threads=1 >"$logs/$name.log" 2>&1
+  timeout "$tmo" "stage/bin/$bin" --test-threads=1 $filter >"$logs/$name.log" 2>&1
   rc=$?
   line=$(grep -E "^test result:" "$logs/$name.log" | tail -1)
-  summary+=("$(printf '%-22s rc=%d %4ss  %s' "$name" "$rc" "$(( $(date +%s) - start ))" "$line")")
-  grep -E "SKIPPED|FAIL|panicked|decodes checked|failures|rel L2|vs 1:|seed =|-> sm" "$logs/$name.log" | head -40
+  [[ $rc == 124 ]] && line="TIMED OUT after ${tmo}s; last: $(tail -1 "$logs/$name.log" | cut -c1-150)"
+  summary+=("$(printf '%-11s rc=%-3d %4ss  %s' "$name" "$rc" "$(( $(date +%s) - start ))" "$line")")
+  grep -E "SKIPPED|FAIL|panicked|checked|failures|rel L2|vs 1:|chunk|GPU runs" "$logs/$name.log" | tail -8
 done
-stage/bin/mla demo --seed "${MLA_SEED:0:9}" 2>&1 | tee "$logs/demo.log"
+stage/bin/mla demo --seed "${MLA_SEED:0:9}" >"$logs/demo.log" 2>&1
+summary+=("$(printf '%-11s rc=%-3d  %s' demo "$?" "$(tail -1 "$logs/demo.log")")")
+cat "$logs/demo.log"
 if [[ "${MLA_SANITIZE:-1}" == 1 ]] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
-    MLA_GPU_MATRIX=quick timeout 240 compute-sanitizer --tool "$tool" --print-limit 20 \
+    MLA_GPU_MATRIX=quick timeout 150 compute-sanitizer --tool "$tool" --print-limit 20 \
       stage/bin/test-gpu_decode --test-threads=1 case_matrix >"$logs/sanitizer-$tool.log" 2>&1
     rc=$?
-    summary+=("$(printf '%-22s rc=%d  %s' "sanitizer-$tool" "$rc" "$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$logs/sanitizer-$tool.log" | tail -1)")")
+    summary+=("$(printf '%-11s rc=%-3d  %s' "$tool" "$rc" "$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$logs/sanitizer-$tool.log" | tail -1)")")
   done
-  MLA_GPU_MATRIX=quick timeout 120 compute-sanitizer --tool memcheck stage/bin/test-gpu_paged --test-threads=1 >"$logs/sanitizer-paged.log" 2>&1
-  summary+=("$(printf '%-22s rc=%d  %s' "sanitizer-paged" "$?" "$(grep -E "ERROR SUMMARY" "$logs/sanitizer-paged.log" | tail -1)")")
+  timeout 90 compute-sanitizer --tool memcheck stage/bin/test-gpu_paged --test-threads=1 >"$logs/sanitizer-paged.log" 2>&1
+  summary+=("$(printf '%-11s rc=%-3d  %s' "memcheck-pg" "$?" "$(grep -E "ERROR SUMMARY" "$logs/sanitizer-paged.log" | tail -1)")")
 fi
-echo "================ GPU suite summary (seed $MLA_SEED) ================"
+echo "================ GPU suite summary (commit $(cat stage/COMMIT), seed $MLA_SEED) ================"
 printf '%s\n' "${summary[@]}"

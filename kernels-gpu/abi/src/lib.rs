@@ -37,6 +37,8 @@ pub enum ElemType {
     /// OCP fp8 e4m3 ("e4m3fn": no infinities, `0x7f`/`0xff` are NaN, max 448).
     Fp8E4m3 = 2,
     F32 = 3,
+    /// Index tensors (page table, sequence lengths).
+    I32 = 4,
 }
 
 impl ElemType {
@@ -45,7 +47,7 @@ impl ElemType {
         match self {
             ElemType::Bf16 | ElemType::Fp16 => 2,
             ElemType::Fp8E4m3 => 1,
-            ElemType::F32 => 4,
+            ElemType::F32 | ElemType::I32 => 4,
         }
     }
 
@@ -55,6 +57,7 @@ impl ElemType {
             ElemType::Fp16 => "fp16",
             ElemType::Fp8E4m3 => "fp8_e4m3",
             ElemType::F32 => "f32",
+            ElemType::I32 => "i32",
         }
     }
 }
