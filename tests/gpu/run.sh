@@ -29,7 +29,7 @@ for entry in "${plan[@]}"; do
   read -r name bin filter tmo <<<"$entry"
   filter=${filter//\'/}
   start=$(date +%s)
-  timeout "$tmo" "stage/bin/$bin" --test-threads=1 $filter >"$logs/$name.log" 2>&1
+  timeout "$tmo" "stage/bin/$bin" --test-threads=1 --nocapture $filter >"$logs/$name.log" 2>&1
   rc=$?
   line=$(grep -E "^test result:" "$logs/$name.log" | tail -1)
   [[ $rc == 124 ]] && line="TIMED OUT after ${tmo}s; last: $(tail -1 "$logs/$name.log" | cut -c1-150)"

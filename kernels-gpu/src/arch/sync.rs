@@ -14,6 +14,10 @@ pub unsafe fn bar_sync() {
 
 /// `shfl.sync.bfly.b32` with the full mask: the value of lane `lane ^ xor_mask`.
 ///
+/// Not `pure`: a pure asm may be sunk into the branch that uses its result, where only
+/// some lanes would execute a full-mask shuffle (a hang). Warp-collective asm stays
+/// volatile so the compiler keeps it where it is written.
+///
 /// # Safety
 /// All 32 lanes of the warp must execute it together.
 #[inline(always)]
@@ -22,7 +26,7 @@ pub unsafe fn shfl_xor_f32(v: f32, xor_mask: u32) -> f32 {
     // SAFETY: the caller guarantees the whole warp is converged here.
     unsafe {
         asm!("shfl.sync.bfly.b32 {r}, {v}, {m}, 0x1f, 0xffffffff;",
-            r = out(reg32) r, v = in(reg32) v, m = in(reg32) xor_mask, options(nostack, pure, nomem))
+            r = out(reg32) r, v = in(reg32) v, m = in(reg32) xor_mask, options(nostack, nomem))
     }
     r
 }
