@@ -107,7 +107,10 @@ fn sample(rng: &mut SplitMix64, values: Values, channel: usize) -> f32 {
 /// decoded stored values, scale).
 fn quantise(dtype: ElemType, vals: &[f32]) -> (Vec<u8>, Vec<f32>, f32) {
     if dtype == ElemType::Fp8E4m3 {
-        let amax = vals.iter().filter(|v| v.is_finite()).fold(0f32, |a, v| a.max(v.abs()));
+        let amax = vals
+            .iter()
+            .filter(|v| v.is_finite())
+            .fold(0f32, |a, v| a.max(v.abs()));
         let scale = if amax > 0.0 { amax / 448.0 } else { 1.0 };
         let scaled: Vec<f32> = vals.iter().map(|v| v / scale).collect();
         let bytes = numeric::from_f32(dtype, &scaled);
@@ -132,7 +135,11 @@ impl HostCase {
         } else {
             0
         };
-        let used: usize = pages_of.iter().enumerate().map(|(i, &n)| if i == 0 { n } else { n - shared }).sum();
+        let used: usize = pages_of
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| if i == 0 { n } else { n - shared })
+            .sum();
         let num_pages = used + 2;
         let max_pages = pages_of.iter().copied().max().unwrap_or(1) + 1;
         let perm = rng.permutation(num_pages);
@@ -141,7 +148,11 @@ impl HostCase {
         for s in 0..b {
             for j in 0..max_pages {
                 table[s * max_pages + j] = if j >= pages_of[s] {
-                    if j % 2 == 0 { -1 } else { (num_pages + 7) as i32 }
+                    if j % 2 == 0 {
+                        -1
+                    } else {
+                        (num_pages + 7) as i32
+                    }
                 } else if s > 0 && j < shared {
                     table[j]
                 } else {
@@ -176,7 +187,9 @@ impl HostCase {
         }
 
         let nq = b * spec.s_q * spec.heads * D_QK;
-        let q_orig: Vec<f32> = (0..nq).map(|i| sample(rng, spec.values, i % D_QK)).collect();
+        let q_orig: Vec<f32> = (0..nq)
+            .map(|i| sample(rng, spec.values, i % D_QK))
+            .collect();
         let (q_bytes, q_vals, q_scale) = quantise(spec.dtypes.q(), &q_orig);
         let mut scales = Scales::default_for_mla();
         scales.output_scale = spec.output_scale;
@@ -204,13 +217,13 @@ impl HostCase {
         let p = self.spec.page_size;
         let width = self.kv_bytes.len() / (self.num_pages * p * D_QK);
         let mut out = self.clone();
-        for old in 0..self.num_pages {
-            let new = perm[old];
+        for (old, &new) in perm.iter().enumerate() {
             let (a, n) = (old * p * D_QK, p * D_QK);
             let dst = new * p * D_QK;
             out.kv_vals[dst..dst + n].copy_from_slice(&self.kv_vals[a..a + n]);
             out.kv_orig[dst..dst + n].copy_from_slice(&self.kv_orig[a..a + n]);
-            out.kv_bytes[dst * width..(dst + n) * width].copy_from_slice(&self.kv_bytes[a * width..(a + n) * width]);
+            out.kv_bytes[dst * width..(dst + n) * width]
+                .copy_from_slice(&self.kv_bytes[a * width..(a + n) * width]);
         }
         for e in out.page_table.iter_mut() {
             if *e >= 0 && (*e as usize) < self.num_pages {
@@ -245,7 +258,10 @@ impl HostCase {
             DecodeDtypes::Fp16 => ElemType::Fp16,
             _ => ElemType::Bf16,
         };
-        (oracle::decode(&inp), oracle::decode_emulated(&inp, p_type, self.spec.dtypes.out()))
+        (
+            oracle::decode(&inp),
+            oracle::decode_emulated(&inp, p_type, self.spec.dtypes.out()),
+        )
     }
 }
 
@@ -286,11 +302,27 @@ impl DeviceCase {
         let s = &h.spec;
         let b = s.lens.len();
         DecodeRequest {
-            q: TensorView::contiguous(ptr(&self.q, stream), s.dtypes.q(), [b, s.s_q, s.heads, D_QK]),
-            kv_cache: TensorView::contiguous(ptr(&self.kv, stream), s.dtypes.kv(), [h.num_pages, s.page_size, D_QK]),
-            page_table: TensorView::contiguous(ptr(&self.table, stream), INDEX_TYPE, [b, h.max_pages]),
+            q: TensorView::contiguous(
+                ptr(&self.q, stream),
+                s.dtypes.q(),
+                [b, s.s_q, s.heads, D_QK],
+            ),
+            kv_cache: TensorView::contiguous(
+                ptr(&self.kv, stream),
+                s.dtypes.kv(),
+                [h.num_pages, s.page_size, D_QK],
+            ),
+            page_table: TensorView::contiguous(
+                ptr(&self.table, stream),
+                INDEX_TYPE,
+                [b, h.max_pages],
+            ),
             seq_lens: TensorView::contiguous(ptr(&self.lens, stream), INDEX_TYPE, [b]),
-            out: TensorView::contiguous(ptr(&self.out, stream), s.dtypes.out(), [b, s.s_q, s.heads, D_V]),
+            out: TensorView::contiguous(
+                ptr(&self.out, stream),
+                s.dtypes.out(),
+                [b, s.s_q, s.heads, D_V],
+            ),
             lse: TensorView::contiguous(ptr(&self.lse, stream), ElemType::F32, [b, s.s_q, s.heads]),
             scales: h.scales,
             host: HostMirror {
@@ -310,7 +342,11 @@ impl DeviceCase {
     }
 
     /// `out` and `lse` as f32.
-    pub fn download(&self, stream: &Arc<CudaStream>, out_t: ElemType) -> Result<(Vec<f32>, Vec<f32>), MlaError> {
+    pub fn download(
+        &self,
+        stream: &Arc<CudaStream>,
+        out_t: ElemType,
+    ) -> Result<(Vec<f32>, Vec<f32>), MlaError> {
         let o: Vec<u16> = stream.clone_dtoh(&self.out)?;
         let l: Vec<f32> = stream.clone_dtoh(&self.lse)?;
         let bytes: Vec<u8> = o.iter().flat_map(|v| v.to_le_bytes()).collect();

@@ -40,7 +40,11 @@ fn main() -> ExitCode {
 }
 
 fn info() -> Result<bool, MlaError> {
-    println!("mla {} (ptxas at build: {})", env!("CARGO_PKG_VERSION"), or_none(mla::images::PTXAS_VERSION));
+    println!(
+        "mla {} (ptxas at build: {})",
+        env!("CARGO_PKG_VERSION"),
+        or_none(mla::images::PTXAS_VERSION)
+    );
     println!(
         "embedded images: PTX sm_80, sm_90a, sm_100a; cubins: sm_90a {}, sm_100a {}",
         yes_no(mla::images::CUBIN_SM_90A.is_some()),
@@ -56,14 +60,20 @@ fn info() -> Result<bool, MlaError> {
     };
     println!("device: {}", rt.device());
     println!("kernel image: {} ({:?})", rt.variant().name(), rt.form());
-    println!("{:<28} {:>5} {:>7} {:>11} {:>8}", "kernel", "regs", "local B", "static smem", "threads");
+    println!(
+        "{:<28} {:>5} {:>7} {:>11} {:>8}",
+        "kernel", "regs", "local B", "static smem", "threads"
+    );
     for r in rt.kernel_resources()? {
         println!(
             "{:<28} {:>5} {:>7} {:>11} {:>8}",
             r.name, r.registers, r.local_bytes, r.static_smem_bytes, r.max_threads
         );
     }
-    println!("decode dynamic shared memory: {} B", mla::abi::decode_tile::SMEM_BYTES);
+    println!(
+        "decode dynamic shared memory: {} B",
+        mla::abi::decode_tile::SMEM_BYTES
+    );
     Ok(true)
 }
 
@@ -104,7 +114,12 @@ fn demo(seed: u64) -> Result<bool, MlaError> {
         let h = HostCase::random(&spec, &mut rng);
         let t = Instant::now();
         let (r, e) = h.references();
-        let err = r.out.iter().zip(&e.out).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        let err = r
+            .out
+            .iter()
+            .zip(&e.out)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
         println!(
             "oracle: B=2 L=256 H=128 S_q=1 bf16 in {:.2} s; max |bf16-emulated - f64| = {err:.3e}; lse[0] = {:.4}",
             t.elapsed().as_secs_f64(),
@@ -112,7 +127,12 @@ fn demo(seed: u64) -> Result<bool, MlaError> {
         );
         return Ok(true);
     };
-    println!("device: {} -> {} ({:?})", rt.device(), rt.variant().name(), rt.form());
+    println!(
+        "device: {} -> {} ({:?})",
+        rt.device(),
+        rt.variant().name(),
+        rt.form()
+    );
     let stream = rt.new_stream()?;
     let sms = rt.device().sm_count as usize;
     println!(
@@ -146,6 +166,13 @@ fn demo(seed: u64) -> Result<bool, MlaError> {
             );
         }
     }
-    println!("{}", if all_ok { "all checks passed" } else { "SOME CHECKS FAILED" });
+    println!(
+        "{}",
+        if all_ok {
+            "all checks passed"
+        } else {
+            "SOME CHECKS FAILED"
+        }
+    );
     Ok(all_ok)
 }

@@ -3,6 +3,9 @@
 //! with `lse = -inf` (and NaN garbage in their O, which must not leak), rows whose chunks
 //! are all empty.
 
+// Index loops mirror the [split, batch, row, dim] layout the kernel reads.
+#![allow(clippy::needless_range_loop)]
+
 mod common;
 
 use mla::abi::{D_V, ElemType, MAX_SPLITS};
@@ -14,7 +17,9 @@ use mla::rng::SplitMix64;
 fn combine_matches_cpu_merge() {
     let test = "combine";
     let seed = common::seed(test);
-    let Some((rt, stream)) = common::gpu(test) else { return };
+    let Some((rt, stream)) = common::gpu(test) else {
+        return;
+    };
     let mut rng = SplitMix64::new(seed);
     let mut failures = Vec::new();
     for &(batch, s_q, heads, max_splits, out_t) in &[
@@ -24,7 +29,9 @@ fn combine_matches_cpu_merge() {
         (64, 1, 3, 17, ElemType::Bf16),
     ] {
         let rows = s_q * heads;
-        let splits: Vec<i32> = (0..batch).map(|_| rng.range(1, max_splits) as i32).collect();
+        let splits: Vec<i32> = (0..batch)
+            .map(|_| rng.range(1, max_splits) as i32)
+            .collect();
         let mut po = vec![f32::NAN; max_splits * batch * rows * D_V];
         let mut pl = vec![f32::NAN; max_splits * batch * rows];
         for b in 0..batch {
@@ -34,7 +41,11 @@ fn combine_matches_cpu_merge() {
                 for i in 0..splits[b] as usize {
                     let idx = (i * batch + b) * rows + r;
                     let empty = all_empty || rng.next_f64() < 0.25;
-                    pl[idx] = if empty { f32::NEG_INFINITY } else { rng.uniform(-20.0, 20.0) as f32 };
+                    pl[idx] = if empty {
+                        f32::NEG_INFINITY
+                    } else {
+                        rng.uniform(-20.0, 20.0) as f32
+                    };
                     for d in 0..D_V {
                         po[idx * D_V + d] = if empty { f32::NAN } else { rng.normal() as f32 };
                     }
@@ -45,13 +56,30 @@ fn combine_matches_cpu_merge() {
         let d_po = stream.clone_htod(&po).unwrap();
         let d_pl = stream.clone_htod(&pl).unwrap();
         let d_ns = stream.clone_htod(&splits).unwrap();
-        let mut d_out = stream.clone_htod(&vec![0xffffu16; batch * rows * D_V]).unwrap();
-        let mut d_lse = stream.clone_htod(&vec![f32::NAN; batch * rows]).unwrap();
-        rt.combine(&stream, &d_po, &d_pl, &d_ns, &mut d_out, out_t, &mut d_lse, (batch, s_q, heads, max_splits), output_scale)
+        let mut d_out = stream
+            .clone_htod(&vec![0xffffu16; batch * rows * D_V])
             .unwrap();
+        let mut d_lse = stream.clone_htod(&vec![f32::NAN; batch * rows]).unwrap();
+        rt.combine(
+            &stream,
+            &d_po,
+            &d_pl,
+            &d_ns,
+            &mut d_out,
+            out_t,
+            &mut d_lse,
+            (batch, s_q, heads, max_splits),
+            output_scale,
+        )
+        .unwrap();
         let out: Vec<u16> = stream.clone_dtoh(&d_out).unwrap();
         let lse: Vec<f32> = stream.clone_dtoh(&d_lse).unwrap();
-        let out = numeric::to_f32(out_t, &out.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
+        let out = numeric::to_f32(
+            out_t,
+            &out.iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        );
         for b in 0..batch {
             for r in 0..rows {
                 let row = b * rows + r;
@@ -66,7 +94,10 @@ fn combine_matches_cpu_merge() {
                 let parts: Vec<(Vec<f64>, Vec<f64>)> = (0..splits[b] as usize)
                     .map(|i| {
                         let idx = (i * batch + b) * rows + r;
-                        (po[idx * D_V..][..D_V].iter().map(|&v| v as f64).collect(), vec![pl[idx] as f64])
+                        (
+                            po[idx * D_V..][..D_V].iter().map(|&v| v as f64).collect(),
+                            vec![pl[idx] as f64],
+                        )
                     })
                     .collect();
                 let (ro, rl) = oracle::combine(&parts);

@@ -15,7 +15,11 @@ use mla::{DecodeDtypes, MlaError, abi::MAX_SPLITS};
 const PAGE_SIZES: [usize; 5] = [1, 16, 64, 128, 256];
 const HEADS: [usize; 7] = [1, 3, 16, 32, 64, 100, 128];
 const S_QS: [usize; 4] = [1, 2, 4, 8];
-const SPLITS: [Splits; 3] = [Splits::Fixed(1), Splits::Fixed(3), Splits::Fixed(MAX_SPLITS as usize)];
+const SPLITS: [Splits; 3] = [
+    Splits::Fixed(1),
+    Splits::Fixed(3),
+    Splits::Fixed(MAX_SPLITS as usize),
+];
 
 #[derive(Clone, Copy, Debug)]
 enum LenMix {
@@ -27,7 +31,12 @@ enum LenMix {
     PageEdges,
 }
 
-const MIXES: [LenMix; 4] = [LenMix::AllMin, LenMix::AllEqual, LenMix::OneLongAmongShort, LenMix::PageEdges];
+const MIXES: [LenMix; 4] = [
+    LenMix::AllMin,
+    LenMix::AllEqual,
+    LenMix::OneLongAmongShort,
+    LenMix::PageEdges,
+];
 
 fn lens(mix: LenMix, s_q: usize, page: usize) -> Vec<usize> {
     let v = match mix {
@@ -39,7 +48,13 @@ fn lens(mix: LenMix, s_q: usize, page: usize) -> Vec<usize> {
     v.into_iter().map(|l| l.max(s_q)).collect()
 }
 
-fn spec(dtypes: DecodeDtypes, page_size: usize, heads: usize, s_q: usize, lens: Vec<usize>) -> CaseSpec {
+fn spec(
+    dtypes: DecodeDtypes,
+    page_size: usize,
+    heads: usize,
+    s_q: usize,
+    lens: Vec<usize>,
+) -> CaseSpec {
     CaseSpec {
         dtypes,
         page_size,
@@ -60,7 +75,7 @@ fn matrix() -> Vec<CaseSpec> {
             for (hi, &h) in HEADS.iter().enumerate() {
                 for (si, &s) in S_QS.iter().enumerate() {
                     for (mi, &m) in MIXES.iter().enumerate() {
-                        if quick && (di + pi + hi + si + mi) % 29 != 0 {
+                        if quick && (di + pi + hi + si + mi) % 6 != 0 {
                             continue;
                         }
                         let mut c = spec(d, p, h, s, lens(m, s, p));
@@ -114,7 +129,8 @@ fn run_cases(test: &str, specs: &[CaseSpec], splits: &[Splits], seed: u64) -> (u
                         h.spec.lens
                     );
                 }
-                let got = harness::run_decode(&rt, &stream, h, &mut d, &mut ws, &counts).expect("decode");
+                let got =
+                    harness::run_decode(&rt, &stream, h, &mut d, &mut ws, &counts).expect("decode");
                 let chk = harness::check(&got, refs);
                 runs += 1;
                 if !chk.ok() {
@@ -131,17 +147,28 @@ fn run_cases(test: &str, specs: &[CaseSpec], splits: &[Splits], seed: u64) -> (u
                 }
             }
         }
-        eprintln!("[{test}]   GPU runs {:.1} s, failures so far {}", t0.elapsed().as_secs_f64() - t1, failures.len());
+        eprintln!(
+            "[{test}]   GPU runs {:.1} s, failures so far {}",
+            t0.elapsed().as_secs_f64() - t1,
+            failures.len()
+        );
     }
     (runs, failures)
 }
 
 fn report(test: &str, seed: u64, runs: usize, failures: &[String]) {
-    eprintln!("[{test}] {runs} decodes checked, {} failed (seed {seed})", failures.len());
+    eprintln!(
+        "[{test}] {runs} decodes checked, {} failed (seed {seed})",
+        failures.len()
+    );
     for f in failures.iter().take(30) {
         eprintln!("  FAIL {f}");
     }
-    assert!(failures.is_empty(), "[{test}] {} of {runs} decodes failed (seed {seed})", failures.len());
+    assert!(
+        failures.is_empty(),
+        "[{test}] {} of {runs} decodes failed (seed {seed})",
+        failures.len()
+    );
 }
 
 #[test]
@@ -160,8 +187,20 @@ fn corner_cases() {
     let mut rng = SplitMix64::new(seed);
     let mut specs = vec![
         spec(DecodeDtypes::Bf16, 64, 128, 1, vec![4096]),
-        spec(DecodeDtypes::Bf16, 16, 16, 2, (0..256).map(|_| rng.range(2, 300)).collect()),
-        spec(DecodeDtypes::Fp8KvBf16Q, 64, 16, 1, (0..256).map(|_| rng.range(1, 200)).collect()),
+        spec(
+            DecodeDtypes::Bf16,
+            16,
+            16,
+            2,
+            (0..256).map(|_| rng.range(2, 300)).collect(),
+        ),
+        spec(
+            DecodeDtypes::Fp8KvBf16Q,
+            64,
+            16,
+            1,
+            (0..256).map(|_| rng.range(1, 200)).collect(),
+        ),
         spec(DecodeDtypes::Bf16, 64, 16, 1, vec![131072]),
         spec(DecodeDtypes::Fp8KvBf16Q, 128, 16, 2, vec![131072]),
     ];
@@ -181,7 +220,9 @@ fn corner_cases() {
 fn split_and_page_permutation_invariance() {
     let test = "invariance";
     let seed = common::seed(test);
-    let Some((rt, stream)) = common::gpu(test) else { return };
+    let Some((rt, stream)) = common::gpu(test) else {
+        return;
+    };
     let sms = rt.device().sm_count as usize;
     let mut rng = SplitMix64::new(seed);
     let mut failures = Vec::new();
@@ -192,7 +233,12 @@ fn split_and_page_permutation_invariance() {
         let mut dc = DeviceCase::upload(&stream, &h).unwrap();
         let mut ws = harness::workspace_for(&stream, &h).unwrap();
         let mut outs = Vec::new();
-        for sp in [Splits::Fixed(1), Splits::Fixed(3), Splits::Fixed(MAX_SPLITS as usize), Splits::Planned] {
+        for sp in [
+            Splits::Fixed(1),
+            Splits::Fixed(3),
+            Splits::Fixed(MAX_SPLITS as usize),
+            Splits::Planned,
+        ] {
             let counts = sp.counts(&h.spec.lens, s.s_q * s.heads, sms);
             let got = harness::run_decode(&rt, &stream, &h, &mut dc, &mut ws, &counts).unwrap();
             let chk = harness::check(&got, &refs);
@@ -204,11 +250,22 @@ fn split_and_page_permutation_invariance() {
         // Mutual agreement: within twice the oracle tolerance of each other.
         let base = &outs[0].2;
         for (sp, _, o) in &outs[1..] {
-            let diff = base.0.iter().zip(&o.0).map(|(a, b)| (a - b).abs() as f64).fold(0.0, f64::max);
+            let diff = base
+                .0
+                .iter()
+                .zip(&o.0)
+                .map(|(a, b)| (a - b).abs() as f64)
+                .fold(0.0, f64::max);
             let allowed = 2.0 * harness::check(base, &refs).out.allowed;
-            eprintln!("[{test}] {} splits {sp:?} vs 1: max |diff| = {diff:.3e} (allowed {allowed:.3e})", d.name());
+            eprintln!(
+                "[{test}] {} splits {sp:?} vs 1: max |diff| = {diff:.3e} (allowed {allowed:.3e})",
+                d.name()
+            );
             if diff.is_nan() || diff > allowed {
-                failures.push(format!("{} {sp:?} differs from 1 split by {diff:e}", d.name()));
+                failures.push(format!(
+                    "{} {sp:?} differs from 1 split by {diff:e}",
+                    d.name()
+                ));
             }
         }
         // Page permutation: bitwise identical for the same split counts.
@@ -216,10 +273,21 @@ fn split_and_page_permutation_invariance() {
         let mut dp = DeviceCase::upload(&stream, &hp).unwrap();
         for (sp, counts, o) in &outs {
             let got = harness::run_decode(&rt, &stream, &hp, &mut dp, &mut ws, counts).unwrap();
-            let same = got.0.iter().zip(&o.0).all(|(a, b)| a.to_bits() == b.to_bits())
-                && got.1.iter().zip(&o.1).all(|(a, b)| a.to_bits() == b.to_bits());
+            let same = got
+                .0
+                .iter()
+                .zip(&o.0)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+                && got
+                    .1
+                    .iter()
+                    .zip(&o.1)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
             if !same {
-                failures.push(format!("{} {sp:?}: output changed under page permutation", d.name()));
+                failures.push(format!(
+                    "{} {sp:?}: output changed under page permutation",
+                    d.name()
+                ));
             }
         }
     }
@@ -233,7 +301,9 @@ fn split_and_page_permutation_invariance() {
 fn fp8_accuracy_report() {
     let test = "fp8_accuracy";
     let seed = common::seed(test);
-    let Some((rt, stream)) = common::gpu(test) else { return };
+    let Some((rt, stream)) = common::gpu(test) else {
+        return;
+    };
     let mut rng = SplitMix64::new(seed);
     let mut failures = Vec::new();
     for d in [DecodeDtypes::Fp8KvBf16Q, DecodeDtypes::Fp8] {
@@ -244,7 +314,8 @@ fn fp8_accuracy_report() {
             let refs = h.references();
             let mut dc = DeviceCase::upload(&stream, &h).unwrap();
             let mut ws = harness::workspace_for(&stream, &h).unwrap();
-            let counts = Splits::Planned.counts(&s.lens, s_q * heads, rt.device().sm_count as usize);
+            let counts =
+                Splits::Planned.counts(&s.lens, s_q * heads, rt.device().sm_count as usize);
             let got = harness::run_decode(&rt, &stream, &h, &mut dc, &mut ws, &counts).unwrap();
             let chk = harness::check(&got, &refs);
             if !chk.ok() {
@@ -257,10 +328,21 @@ fn fp8_accuracy_report() {
             inp.q_scale = 1.0;
             inp.kv_scale = 1.0;
             let exact = mla::oracle::decode(&inp);
-            let num: f64 = got.0.iter().zip(&exact.out).map(|(a, b)| (*a as f64 - b).powi(2)).sum();
+            let num: f64 = got
+                .0
+                .iter()
+                .zip(&exact.out)
+                .map(|(a, b)| (*a as f64 - b).powi(2))
+                .sum();
             let den: f64 = exact.out.iter().map(|b| b * b).sum();
             let rel = (num / den).sqrt();
-            let qnum: f64 = refs.0.out.iter().zip(&exact.out).map(|(a, b)| (a - b).powi(2)).sum();
+            let qnum: f64 = refs
+                .0
+                .out
+                .iter()
+                .zip(&exact.out)
+                .map(|(a, b)| (a - b).powi(2))
+                .sum();
             let qrel = (qnum / den).sqrt();
             eprintln!(
                 "[{test}] {} H={heads} S_q={s_q}: kernel vs unquantised f64 rel L2 = {rel:.4e}; \
@@ -268,7 +350,10 @@ fn fp8_accuracy_report() {
                 d.name()
             );
             if rel.is_nan() || rel > 2.0 * qrel + 1e-2 {
-                failures.push(format!("{} H={heads}: rel L2 {rel} vs quantisation error {qrel}", d.name()));
+                failures.push(format!(
+                    "{} H={heads}: rel L2 {rel} vs quantisation error {qrel}",
+                    d.name()
+                ));
             }
         }
     }
@@ -279,7 +364,9 @@ fn fp8_accuracy_report() {
 #[test]
 fn bad_requests_are_typed_errors() {
     let test = "bad_requests";
-    let Some((rt, stream)) = common::gpu(test) else { return };
+    let Some((rt, stream)) = common::gpu(test) else {
+        return;
+    };
     let mut rng = SplitMix64::new(1);
     let h = HostCase::random(&spec(DecodeDtypes::Bf16, 16, 16, 1, vec![100]), &mut rng);
     let d = DeviceCase::upload(&stream, &h).unwrap();

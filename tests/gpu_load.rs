@@ -12,7 +12,9 @@ use mla::{DecodeDtypes, ImageForm, LoadOptions, Runtime, Variant};
 fn every_image_form_loads_and_decodes() {
     let test = "image_forms";
     let seed = common::seed(test);
-    let Some((rt0, _)) = common::gpu(test) else { return };
+    let Some((rt0, _)) = common::gpu(test) else {
+        return;
+    };
     let native = rt0.variant();
     drop(rt0);
     let mut forms = vec![
@@ -27,10 +29,15 @@ fn every_image_form_loads_and_decodes() {
     let mut rng = SplitMix64::new(seed);
     let mut failures = Vec::new();
     for (variant, form) in forms {
-        let rt = Runtime::load_with(0, mla::images::embedded(), LoadOptions { variant, form }).unwrap();
+        let rt =
+            Runtime::load_with(0, mla::images::embedded(), LoadOptions { variant, form }).unwrap();
         let stream = rt.new_stream().unwrap();
         for res in rt.kernel_resources().unwrap() {
-            assert_eq!(res.local_bytes, 0, "{:?} {:?}: {} uses local memory", variant, form, res.name);
+            assert_eq!(
+                res.local_bytes, 0,
+                "{:?} {:?}: {} uses local memory",
+                variant, form, res.name
+            );
         }
         for d in DecodeDtypes::ALL {
             let spec = CaseSpec {
@@ -50,9 +57,22 @@ fn every_image_form_loads_and_decodes() {
             let counts = Splits::Fixed(4).counts(&spec.lens, 256, 132);
             let got = harness::run_decode(&rt, &stream, &h, &mut dc, &mut ws, &counts).unwrap();
             let c = harness::check(&got, &refs);
-            eprintln!("[{test}] {:?} {:?} {}: {}", rt.variant(), rt.form(), d.name(), c.out);
+            eprintln!(
+                "[{test}] {:?} {:?} {}: {}",
+                rt.variant(),
+                rt.form(),
+                d.name(),
+                c.out
+            );
             if !c.ok() {
-                failures.push(format!("{:?} {:?} {}: {} | {}", rt.variant(), rt.form(), d.name(), c.out, c.lse));
+                failures.push(format!(
+                    "{:?} {:?} {}: {} | {}",
+                    rt.variant(),
+                    rt.form(),
+                    d.name(),
+                    c.out,
+                    c.lse
+                ));
             }
         }
     }

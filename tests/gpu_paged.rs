@@ -22,10 +22,16 @@ fn ptr<T>(s: &cudarc::driver::CudaSlice<T>, stream: &cudarc::driver::CudaStream)
 fn append_then_gather_round_trip() {
     let test = "paged";
     let seed = common::seed(test);
-    let Some((rt, stream)) = common::gpu(test) else { return };
+    let Some((rt, stream)) = common::gpu(test) else {
+        return;
+    };
     let mut rng = SplitMix64::new(seed);
     let mut failures = Vec::new();
-    for d in [DecodeDtypes::Bf16, DecodeDtypes::Fp16, DecodeDtypes::Fp8KvBf16Q] {
+    for d in [
+        DecodeDtypes::Bf16,
+        DecodeDtypes::Fp16,
+        DecodeDtypes::Fp8KvBf16Q,
+    ] {
         for &(page, s_q) in &[(1usize, 1usize), (16, 4), (64, 2), (256, 8)] {
             let lens: Vec<usize> = vec![s_q, 3 * page + 1, page.max(s_q), 700];
             let spec = CaseSpec {
@@ -40,21 +46,36 @@ fn append_then_gather_round_trip() {
             };
             let h = HostCase::random(&spec, &mut rng);
             let cache_t = d.kv();
-            let src_t = if cache_t == ElemType::Fp8E4m3 { ElemType::Bf16 } else { cache_t };
+            let src_t = if cache_t == ElemType::Fp8E4m3 {
+                ElemType::Bf16
+            } else {
+                cache_t
+            };
             let b = lens.len();
             // New rows, with a few values past fp8's range to exercise saturation.
             let new_vals: Vec<f32> = (0..b * s_q * D_QK)
-                .map(|i| if i % 97 == 0 { 1e6 * h.scales.kv_scale } else { rng.normal() as f32 })
+                .map(|i| {
+                    if i % 97 == 0 {
+                        1e6 * h.scales.kv_scale
+                    } else {
+                        rng.normal() as f32
+                    }
+                })
                 .collect();
             let new_bytes = numeric::from_f32(src_t, &new_vals);
             let d_cache = stream.clone_htod(&h.kv_bytes).unwrap();
             let d_new = stream.clone_htod(&new_bytes).unwrap();
             let d_table = stream.clone_htod(&h.page_table).unwrap();
             let d_lens = stream.clone_htod(&h.seq_lens).unwrap();
-            let cache_view = TensorView::contiguous(ptr(&d_cache, &stream), cache_t, [h.num_pages, page, D_QK]);
-            let table_view = TensorView::contiguous(ptr(&d_table, &stream), INDEX, [b, h.max_pages]);
+            let cache_view =
+                TensorView::contiguous(ptr(&d_cache, &stream), cache_t, [h.num_pages, page, D_QK]);
+            let table_view =
+                TensorView::contiguous(ptr(&d_table, &stream), INDEX, [b, h.max_pages]);
             let lens_view = TensorView::contiguous(ptr(&d_lens, &stream), INDEX, [b]);
-            let host = HostMirror { seq_lens: Some(&h.seq_lens), page_table: Some(&h.page_table) };
+            let host = HostMirror {
+                seq_lens: Some(&h.seq_lens),
+                page_table: Some(&h.page_table),
+            };
             rt.append_kv(
                 &stream,
                 &AppendRequest {
@@ -80,7 +101,9 @@ fn append_then_gather_round_trip() {
                     let vals = &src_dec[(s * s_q + t) * D_QK..][..D_QK];
                     let enc: Vec<u8> = if cache_t == ElemType::Fp8E4m3 {
                         let inv = 1.0 / h.scales.kv_scale;
-                        vals.iter().map(|v| numeric::e4m3_from_f32(v * inv)).collect()
+                        vals.iter()
+                            .map(|v| numeric::e4m3_from_f32(v * inv))
+                            .collect()
                     } else {
                         numeric::from_f32(cache_t, vals)
                     };
@@ -88,13 +111,19 @@ fn append_then_gather_round_trip() {
                 }
             }
             if let Some(i) = got.iter().zip(&want).position(|(a, b)| a != b) {
-                failures.push(format!("append {} P={page} S_q={s_q}: first differing byte {i}", d.name()));
+                failures.push(format!(
+                    "append {} P={page} S_q={s_q}: first differing byte {i}",
+                    d.name()
+                ));
             }
 
             // Gather, raw and (for fp8) dequantised to bf16.
             let max_len = lens.iter().max().unwrap() + 5;
-            let outs: Vec<ElemType> =
-                if cache_t == ElemType::Fp8E4m3 { vec![ElemType::Fp8E4m3, ElemType::Bf16] } else { vec![cache_t] };
+            let outs: Vec<ElemType> = if cache_t == ElemType::Fp8E4m3 {
+                vec![ElemType::Fp8E4m3, ElemType::Bf16]
+            } else {
+                vec![cache_t]
+            };
             for out_t in outs {
                 let n = b * max_len * D_QK * out_t.size();
                 let d_out = stream.clone_htod(&vec![0xa5u8; n]).unwrap();
@@ -104,7 +133,11 @@ fn append_then_gather_round_trip() {
                         kv_cache: cache_view,
                         page_table: table_view,
                         seq_lens: lens_view,
-                        out: TensorView::contiguous(ptr(&d_out, &stream), out_t, [b, max_len, D_QK]),
+                        out: TensorView::contiguous(
+                            ptr(&d_out, &stream),
+                            out_t,
+                            [b, max_len, D_QK],
+                        ),
                         kv_scale: h.scales.kv_scale,
                         host,
                     },
@@ -124,8 +157,10 @@ fn append_then_gather_round_trip() {
                             if out_t == cache_t {
                                 row.to_vec()
                             } else {
-                                let v: Vec<f32> =
-                                    row.iter().map(|&c| numeric::e4m3_to_f32(c) * h.scales.kv_scale).collect();
+                                let v: Vec<f32> = row
+                                    .iter()
+                                    .map(|&c| numeric::e4m3_to_f32(c) * h.scales.kv_scale)
+                                    .collect();
                                 numeric::from_f32(ElemType::Bf16, &v)
                             }
                         };
@@ -136,7 +171,11 @@ fn append_then_gather_round_trip() {
                     }
                 }
                 if let Some((s, j)) = bad {
-                    failures.push(format!("gather {} -> {} P={page}: sequence {s} row {j} differs", d.name(), out_t.name()));
+                    failures.push(format!(
+                        "gather {} -> {} P={page}: sequence {s} row {j} differs",
+                        d.name(),
+                        out_t.name()
+                    ));
                 }
             }
         }

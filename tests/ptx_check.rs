@@ -25,7 +25,7 @@ fn entry_param_sizes(ptx: &str) -> BTreeMap<String, usize> {
             let size = param
                 .rsplit('[')
                 .next()
-                .and_then(|s| s.trim_end_matches(|c| c == ']' || c == ',' || c == ' ').parse().ok())
+                .and_then(|s| s.trim_end_matches([']', ',', ' ']).parse().ok())
                 .unwrap_or(usize::MAX);
             out.insert(name, size);
         }
@@ -37,15 +37,27 @@ fn entry_param_sizes(ptx: &str) -> BTreeMap<String, usize> {
 fn ptx_is_self_contained_and_matches_the_abi() {
     for &(tag, ptx) in IMAGES {
         for l in ptx.lines().filter(|l| l.contains(".extern")) {
-            assert!(l.contains(".extern .shared"), "{tag}: unresolved declaration {l}");
+            assert!(
+                l.contains(".extern .shared"),
+                "{tag}: unresolved declaration {l}"
+            );
         }
         let target = format!(".target {tag}");
         assert!(ptx.contains(&target), "{tag}: PTX lacks `{target}`");
         let entries = entry_param_sizes(ptx);
         for &(name, size) in names::ALL {
-            assert_eq!(entries.get(name), Some(&size), "{tag}: entry {name} param size (host size_of = {size})");
+            assert_eq!(
+                entries.get(name),
+                Some(&size),
+                "{tag}: entry {name} param size (host size_of = {size})"
+            );
         }
-        assert_eq!(entries.len(), names::ALL.len(), "{tag}: entries {:?}", entries.keys());
+        assert_eq!(
+            entries.len(),
+            names::ALL.len(),
+            "{tag}: entries {:?}",
+            entries.keys()
+        );
     }
 }
 
@@ -82,10 +94,16 @@ fn parse_ptxas(report: &str) -> BTreeMap<String, Resources> {
                     },
                 );
             }
-        } else if l.contains("Used ") && l.contains(" registers") {
-            if let Some(r) = current.as_ref().and_then(|n| out.get_mut(n)) {
-                r.registers = l.split("Used ").nth(1).and_then(|s| s.split_whitespace().next()).and_then(|n| n.parse().ok()).unwrap_or(0);
-            }
+        } else if l.contains("Used ")
+            && l.contains(" registers")
+            && let Some(r) = current.as_ref().and_then(|n| out.get_mut(n))
+        {
+            r.registers = l
+                .split("Used ")
+                .nth(1)
+                .and_then(|s| s.split_whitespace().next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
         }
     }
     out
@@ -95,7 +113,9 @@ fn parse_ptxas(report: &str) -> BTreeMap<String, Resources> {
 fn ptxas_assembles_every_arch_without_spills() {
     let ptxas = std::env::var("MLA_PTXAS").unwrap_or_else(|_| images::PTXAS_PATH.to_string());
     if ptxas.is_empty() || !std::path::Path::new(&ptxas).is_file() {
-        eprintln!(
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr().lock(),
             "\n!!! SKIPPED ptxas check: no ptxas (install the PyPI wheel nvidia-cuda-nvcc==13.0.88 \
              into ./.venv or set MLA_PTXAS, then rebuild) !!!\n"
         );
@@ -105,7 +125,10 @@ fn ptxas_assembles_every_arch_without_spills() {
     let dir = std::env::temp_dir().join(format!("mla-ptx-check-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut failures = Vec::new();
-    eprintln!("{:<8} {:<28} {:>5} {:>6} {:>7} {:>7}", "arch", "kernel", "regs", "stack", "spill-st", "spill-ld");
+    eprintln!(
+        "{:<8} {:<28} {:>5} {:>6} {:>7} {:>7}",
+        "arch", "kernel", "regs", "stack", "spill-st", "spill-ld"
+    );
     for &(tag, ptx) in IMAGES {
         let path = dir.join(format!("{tag}.ptx"));
         std::fs::write(&path, ptx).unwrap();
@@ -116,7 +139,8 @@ fn ptxas_assembles_every_arch_without_spills() {
             .arg(dir.join(format!("{tag}.cubin")))
             .output()
             .unwrap();
-        let report = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+        let report = String::from_utf8_lossy(&out.stderr).to_string()
+            + &String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "ptxas -arch={tag} failed:\n{report}");
         let res = parse_ptxas(&report);
         for &(name, _) in names::ALL {
@@ -137,5 +161,9 @@ fn ptxas_assembles_every_arch_without_spills() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(failures.is_empty(), "local memory in kernels:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "local memory in kernels:\n{}",
+        failures.join("\n")
+    );
 }

@@ -36,7 +36,9 @@ pub enum MlaError {
     #[error("{field} is a null device pointer")]
     NullPointer { field: &'static str },
     /// A device pointer or row stride breaks the alignment the kernels load with.
-    #[error("{field} is misaligned: address {addr:#x} (or its row stride) must be a multiple of {align} bytes")]
+    #[error(
+        "{field} is misaligned: address {addr:#x} (or its row stride) must be a multiple of {align} bytes"
+    )]
     Misaligned {
         field: &'static str,
         addr: u64,

@@ -4,10 +4,10 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, result};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, result};
 use mla_abi::{
-    AppendParams, CombineParams, DecodeParams, DevPtr, ElemType, GatherParams, MAX_SPLITS, combine_tile,
-    decode_tile, names, paged_tile,
+    AppendParams, CombineParams, DecodeParams, DevPtr, ElemType, GatherParams, MAX_SPLITS,
+    combine_tile, decode_tile, names, paged_tile,
 };
 
 use crate::error::{MlaError, Result};
@@ -35,7 +35,10 @@ pub struct DecodeWorkspace {
 
 impl DecodeWorkspace {
     pub fn new(stream: &Arc<CudaStream>, capacity: WorkspaceCapacity) -> Result<Self> {
-        if capacity.batch == 0 || capacity.rows == 0 || !(1..=MAX_SPLITS as usize).contains(&capacity.max_splits) {
+        if capacity.batch == 0
+            || capacity.rows == 0
+            || !(1..=MAX_SPLITS as usize).contains(&capacity.max_splits)
+        {
             return Err(MlaError::shape(
                 "workspace capacity",
                 format!("batch >= 1, rows >= 1, max_splits in 1..={MAX_SPLITS}"),
@@ -90,26 +93,40 @@ fn addr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
     p
 }
 
-/// `cuLaunchKernel` with one params struct by value.
+/// Grid, block and dynamic shared memory of one launch.
+struct LaunchShape {
+    grid: (u32, u32, u32),
+    block: u32,
+    smem: u32,
+}
+
+/// `cuLaunchKernel` of `kernel` with one params struct by value.
 ///
 /// # Safety
 /// `params` matches the kernel's params struct and holds device pointers that are valid for
 /// the grid (validated by the caller).
 unsafe fn launch<P>(
     rt: &Runtime,
-    f: &CudaFunction,
     kernel: &'static str,
-    grid: (u32, u32, u32),
-    block: u32,
-    smem: u32,
+    shape: LaunchShape,
     stream: &CudaStream,
     params: &P,
 ) -> Result<()> {
+    let f = rt.function(kernel)?;
     rt.context().bind_to_thread()?;
     let mut args = [params as *const P as *mut c_void];
     // SAFETY: forwarded from the caller; `args` outlives the call, which copies the params.
-    unsafe { result::launch_kernel(f.cu_function(), grid, (block, 1, 1), smem, stream.cu_stream(), &mut args) }
-        .map_err(|source| MlaError::Launch { kernel, source })
+    unsafe {
+        result::launch_kernel(
+            f.cu_function(),
+            shape.grid,
+            (shape.block, 1, 1),
+            shape.smem,
+            stream.cu_stream(),
+            &mut args,
+        )
+    }
+    .map_err(|source| MlaError::Launch { kernel, source })
 }
 
 fn dev<T>(p: u64) -> DevPtr<T> {
@@ -119,7 +136,12 @@ fn dev<T>(p: u64) -> DevPtr<T> {
 impl Runtime {
     /// One MLA decode step: the split-KV decode kernel, then the combine kernel when any
     /// sequence has more than one split (as set by [`DecodeWorkspace::set_splits`]).
-    pub fn decode(&self, stream: &CudaStream, req: &DecodeRequest, ws: &DecodeWorkspace) -> Result<DecodeShape> {
+    pub fn decode(
+        &self,
+        stream: &CudaStream,
+        req: &DecodeRequest,
+        ws: &DecodeWorkspace,
+    ) -> Result<DecodeShape> {
         let shape = validate_decode(req)?;
         let rows = shape.rows();
         let cap = ws.capacity;
@@ -183,17 +205,22 @@ impl Runtime {
             max_pages: shape.max_pages as u32,
         };
         let kernel = shape.dtypes.decode_kernel();
-        let grid = (ws.grid_splits.max(1) as u32, row_tiles(rows) as u32, shape.batch as u32);
+        let grid = (
+            ws.grid_splits.max(1) as u32,
+            row_tiles(rows) as u32,
+            shape.batch as u32,
+        );
         // SAFETY: the request was validated (shapes, strides, alignment, no aliasing) and the
         // workspace holds max_splits x batch x rows partials.
         unsafe {
             launch(
                 self,
-                self.function(kernel)?,
                 kernel,
-                grid,
-                decode_tile::THREADS as u32,
-                decode_tile::SMEM_BYTES as u32,
+                LaunchShape {
+                    grid,
+                    block: decode_tile::THREADS as u32,
+                    smem: decode_tile::SMEM_BYTES as u32,
+                },
                 stream,
                 &p,
             )?;
@@ -220,11 +247,12 @@ impl Runtime {
             unsafe {
                 launch(
                     self,
-                    self.function(kernel)?,
                     kernel,
-                    (rows as u32, shape.batch as u32, 1),
-                    combine_tile::THREADS as u32,
-                    0,
+                    LaunchShape {
+                        grid: (rows as u32, shape.batch as u32, 1),
+                        block: combine_tile::THREADS as u32,
+                        smem: 0,
+                    },
                     stream,
                     &c,
                 )?;
@@ -258,14 +286,22 @@ impl Runtime {
                 Ok(())
             }
         };
-        if batch == 0 || rows == 0 || batch > MAX_GRID_YZ || !(1..=MAX_SPLITS as usize).contains(&max_splits) {
+        if batch == 0
+            || rows == 0
+            || batch > MAX_GRID_YZ
+            || !(1..=MAX_SPLITS as usize).contains(&max_splits)
+        {
             return Err(MlaError::shape(
                 "combine geometry",
                 format!("batch 1..={MAX_GRID_YZ}, s_q*heads >= 1, max_splits 1..={MAX_SPLITS}"),
                 format!("batch {batch}, s_q {s_q}, heads {heads}, max_splits {max_splits}"),
             ));
         }
-        need("partial_o", partial_o.len(), max_splits * batch * rows * mla_abi::D_V)?;
+        need(
+            "partial_o",
+            partial_o.len(),
+            max_splits * batch * rows * mla_abi::D_V,
+        )?;
         need("partial_lse", partial_lse.len(), max_splits * batch * rows)?;
         need("num_splits", num_splits.len(), batch)?;
         need("out", out.len(), batch * rows * mla_abi::D_V)?;
@@ -301,11 +337,12 @@ impl Runtime {
         unsafe {
             launch(
                 self,
-                self.function(kernel)?,
                 kernel,
-                (rows as u32, batch as u32, 1),
-                combine_tile::THREADS as u32,
-                0,
+                LaunchShape {
+                    grid: (rows as u32, batch as u32, 1),
+                    block: combine_tile::THREADS as u32,
+                    smem: 0,
+                },
                 stream,
                 &c,
             )
@@ -349,11 +386,12 @@ impl Runtime {
         unsafe {
             launch(
                 self,
-                self.function(kernel)?,
                 kernel,
-                (shape.rows as u32, shape.batch as u32, 1),
-                paged_tile::THREADS as u32,
-                0,
+                LaunchShape {
+                    grid: (shape.rows as u32, shape.batch as u32, 1),
+                    block: paged_tile::THREADS as u32,
+                    smem: 0,
+                },
                 stream,
                 &p,
             )
@@ -397,11 +435,12 @@ impl Runtime {
         unsafe {
             launch(
                 self,
-                self.function(kernel)?,
                 kernel,
-                (shape.rows as u32, shape.batch as u32, 1),
-                paged_tile::THREADS as u32,
-                0,
+                LaunchShape {
+                    grid: (shape.rows as u32, shape.batch as u32, 1),
+                    block: paged_tile::THREADS as u32,
+                    smem: 0,
+                },
                 stream,
                 &p,
             )

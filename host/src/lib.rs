@@ -20,9 +20,11 @@ pub mod validate;
 
 pub use error::{MlaError, Result};
 pub use launch::DecodeWorkspace;
-pub use module::{DeviceInfo, ImageForm, KernelImages, KernelResources, LoadOptions, Runtime, Variant};
+pub use module::{
+    DeviceInfo, ImageForm, KernelImages, KernelResources, LoadOptions, Runtime, Variant,
+};
 pub use request::{
-    AppendRequest, DecodeDtypes, DecodeRequest, DecodeShape, GatherRequest, HostMirror,
-    PagedShape, Scales,
+    AppendRequest, DecodeDtypes, DecodeRequest, DecodeShape, GatherRequest, HostMirror, PagedShape,
+    Scales,
 };
 pub use tensor::TensorView;

@@ -47,7 +47,8 @@ impl Variant {
             _ => Err(MlaError::Unsupported {
                 what: "GPU architecture",
                 got: format!("sm_{major}{minor}"),
-                why: "the kernels need compute capability 8.0 or newer (cp.async, bf16 mma.sync)".into(),
+                why: "the kernels need compute capability 8.0 or newer (cp.async, bf16 mma.sync)"
+                    .into(),
             }),
         }
     }
@@ -131,7 +132,8 @@ fn require_driver() -> Result<()> {
         Ok(())
     } else {
         Err(MlaError::NoDriver(
-            "libcuda could not be loaded (no NVIDIA driver installed, or not on the loader path)".into(),
+            "libcuda could not be loaded (no NVIDIA driver installed, or not on the loader path)"
+                .into(),
         ))
     }
 }
@@ -191,7 +193,9 @@ impl Runtime {
                 return Err(MlaError::Unsupported {
                     what: "kernel variant",
                     got: v.name().into(),
-                    why: format!("this device is sm_{ma}{mi}; exact-arch images run only on their arch"),
+                    why: format!(
+                        "this device is sm_{ma}{mi}; exact-arch images run only on their arch"
+                    ),
                 });
             }
         };
@@ -212,7 +216,8 @@ impl Runtime {
             (None, _) if opts.form == Some(ImageForm::Cubin) => {
                 return Err(MlaError::Load {
                     variant: variant.name().into(),
-                    detail: "no cubin embedded for this arch (ptxas was not found at build time)".into(),
+                    detail: "no cubin embedded for this arch (ptxas was not found at build time)"
+                        .into(),
                 });
             }
             _ => (Ptx::from_src(ptx), ImageForm::PtxJit),
@@ -229,13 +234,21 @@ impl Runtime {
             })?;
             functions.insert(name, f);
         }
-        for name in [names::DECODE_BF16, names::DECODE_FP16, names::DECODE_FP8KV_BF16Q, names::DECODE_FP8] {
+        for name in [
+            names::DECODE_BF16,
+            names::DECODE_FP16,
+            names::DECODE_FP8KV_BF16Q,
+            names::DECODE_FP8,
+        ] {
             let f = &functions[name];
             f.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 decode_tile::SMEM_BYTES as i32,
             )
-            .map_err(|source| MlaError::Launch { kernel: name, source })?;
+            .map_err(|source| MlaError::Launch {
+                kernel: name,
+                source,
+            })?;
         }
         Ok(Self {
             ctx,
@@ -282,7 +295,12 @@ impl Runtime {
         let mut out = Vec::new();
         for &(name, _) in names::ALL {
             let f = self.function(name)?;
-            let attr = |a| f.get_attribute(a).map_err(|source| MlaError::Launch { kernel: name, source });
+            let attr = |a| {
+                f.get_attribute(a).map_err(|source| MlaError::Launch {
+                    kernel: name,
+                    source,
+                })
+            };
             out.push(KernelResources {
                 name,
                 registers: attr(CU_FUNC_ATTRIBUTE_NUM_REGS)?,

@@ -15,7 +15,6 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::{Mutex, PoisonError};
 
-use mla_abi::decode_tile::BLOCK_N;
 use mla_abi::{D_QK, D_V, ElemType};
 
 use crate::numeric::round_to;
@@ -402,21 +401,8 @@ pub fn combine(parts: &[(Vec<f64>, Vec<f64>)]) -> (Vec<f64>, Vec<f64>) {
     (out, lse)
 }
 
-/// KV positions of chunk `i` when a sequence of `len` positions is cut into `splits`
-/// chunks, by the kernels' rule: whole `BLOCK_N` blocks, `ceil(blocks / splits)` per
-/// chunk, so chunk `i` is `[i * per * BLOCK_N, min((i + 1) * per * BLOCK_N, len))`.
-/// Chunks that start at or past `len` are empty.
-///
-/// `splits = 0` is treated as 1.
-pub fn chunk_range(len: usize, splits: usize, i: usize) -> Range<usize> {
-    let blocks = len.div_ceil(BLOCK_N);
-    let per = blocks.div_ceil(splits.max(1)) * BLOCK_N;
-    let start = i.saturating_mul(per);
-    if start >= len {
-        return len..len;
-    }
-    start..start.saturating_add(per).min(len)
-}
+/// The kernels' chunk rule (one definition: [`mla_abi::chunk_blocks`], in tokens).
+pub use crate::plan::chunk_range;
 
 /// [`decode`] computed the split-KV way: sequence `b` cut into `splits[b]` chunks by
 /// [`chunk_range`], one [`decode_partial`] per chunk, [`combine`]d, and `output_scale`

@@ -1,21 +1,22 @@
 //! Pure planning functions: chunking, split counts and workspace sizes. No CUDA types, so
-//! everything here is tested on the CPU. The kernels implement the same chunk rule
-//! (`chunk_blocks` in the kernel crate); [`chunk_range`] is its host twin.
+//! everything here is tested on the CPU. The chunk rule itself is
+//! [`mla_abi::chunk_blocks`], which the decode kernel calls too.
 
 use mla_abi::{D_V, MAX_SPLITS, decode_tile};
 
 /// KV tokens per decode pipeline step (chunks are whole blocks).
 pub const BLOCK_N: usize = decode_tile::BLOCK_N;
 
-/// Token range of chunk `i` of `splits` for a sequence of `len` tokens: `blocks =
-/// ceil(len / BLOCK_N)`, `per = ceil(blocks / splits)`, chunk `i` covers blocks
-/// `[i * per, min((i + 1) * per, blocks))`, clipped to `len`. Later chunks may be empty.
+/// Token range of chunk `i` of `splits` for a sequence of `len` tokens
+/// ([`mla_abi::chunk_blocks`] in tokens, clipped to `len`). Later chunks may be empty.
 pub fn chunk_range(len: usize, splits: usize, i: usize) -> std::ops::Range<usize> {
-    let blocks = len.div_ceil(BLOCK_N);
-    let per = blocks.div_ceil(splits.max(1));
-    let first = (i * per).min(blocks) * BLOCK_N;
-    let end = ((i + 1) * per).min(blocks) * BLOCK_N;
-    first.min(len)..end.min(len)
+    let blocks = len.div_ceil(BLOCK_N) as u32;
+    let (first, end) = mla_abi::chunk_blocks(
+        blocks,
+        splits.min(u32::MAX as usize) as u32,
+        i.min(u32::MAX as usize) as u32,
+    );
+    (first as usize * BLOCK_N).min(len)..(end as usize * BLOCK_N).min(len)
 }
 
 /// CTAs per (sequence, split): query rows are cut into tiles of `BLOCK_M`.
@@ -30,7 +31,10 @@ pub fn row_tiles(rows: usize) -> usize {
 pub fn split_counts(seq_lens: &[i32], rows: usize, sm_count: usize, max_splits: usize) -> Vec<i32> {
     let max_splits = max_splits.clamp(1, MAX_SPLITS as usize);
     let tiles = row_tiles(rows).max(1);
-    let blocks: Vec<usize> = seq_lens.iter().map(|&l| (l.max(0) as usize).div_ceil(BLOCK_N)).collect();
+    let blocks: Vec<usize> = seq_lens
+        .iter()
+        .map(|&l| (l.max(0) as usize).div_ceil(BLOCK_N))
+        .collect();
     let total: usize = blocks.iter().sum::<usize>() * tiles;
     blocks
         .iter()
@@ -70,7 +74,11 @@ mod tests {
                 let mut next = 0;
                 for i in 0..splits {
                     let r = chunk_range(len, splits, i);
-                    assert_eq!(r.start, next.min(len), "len {len} splits {splits} chunk {i}");
+                    assert_eq!(
+                        r.start,
+                        next.min(len),
+                        "len {len} splits {splits} chunk {i}"
+                    );
                     assert!(r.start <= r.end);
                     if r.start < r.end {
                         assert_eq!(r.start % BLOCK_N, 0);

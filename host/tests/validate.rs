@@ -677,7 +677,10 @@ fn paged_by_spec(
     rule!(pt.strides[0] as u128 <= U32, "page table row stride");
     rule!(sl.shape[0] == batch, "seq_lens batch");
     rule!(batch == 1 || sl.strides[0] == 1, "seq_lens stride");
-    rule!(pt.dtype == ElemType::I32 && sl.dtype == ElemType::I32, "index dtypes");
+    rule!(
+        pt.dtype == ElemType::I32 && sl.dtype == ElemType::I32,
+        "index dtypes"
+    );
     rule!(
         kv.ptr != 0 && pt.ptr != 0 && sl.ptr != 0,
         "null index/cache pointer"

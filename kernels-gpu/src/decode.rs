@@ -3,7 +3,7 @@
 //! - Grid: `(max_splits, ceil(s_q * heads / BLOCK_M), batch)`. CTA `(split, tile, b)` takes
 //!   query rows `tile * 64 .. +64` of sequence `b` (row `r` is query token `r / heads`,
 //!   head `r % heads`: S_q is folded into the rows) over KV chunk `split` of `num_splits[b]`
-//!   (whole 64-token blocks, [`chunk_blocks`]). CTAs past `num_splits[b]` exit at once.
+//!   (whole 64-token blocks, [`mla_abi::chunk_blocks`]). CTAs past `num_splits[b]` exit at once.
 //! - Block: 256 threads, 8 warps. Warp `w` owns row group `rg = w % 4` (16 rows) and column
 //!   half `ch = w / 4`: for QK^T it computes tokens `ch * 32 .. +32` of the block, for PV the
 //!   output dims `ch * 256 .. +256` (128 f32 accumulators per thread). The two warps of a row
@@ -20,7 +20,7 @@
 
 use crate::arch::{self, cp_async, cvt, ldmatrix, smem, sync};
 use crate::elem::Half16;
-use mla_abi::{D_QK, D_V, DecodeParams, decode_tile as T};
+use mla_abi::{D_QK, D_V, DecodeParams, chunk_blocks, decode_tile as T};
 
 const LOG2E: f32 = core::f32::consts::LOG2_E;
 const LN2: f32 = core::f32::consts::LN_2;
@@ -55,14 +55,6 @@ fn qk_off(r: u32, k: u32) -> u32 {
 #[inline(always)]
 fn p_off(r: u32, k: u32) -> u32 {
     r * (BLOCK_N * 2) + ((k ^ (r & 7)) << 4)
-}
-
-/// KV blocks `[first, end)` of chunk `split` of `splits` over `blocks` blocks.
-#[inline(always)]
-pub fn chunk_blocks(blocks: u32, splits: u32, split: u32) -> (u32, u32) {
-    let per = blocks.div_ceil(splits);
-    let first = split * per;
-    (first.min(blocks), (first + per).min(blocks))
 }
 
 /// Byte address of KV row `j` of sequence `b`, or `None` when it must not be read.

@@ -15,11 +15,16 @@ pub fn gpu(test: &str) -> Option<(Runtime, Arc<CudaStream>)> {
     match mla::load(0) {
         Ok(rt) => {
             let stream = rt.new_stream().expect("stream");
-            eprintln!("[{test}] {} -> {} ({:?})", rt.device(), rt.variant().name(), rt.form());
+            eprintln!(
+                "[{test}] {} -> {} ({:?})",
+                rt.device(),
+                rt.variant().name(),
+                rt.form()
+            );
             Some((rt, stream))
         }
         Err(e @ (MlaError::NoDriver(_) | MlaError::NoDevice(_))) => {
-            eprintln!("\n!!! SKIPPED GPU test {test}: {e} !!!\n");
+            loud(&format!("SKIPPED GPU test {test}: {e}"));
             None
         }
         Err(e) => panic!("[{test}] loading the kernels failed: {e}"),
@@ -39,8 +44,11 @@ pub fn seed(test: &str) -> u64 {
 /// Builds every case's inputs and references on all cores. Case `i` draws its data from
 /// `SplitMix64::new(seed ^ i * K)` so that results do not depend on the thread count.
 pub fn prepare(specs: &[CaseSpec], seed: u64) -> Vec<(HostCase, (OracleOutput, OracleOutput))> {
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let mut slots: Vec<Option<(HostCase, (OracleOutput, OracleOutput))>> = (0..specs.len()).map(|_| None).collect();
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let mut slots: Vec<Option<(HostCase, (OracleOutput, OracleOutput))>> =
+        (0..specs.len()).map(|_| None).collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
     let results = std::sync::Mutex::new(&mut slots);
     std::thread::scope(|s| {
@@ -51,7 +59,8 @@ pub fn prepare(specs: &[CaseSpec], seed: u64) -> Vec<(HostCase, (OracleOutput, O
                     if i >= specs.len() {
                         break;
                     }
-                    let mut rng = SplitMix64::new(seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+                    let mut rng =
+                        SplitMix64::new(seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
                     let h = HostCase::random(&specs[i], &mut rng);
                     let refs = h.references();
                     results.lock().unwrap()[i] = Some((h, refs));
@@ -60,4 +69,11 @@ pub fn prepare(specs: &[CaseSpec], seed: u64) -> Vec<(HostCase, (OracleOutput, O
         }
     });
     slots.into_iter().map(|s| s.unwrap()).collect()
+}
+
+/// Writes to the process's stderr directly, past libtest's capture of `eprintln!`, so a
+/// skip is visible in a plain `cargo test` run.
+pub fn loud(msg: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "\n!!! {msg} !!!");
 }

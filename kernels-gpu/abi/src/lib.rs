@@ -143,6 +143,19 @@ pub mod decode_tile {
     const _: () = assert!(BLOCK_M == 16 * (WARPS / 2));
 }
 
+/// The split-KV chunk rule, shared by the decode kernel and the host planner: of `blocks`
+/// KV blocks (`decode_tile::BLOCK_N` tokens each), chunk `split` of `splits` covers blocks
+/// `[first, end)` with `per = ceil(blocks / splits)`, `first = min(split * per, blocks)`,
+/// `end = min(first + per, blocks)`. Later chunks may be empty; `splits == 0` counts as 1.
+pub const fn chunk_blocks(blocks: u32, splits: u32, split: u32) -> (u32, u32) {
+    let splits = if splits == 0 { 1 } else { splits };
+    let per = blocks.div_ceil(splits);
+    let first = split.saturating_mul(per);
+    let first = if first < blocks { first } else { blocks };
+    let end = first.saturating_add(per);
+    (first, if end < blocks { end } else { blocks })
+}
+
 /// Launch shape of the split-KV combine kernel.
 pub mod combine_tile {
     /// One CTA per query row; each thread owns `D_V / THREADS` output dims.
