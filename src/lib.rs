@@ -30,4 +30,5 @@ pub fn load(ordinal: usize) -> Result<Runtime, MlaError> {
     Runtime::load(ordinal, images::embedded())
 }
 
+pub mod bench;
 pub mod harness;

@@ -3,6 +3,8 @@
 //! - `mla info`: device, arch, kernel image chosen, per-kernel resources.
 //! - `mla demo`: a DeepSeek-shaped decode of every dtype on the GPU, checked against the
 //!   f64 oracle; with no GPU, the oracle alone on the CPU at a small size.
+//! - `mla bench`: CUDA-event timings of the decode on the peers' reference shapes, with the
+//!   same-run copy bandwidth.
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -11,7 +13,7 @@ use mla::harness::{self, CaseSpec, DeviceCase, HostCase, Splits, Values};
 use mla::rng::SplitMix64;
 use mla::{DecodeDtypes, MlaError};
 
-const USAGE: &str = "usage: mla <info|demo> [--seed N]";
+const USAGE: &str = "usage: mla <info|demo|bench> [--seed N]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -24,6 +26,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("info") => info(),
         Some("demo") => demo(seed),
+        Some("bench") => bench(seed),
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);
@@ -175,4 +178,39 @@ fn demo(seed: u64) -> Result<bool, MlaError> {
         }
     );
     Ok(all_ok)
+}
+
+fn bench(seed: u64) -> Result<bool, MlaError> {
+    let rt = mla::load(0)?;
+    let stream = rt.new_stream()?;
+    let mut rng = SplitMix64::new(seed);
+    let copy = mla::bench::copy_bandwidth(&rt, &stream)?;
+    println!(
+        "device: {} -> {} ({:?})",
+        rt.device(),
+        rt.variant().name(),
+        rt.form()
+    );
+    println!("d2d copy: {copy:.0} GB/s (read + write); L2 flushed before every call; median of 20");
+    println!(
+        "{:<12} {:>4} {:>6} {:>4} {:>4} {:>7} {:>10} {:>9} {:>8} {:>7}",
+        "dtypes", "B", "L", "H", "S_q", "splits", "us", "GB/s", "TFLOP/s", "%copy"
+    );
+    for s in mla::bench::default_shapes() {
+        let r = mla::bench::time_shape(&rt, &stream, s, &mut rng, 20)?;
+        println!(
+            "{:<12} {:>4} {:>6} {:>4} {:>4} {:>7} {:>10.1} {:>9.0} {:>8.1} {:>6.1}%",
+            s.dtypes.name(),
+            s.batch,
+            s.len,
+            s.heads,
+            s.s_q,
+            r.max_splits,
+            r.us,
+            r.gbps,
+            r.tflops,
+            100.0 * r.gbps / copy
+        );
+    }
+    Ok(true)
 }

@@ -49,5 +49,10 @@ if [[ "${MLA_SANITIZE:-1}" == 1 ]] && command -v compute-sanitizer >/dev/null; t
   timeout 90 compute-sanitizer --tool memcheck stage/bin/test-gpu_paged --test-threads=1 >"$logs/sanitizer-paged.log" 2>&1
   summary+=("$(printf '%-11s rc=%-3d  %s' "memcheck-pg" "$?" "$(grep -E "ERROR SUMMARY" "$logs/sanitizer-paged.log" | tail -1)")")
 fi
+if [[ "${MLA_BENCH:-0}" == 1 ]]; then
+  timeout 240 stage/bin/mla bench --seed "${MLA_SEED:0:9}" >"$logs/bench.log" 2>&1
+  summary+=("$(printf '%-11s rc=%-3d  (table in bench.log)' bench "$?")")
+fi
 echo "================ GPU suite summary (commit $(cat stage/COMMIT), seed $MLA_SEED) ================"
 printf '%s\n' "${summary[@]}"
+[[ -f "$logs/bench.log" ]] && cat "$logs/bench.log"

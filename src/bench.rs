@@ -1,0 +1,221 @@
+//! `mla bench`: times the decode (+ combine) with CUDA events on DeepSeek shapes, the L2
+//! flushed before every call, median of the repeats; and a device-to-device copy measured
+//! in the same run as the bandwidth ceiling. Inputs are random (drawn from a pooled
+//! generator so that large caches upload quickly), never zeros.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use mla_abi::{D_QK, D_V, ElemType, MAX_SPLITS};
+
+use crate::plan::{WorkspaceCapacity, split_counts};
+use crate::rng::SplitMix64;
+use crate::{
+    DecodeDtypes, DecodeRequest, DecodeWorkspace, HostMirror, MlaError, Runtime, Scales,
+    TensorView, numeric,
+};
+
+/// One timed shape (page size 64, uniform lengths, causal when `s_q > 1`).
+#[derive(Clone, Copy, Debug)]
+pub struct BenchShape {
+    pub dtypes: DecodeDtypes,
+    pub batch: usize,
+    pub len: usize,
+    pub heads: usize,
+    pub s_q: usize,
+}
+
+/// One result row.
+#[derive(Clone, Debug)]
+pub struct BenchRow {
+    pub shape: BenchShape,
+    pub us: f64,
+    pub gbps: f64,
+    pub tflops: f64,
+    pub max_splits: i32,
+}
+
+pub const PAGE: usize = 64;
+
+/// Bytes moved per call, the peers' harness model: KV read once + q + out (16-bit).
+pub fn bytes(s: &BenchShape) -> f64 {
+    let kv = s.batch * s.len * D_QK * s.dtypes.kv().size();
+    let q = s.batch * s.s_q * s.heads * D_QK * s.dtypes.q().size();
+    let o = s.batch * s.s_q * s.heads * D_V * 2;
+    (kv + q + o) as f64
+}
+
+/// FLOPs per call, the peers' harness model: `2 * B * H * S_q * L * (576 + 512)`.
+pub fn flops(s: &BenchShape) -> f64 {
+    2.0 * (s.batch * s.heads * s.s_q * s.len * (D_QK + D_V)) as f64
+}
+
+fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
+    s.device_ptr(stream).0
+}
+
+/// Random bytes of `dtype` values for `n` elements, tiled from a pool of 1M values.
+fn pooled(rng: &mut SplitMix64, dtype: ElemType, n: usize) -> (Vec<u8>, f32) {
+    let pool: Vec<f32> = (0..(1 << 20)).map(|_| rng.normal() as f32).collect();
+    let scale = if dtype == ElemType::Fp8E4m3 {
+        4.5 / 448.0
+    } else {
+        1.0
+    };
+    let enc: Vec<f32> = pool.iter().map(|v| v / scale).collect();
+    let pool_bytes = numeric::from_f32(dtype, &enc);
+    let es = dtype.size();
+    let mut out = Vec::with_capacity(n * es);
+    let mut off = 0usize;
+    while out.len() < n * es {
+        let take = (n * es - out.len()).min(pool_bytes.len() - off);
+        out.extend_from_slice(&pool_bytes[off..off + take]);
+        off = (off + take + 4099 * es) % (pool_bytes.len() - 4 * es) / es * es;
+    }
+    (out, scale)
+}
+
+/// Times one shape.
+pub fn time_shape(
+    rt: &Runtime,
+    stream: &Arc<CudaStream>,
+    s: BenchShape,
+    rng: &mut SplitMix64,
+    reps: usize,
+) -> Result<BenchRow, MlaError> {
+    let pages_per_seq = s.len.div_ceil(PAGE);
+    let num_pages = s.batch * pages_per_seq;
+    let perm = rng.permutation(num_pages);
+    let table: Vec<i32> = perm.iter().map(|&p| p as i32).collect();
+    let lens = vec![s.len as i32; s.batch];
+    let (kv_bytes, kv_scale) = pooled(rng, s.dtypes.kv(), num_pages * PAGE * D_QK);
+    let (q_bytes, q_scale) = pooled(rng, s.dtypes.q(), s.batch * s.s_q * s.heads * D_QK);
+    let d_kv = stream.clone_htod(&kv_bytes)?;
+    let d_q = stream.clone_htod(&q_bytes)?;
+    let d_table = stream.clone_htod(&table)?;
+    let d_lens = stream.clone_htod(&lens)?;
+    let d_out: CudaSlice<u16> = stream.alloc_zeros(s.batch * s.s_q * s.heads * D_V)?;
+    let d_lse: CudaSlice<f32> = stream.alloc_zeros(s.batch * s.s_q * s.heads)?;
+    let mut flush: CudaSlice<u8> = stream.alloc_zeros(256 << 20)?;
+    let rows = s.s_q * s.heads;
+    let mut ws = DecodeWorkspace::new(
+        stream,
+        WorkspaceCapacity {
+            batch: s.batch,
+            rows,
+            max_splits: MAX_SPLITS as usize,
+        },
+    )?;
+    let splits = split_counts(
+        &lens,
+        rows,
+        rt.device().sm_count as usize,
+        MAX_SPLITS as usize,
+    );
+    ws.set_splits(stream, &splits)?;
+    let mut scales = Scales::default_for_mla();
+    if s.dtypes.kv() == ElemType::Fp8E4m3 {
+        scales.kv_scale = kv_scale;
+    }
+    if s.dtypes.q() == ElemType::Fp8E4m3 {
+        scales.q_scale = q_scale;
+    }
+    let req = DecodeRequest {
+        q: TensorView::contiguous(
+            ptr(&d_q, stream),
+            s.dtypes.q(),
+            [s.batch, s.s_q, s.heads, D_QK],
+        ),
+        kv_cache: TensorView::contiguous(
+            ptr(&d_kv, stream),
+            s.dtypes.kv(),
+            [num_pages, PAGE, D_QK],
+        ),
+        page_table: TensorView::contiguous(
+            ptr(&d_table, stream),
+            ElemType::I32,
+            [s.batch, pages_per_seq],
+        ),
+        seq_lens: TensorView::contiguous(ptr(&d_lens, stream), ElemType::I32, [s.batch]),
+        out: TensorView::contiguous(
+            ptr(&d_out, stream),
+            s.dtypes.out(),
+            [s.batch, s.s_q, s.heads, D_V],
+        ),
+        lse: TensorView::contiguous(
+            ptr(&d_lse, stream),
+            ElemType::F32,
+            [s.batch, s.s_q, s.heads],
+        ),
+        scales,
+        host: HostMirror::default(),
+    };
+    let ctx = rt.context();
+    let (e0, e1) = (
+        ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
+        ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
+    );
+    for _ in 0..3 {
+        rt.decode(stream, &req, &ws)?;
+    }
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        stream.memset_zeros(&mut flush)?;
+        e0.record(stream)?;
+        rt.decode(stream, &req, &ws)?;
+        e1.record(stream)?;
+        e1.synchronize()?;
+        times.push(e0.elapsed_ms(&e1)? as f64 * 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    let us = times[times.len() / 2];
+    Ok(BenchRow {
+        shape: s,
+        us,
+        gbps: bytes(&s) / us * 1e-3,
+        tflops: flops(&s) / us * 1e-6,
+        max_splits: splits.iter().copied().max().unwrap_or(1),
+    })
+}
+
+/// Device-to-device copy bandwidth (bytes read + written per second, GB/s) over 2 GiB.
+pub fn copy_bandwidth(rt: &Runtime, stream: &Arc<CudaStream>) -> Result<f64, MlaError> {
+    let n = 1usize << 30;
+    let src: CudaSlice<u8> = stream.alloc_zeros(n)?;
+    let mut dst: CudaSlice<u8> = stream.alloc_zeros(n)?;
+    let ctx = rt.context();
+    let (e0, e1) = (
+        ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
+        ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
+    );
+    stream.memcpy_dtod(&src, &mut dst)?;
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        e0.record(stream)?;
+        stream.memcpy_dtod(&src, &mut dst)?;
+        e1.record(stream)?;
+        e1.synchronize()?;
+        best = best.min(e0.elapsed_ms(&e1)? as f64);
+    }
+    Ok(2.0 * n as f64 / (best * 1e-3) * 1e-9)
+}
+
+/// The default grid: the peers' reference shapes at page 64, bf16 and fp8 KV.
+pub fn default_shapes() -> Vec<BenchShape> {
+    let mut v = Vec::new();
+    for dtypes in [DecodeDtypes::Bf16, DecodeDtypes::Fp8KvBf16Q] {
+        for (heads, s_q) in [(16, 1), (128, 1), (128, 2)] {
+            for (batch, len) in [(1, 4096), (8, 4096), (64, 4096), (128, 4096), (64, 16384)] {
+                v.push(BenchShape {
+                    dtypes,
+                    batch,
+                    len,
+                    heads,
+                    s_q,
+                });
+            }
+        }
+    }
+    v
+}
