@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr};
 use mla_abi::{D_QK, D_V, ElemType, MAX_SPLITS};
 
 use crate::plan::{WorkspaceCapacity, split_counts};
@@ -74,6 +74,15 @@ fn pooled(rng: &mut SplitMix64, dtype: ElemType, n: usize) -> (Vec<u8>, f32) {
         off = (off + take + 4099 * es) % (pool_bytes.len() - 4 * es) / es * es;
     }
     (out, scale)
+}
+
+/// A start and an end event with timing enabled.
+fn timing_events(rt: &Runtime) -> Result<(CudaEvent, CudaEvent), MlaError> {
+    let ctx = rt.context();
+    Ok((
+        ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
+        ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
+    ))
 }
 
 /// Times one shape.
@@ -151,11 +160,7 @@ pub fn time_shape(
         scales,
         host: HostMirror::default(),
     };
-    let ctx = rt.context();
-    let (e0, e1) = (
-        ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
-        ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
-    );
+    let (e0, e1) = timing_events(rt)?;
     for _ in 0..3 {
         rt.decode(stream, &req, &ws)?;
     }
@@ -184,11 +189,7 @@ pub fn copy_bandwidth(rt: &Runtime, stream: &Arc<CudaStream>) -> Result<f64, Mla
     let n = 1usize << 30;
     let src: CudaSlice<u8> = stream.alloc_zeros(n)?;
     let mut dst: CudaSlice<u8> = stream.alloc_zeros(n)?;
-    let ctx = rt.context();
-    let (e0, e1) = (
-        ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
-        ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
-    );
+    let (e0, e1) = timing_events(rt)?;
     stream.memcpy_dtod(&src, &mut dst)?;
     let mut best = f64::MAX;
     for _ in 0..5 {

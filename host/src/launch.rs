@@ -13,7 +13,7 @@ use mla_abi::{
 use crate::error::{MlaError, Result};
 use crate::module::Runtime;
 use crate::plan::{WorkspaceCapacity, row_tiles};
-use crate::request::{AppendRequest, DecodeRequest, DecodeShape, GatherRequest};
+use crate::request::{AppendRequest, DecodeRequest, DecodeShape, GatherRequest, PagedShape};
 use crate::validate::{validate_append, validate_decode, validate_gather};
 
 /// Largest grid y / z dimension.
@@ -127,6 +127,22 @@ unsafe fn launch<P>(
         )
     }
     .map_err(|source| MlaError::Launch { kernel, source })
+}
+
+/// One CTA per (row, sequence) of an append or gather, within the grid's limits.
+fn paged_launch(shape: &PagedShape) -> Result<LaunchShape> {
+    if shape.batch > MAX_GRID_YZ || shape.rows > i32::MAX as usize {
+        return Err(MlaError::Unsupported {
+            what: "paged-KV launch size",
+            got: format!("batch {}, rows {}", shape.batch, shape.rows),
+            why: format!("at most {MAX_GRID_YZ} sequences and 2^31-1 rows per launch"),
+        });
+    }
+    Ok(LaunchShape {
+        grid: (shape.rows as u32, shape.batch as u32, 1),
+        block: paged_tile::THREADS as u32,
+        smem: 0,
+    })
 }
 
 fn dev<T>(p: u64) -> DevPtr<T> {
@@ -352,13 +368,7 @@ impl Runtime {
     /// Writes each sequence's `s_q` new rows into its pages (quantising for fp8 caches).
     pub fn append_kv(&self, stream: &CudaStream, req: &AppendRequest) -> Result<()> {
         let shape = validate_append(req)?;
-        if shape.batch > MAX_GRID_YZ {
-            return Err(MlaError::Unsupported {
-                what: "batch",
-                got: shape.batch.to_string(),
-                why: format!("at most {MAX_GRID_YZ} sequences per launch"),
-            });
-        }
+        let grid = paged_launch(&shape)?;
         let kernel = match shape.cache {
             ElemType::Bf16 => names::APPEND_BF16,
             ElemType::Fp16 => names::APPEND_FP16,
@@ -383,31 +393,13 @@ impl Runtime {
             max_pages: shape.max_pages as u32,
         };
         // SAFETY: validated request.
-        unsafe {
-            launch(
-                self,
-                kernel,
-                LaunchShape {
-                    grid: (shape.rows as u32, shape.batch as u32, 1),
-                    block: paged_tile::THREADS as u32,
-                    smem: 0,
-                },
-                stream,
-                &p,
-            )
-        }
+        unsafe { launch(self, kernel, grid, stream, &p) }
     }
 
     /// Copies each sequence's rows out of the pages (dequantising fp8 to bf16 on request).
     pub fn gather_kv(&self, stream: &CudaStream, req: &GatherRequest) -> Result<()> {
         let shape = validate_gather(req)?;
-        if shape.batch > MAX_GRID_YZ || shape.rows > i32::MAX as usize {
-            return Err(MlaError::Unsupported {
-                what: "gather size",
-                got: format!("batch {}, rows {}", shape.batch, shape.rows),
-                why: format!("at most {MAX_GRID_YZ} sequences and 2^31-1 rows per launch"),
-            });
-        }
+        let grid = paged_launch(&shape)?;
         let kernel = match (shape.cache, shape.other) {
             (ElemType::Bf16, _) => names::GATHER_BF16,
             (ElemType::Fp16, _) => names::GATHER_FP16,
@@ -432,18 +424,6 @@ impl Runtime {
             max_pages: shape.max_pages as u32,
         };
         // SAFETY: validated request.
-        unsafe {
-            launch(
-                self,
-                kernel,
-                LaunchShape {
-                    grid: (shape.rows as u32, shape.batch as u32, 1),
-                    block: paged_tile::THREADS as u32,
-                    smem: 0,
-                },
-                stream,
-                &p,
-            )
-        }
+        unsafe { launch(self, kernel, grid, stream, &p) }
     }
 }
