@@ -233,6 +233,48 @@ impl HostCase {
         out
     }
 
+    /// The same inputs in a cache of `num_pages` pages (extra pages NaN) and a table of
+    /// `max_pages` columns (extra entries invalid ids), so that inputs of different
+    /// lengths fit one set of fixed-size device buffers (a captured CUDA graph).
+    pub fn pad_to(&self, num_pages: usize, max_pages: usize) -> Self {
+        assert!(
+            num_pages >= self.num_pages && max_pages >= self.max_pages,
+            "pad_to shrinks"
+        );
+        let p = self.spec.page_size;
+        let mut out = self.clone();
+        let width = self.kv_bytes.len() / (self.num_pages * p * D_QK);
+        let extra = (num_pages - self.num_pages) * p * D_QK;
+        out.kv_vals.extend(std::iter::repeat_n(f32::NAN, extra));
+        out.kv_orig.extend(std::iter::repeat_n(f32::NAN, extra));
+        let nan = nan_bits(self.spec.dtypes.kv());
+        for _ in 0..extra {
+            out.kv_bytes.extend_from_slice(&nan[..width]);
+        }
+        let b = self.spec.lens.len();
+        out.page_table = vec![-1; b * max_pages];
+        for s in 0..b {
+            out.page_table[s * max_pages..s * max_pages + self.max_pages]
+                .copy_from_slice(&self.page_table[s * self.max_pages..(s + 1) * self.max_pages]);
+        }
+        out.num_pages = num_pages;
+        out.max_pages = max_pages;
+        out
+    }
+
+    /// Copies this case's inputs into buffers uploaded for a case of the same padded sizes.
+    pub fn upload_into(
+        &self,
+        stream: &Arc<CudaStream>,
+        d: &mut DeviceCase,
+    ) -> Result<(), MlaError> {
+        stream.memcpy_htod(&self.q_bytes, &mut d.q)?;
+        stream.memcpy_htod(&self.kv_bytes, &mut d.kv)?;
+        stream.memcpy_htod(&self.page_table, &mut d.table)?;
+        stream.memcpy_htod(&self.seq_lens, &mut d.lens)?;
+        Ok(())
+    }
+
     pub fn oracle_input(&self) -> OracleInput<'_> {
         OracleInput {
             batch: self.spec.lens.len(),

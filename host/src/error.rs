@@ -65,6 +65,14 @@ pub enum MlaError {
         #[source]
         source: DriverError,
     },
+    /// A device allocation failed (typically out of memory).
+    #[error("allocating {what} ({bytes} bytes) failed: {source}")]
+    Alloc {
+        what: &'static str,
+        bytes: u64,
+        #[source]
+        source: DriverError,
+    },
     /// Any other driver call failed.
     #[error("CUDA driver call failed: {0}")]
     Driver(#[from] DriverError),
@@ -73,7 +81,8 @@ pub enum MlaError {
 pub type Result<T, E = MlaError> = std::result::Result<T, E>;
 
 impl MlaError {
-    pub(crate) fn shape(field: &'static str, expected: impl ToString, got: impl ToString) -> Self {
+    /// An [`MlaError::InvalidShape`] from anything printable.
+    pub fn shape(field: &'static str, expected: impl ToString, got: impl ToString) -> Self {
         MlaError::InvalidShape {
             field,
             expected: expected.to_string(),

@@ -4,6 +4,7 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
+use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, result};
 use mla_abi::{
     AppendParams, CombineParams, DecodeParams, DevPtr, ElemType, GatherParams, MAX_SPLITS,
@@ -23,9 +24,12 @@ const MAX_GRID_YZ: usize = 65535;
 /// device array of per-sequence split counts. Allocated once (outside any graph capture);
 /// sized by capacity, not by the live batch, so it can be reused as batches change.
 pub struct DecodeWorkspace {
-    partial_o: CudaSlice<f32>,
-    partial_lse: CudaSlice<f32>,
-    num_splits: CudaSlice<i32>,
+    _partial_o: CudaSlice<f32>,
+    _partial_lse: CudaSlice<f32>,
+    _num_splits: CudaSlice<i32>,
+    /// Device addresses of the three buffers, taken once the allocation completed, so that
+    /// launches (also on a caller's raw stream, also under graph capture) need no cudarc call.
+    ptrs: WorkspacePtrs,
     capacity: WorkspaceCapacity,
     /// Largest split count of the last `set_splits` (the decode grid's x dimension).
     grid_splits: usize,
@@ -45,10 +49,32 @@ impl DecodeWorkspace {
                 format!("{capacity:?}"),
             ));
         }
+        let alloc_err = |what: &'static str, len: usize, e| MlaError::Alloc {
+            what,
+            bytes: len as u64 * 4,
+            source: e,
+        };
+        let po = stream
+            .alloc_zeros(capacity.partial_o_len())
+            .map_err(|e| alloc_err("workspace partial_o", capacity.partial_o_len(), e))?;
+        let pl = stream
+            .alloc_zeros(capacity.partial_lse_len())
+            .map_err(|e| alloc_err("workspace partial_lse", capacity.partial_lse_len(), e))?;
+        let ns = stream
+            .alloc_zeros(capacity.batch)
+            .map_err(|e| alloc_err("workspace num_splits", capacity.batch, e))?;
+        let ptrs = WorkspacePtrs {
+            partial_o: addr(&po, stream),
+            partial_lse: addr(&pl, stream),
+            num_splits: addr(&ns, stream),
+        };
+        // The addresses are used without cudarc from here on: let the zero-fill land first.
+        stream.synchronize()?;
         Ok(Self {
-            partial_o: stream.alloc_zeros(capacity.partial_o_len())?,
-            partial_lse: stream.alloc_zeros(capacity.partial_lse_len())?,
-            num_splits: stream.alloc_zeros(capacity.batch)?,
+            _partial_o: po,
+            _partial_lse: pl,
+            _num_splits: ns,
+            ptrs,
             capacity,
             grid_splits: 0,
             splits_len: 0,
@@ -78,11 +104,41 @@ impl DecodeWorkspace {
                 });
             }
         }
-        let mut dst = self.num_splits.slice_mut(0..splits.len());
+        let mut dst = self._num_splits.slice_mut(0..splits.len());
         stream.memcpy_htod(splits, &mut dst)?;
         self.grid_splits = splits.iter().copied().max().unwrap_or(1) as usize;
         self.splits_len = splits.len();
         Ok(())
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct WorkspacePtrs {
+    pub(crate) partial_o: u64,
+    pub(crate) partial_lse: u64,
+    pub(crate) num_splits: u64,
+}
+
+impl std::fmt::Debug for DecodeWorkspace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DecodeWorkspace")
+            .field("capacity", &self.capacity)
+            .field("ptrs", &self.ptrs)
+            .finish()
+    }
+}
+
+impl DecodeWorkspace {
+    pub(crate) fn ptrs(&self) -> WorkspacePtrs {
+        self.ptrs
+    }
+
+    /// The first `n` split counts as the device holds them now (waits for `stream`; for
+    /// tests and inspection, never in a serving step).
+    pub fn read_splits(&self, stream: &Arc<CudaStream>, n: usize) -> Result<Vec<i32>> {
+        let n = n.min(self.capacity.batch);
+        let all: Vec<i32> = stream.clone_dtoh(&self._num_splits)?;
+        Ok(all[..n].to_vec())
     }
 }
 
@@ -94,10 +150,10 @@ fn addr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
 }
 
 /// Grid, block and dynamic shared memory of one launch.
-struct LaunchShape {
-    grid: (u32, u32, u32),
-    block: u32,
-    smem: u32,
+pub(crate) struct LaunchShape {
+    pub(crate) grid: (u32, u32, u32),
+    pub(crate) block: u32,
+    pub(crate) smem: u32,
 }
 
 /// `cuLaunchKernel` of `kernel` with one params struct by value.
@@ -105,11 +161,11 @@ struct LaunchShape {
 /// # Safety
 /// `params` matches the kernel's params struct and holds device pointers that are valid for
 /// the grid (validated by the caller).
-unsafe fn launch<P>(
+pub(crate) unsafe fn launch<P>(
     rt: &Runtime,
     kernel: &'static str,
     shape: LaunchShape,
-    stream: &CudaStream,
+    stream: CUstream,
     params: &P,
 ) -> Result<()> {
     let f = rt.function(kernel)?;
@@ -122,11 +178,30 @@ unsafe fn launch<P>(
             shape.grid,
             (shape.block, 1, 1),
             shape.smem,
-            stream.cu_stream(),
+            stream,
             &mut args,
         )
     }
     .map_err(|source| MlaError::Launch { kernel, source })
+}
+
+/// The workspace must hold the request's batch and rows; the batch must fit the grid.
+pub(crate) fn check_workspace(shape: &DecodeShape, cap: WorkspaceCapacity) -> Result<()> {
+    if shape.batch > cap.batch || shape.rows() > cap.rows {
+        return Err(MlaError::shape(
+            "workspace capacity",
+            format!("batch >= {}, rows >= {}", shape.batch, shape.rows()),
+            format!("batch {}, rows {}", cap.batch, cap.rows),
+        ));
+    }
+    if shape.batch > MAX_GRID_YZ {
+        return Err(MlaError::Unsupported {
+            what: "batch",
+            got: shape.batch.to_string(),
+            why: format!("at most {MAX_GRID_YZ} sequences per launch"),
+        });
+    }
+    Ok(())
 }
 
 /// One CTA per (row, sequence) of an append or gather, within the grid's limits.
@@ -150,8 +225,10 @@ fn dev<T>(p: u64) -> DevPtr<T> {
 }
 
 impl Runtime {
-    /// One MLA decode step: the split-KV decode kernel, then the combine kernel when any
-    /// sequence has more than one split (as set by [`DecodeWorkspace::set_splits`]).
+    /// One MLA decode step with split counts set on the host
+    /// ([`DecodeWorkspace::set_splits`]): the split-KV decode kernel, then the combine kernel
+    /// when any sequence has more than one split. For serving loops and CUDA graphs use a
+    /// [`crate::DecodePlan`], which schedules on the device.
     pub fn decode(
         &self,
         stream: &CudaStream,
@@ -159,15 +236,7 @@ impl Runtime {
         ws: &DecodeWorkspace,
     ) -> Result<DecodeShape> {
         let shape = validate_decode(req)?;
-        let rows = shape.rows();
-        let cap = ws.capacity;
-        if shape.batch > cap.batch || rows > cap.rows {
-            return Err(MlaError::shape(
-                "workspace capacity",
-                format!("batch >= {}, rows >= {}", shape.batch, rows),
-                format!("batch {}, rows {}", cap.batch, cap.rows),
-            ));
-        }
+        check_workspace(&shape, ws.capacity)?;
         if ws.splits_len != shape.batch {
             return Err(MlaError::shape(
                 "workspace splits (DecodeWorkspace::set_splits)",
@@ -175,13 +244,26 @@ impl Runtime {
                 ws.splits_len,
             ));
         }
-        if shape.batch > MAX_GRID_YZ {
-            return Err(MlaError::Unsupported {
-                what: "batch",
-                got: shape.batch.to_string(),
-                why: format!("at most {MAX_GRID_YZ} sequences per launch"),
-            });
-        }
+        // SAFETY: validated request; the workspace holds its capacity and the split counts
+        // (1..=max_splits) for this batch.
+        unsafe { self.launch_decode(req, &shape, ws, ws.grid_splits.max(1), stream.cu_stream())? };
+        Ok(shape)
+    }
+
+    /// The decode kernel (grid x = `grid_splits`) and, when `grid_splits > 1`, the combine.
+    ///
+    /// # Safety
+    /// `req` passed [`validate_decode`] giving `shape`, the workspace holds `shape`, and its
+    /// `num_splits[0..batch]` will hold values in `1..=grid_splits` when the kernel runs.
+    pub(crate) unsafe fn launch_decode(
+        &self,
+        req: &DecodeRequest,
+        shape: &DecodeShape,
+        ws: &DecodeWorkspace,
+        grid_splits: usize,
+        stream: CUstream,
+    ) -> Result<()> {
+        let rows = shape.rows();
         let fp8 = shape.dtypes.kv() == ElemType::Fp8E4m3;
         let s = req.scales;
         let (softmax_scale, value_scale) = if fp8 {
@@ -189,16 +271,17 @@ impl Runtime {
         } else {
             (s.softmax_scale, 1.0)
         };
+        let w = ws.ptrs();
         let p = DecodeParams {
             q: dev(req.q.ptr),
             kv_cache: dev(req.kv_cache.ptr),
             page_table: dev(req.page_table.ptr),
             seq_lens: dev(req.seq_lens.ptr),
-            num_splits: dev(addr(&ws.num_splits, stream)),
+            num_splits: dev(w.num_splits),
             out: dev(req.out.ptr),
             lse: dev(req.lse.ptr),
-            partial_o: dev(addr(&ws.partial_o, stream)),
-            partial_lse: dev(addr(&ws.partial_lse, stream)),
+            partial_o: dev(w.partial_o),
+            partial_lse: dev(w.partial_lse),
             q_stride_b: req.q.strides[0] as u64,
             q_stride_s: req.q.strides[1] as u64,
             q_stride_h: req.q.strides[2] as u64,
@@ -214,34 +297,25 @@ impl Runtime {
             page_shift: shape.page_size.trailing_zeros(),
             page_table_stride: req.page_table.strides[0] as u32,
             num_pages: shape.num_pages.min(u32::MAX as usize) as u32,
-            max_splits: cap.max_splits as u32,
+            max_splits: ws.capacity.max_splits as u32,
             softmax_scale,
             value_scale,
             output_scale: s.output_scale,
             max_pages: shape.max_pages as u32,
         };
         let kernel = shape.dtypes.decode_kernel();
-        let grid = (
-            ws.grid_splits.max(1) as u32,
-            row_tiles(rows) as u32,
-            shape.batch as u32,
-        );
-        // SAFETY: the request was validated (shapes, strides, alignment, no aliasing) and the
-        // workspace holds max_splits x batch x rows partials.
-        unsafe {
-            launch(
-                self,
-                kernel,
-                LaunchShape {
-                    grid,
-                    block: decode_tile::THREADS as u32,
-                    smem: decode_tile::SMEM_BYTES as u32,
-                },
-                stream,
-                &p,
-            )?;
-        }
-        if ws.grid_splits > 1 {
+        let grid = LaunchShape {
+            grid: (
+                grid_splits as u32,
+                row_tiles(rows) as u32,
+                shape.batch as u32,
+            ),
+            block: decode_tile::THREADS as u32,
+            smem: decode_tile::SMEM_BYTES as u32,
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { launch(self, kernel, grid, stream, &p)? };
+        if grid_splits > 1 {
             let c = CombineParams {
                 partial_o: p.partial_o,
                 partial_lse: p.partial_lse,
@@ -259,22 +333,15 @@ impl Runtime {
                 _pad: 0,
             };
             let kernel = shape.dtypes.combine_kernel();
-            // SAFETY: as above; the combine reads what the decode wrote on the same stream.
-            unsafe {
-                launch(
-                    self,
-                    kernel,
-                    LaunchShape {
-                        grid: (rows as u32, shape.batch as u32, 1),
-                        block: combine_tile::THREADS as u32,
-                        smem: 0,
-                    },
-                    stream,
-                    &c,
-                )?;
-            }
+            let grid = LaunchShape {
+                grid: (rows as u32, shape.batch as u32, 1),
+                block: combine_tile::THREADS as u32,
+                smem: 0,
+            };
+            // SAFETY: the combine reads what the decode wrote, in stream order.
+            unsafe { launch(self, kernel, grid, stream, &c)? };
         }
-        Ok(shape)
+        Ok(())
     }
 
     /// Runs the combine kernel alone on caller-provided partials (for tests and for merging
@@ -359,7 +426,7 @@ impl Runtime {
                     block: combine_tile::THREADS as u32,
                     smem: 0,
                 },
-                stream,
+                stream.cu_stream(),
                 &c,
             )
         }
@@ -393,7 +460,7 @@ impl Runtime {
             max_pages: shape.max_pages as u32,
         };
         // SAFETY: validated request.
-        unsafe { launch(self, kernel, grid, stream, &p) }
+        unsafe { launch(self, kernel, grid, stream.cu_stream(), &p) }
     }
 
     /// Copies each sequence's rows out of the pages (dequantising fp8 to bf16 on request).
@@ -424,6 +491,6 @@ impl Runtime {
             max_pages: shape.max_pages as u32,
         };
         // SAFETY: validated request.
-        unsafe { launch(self, kernel, grid, stream, &p) }
+        unsafe { launch(self, kernel, grid, stream.cu_stream(), &p) }
     }
 }

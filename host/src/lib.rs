@@ -4,10 +4,16 @@
 //! - [`plan`]: pure functions (split counts, chunk ranges, workspace sizes); no CUDA types.
 //! - [`module`]: device discovery, kernel image choice, module load, symbol resolution.
 //! - [`launch`]: the only place that launches kernels.
+//! - [`decoder`]: the plan / run serving API (on-device split scheduling, graph-safe runs).
+//! - [`gate`], [`tactic`], [`autotune`]: what each backend supports, the tunable choices, and
+//!   the tuner with its persistent cache.
 //! - [`oracle`]: the naive f64 CPU reference everything is tested against.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod autotune;
+pub mod decoder;
 pub mod error;
+pub mod gate;
 pub mod launch;
 pub mod module;
 pub mod numeric;
@@ -15,9 +21,11 @@ pub mod oracle;
 pub mod plan;
 pub mod request;
 pub mod rng;
+pub mod tactic;
 pub mod tensor;
 pub mod validate;
 
+pub use decoder::{DecodeConfig, DecodePlan};
 pub use error::{MlaError, Result};
 pub use launch::DecodeWorkspace;
 pub use module::{

@@ -276,6 +276,16 @@ impl Runtime {
         self.form
     }
 
+    /// The gating backend this runtime's image implements.
+    pub fn backend(&self) -> crate::gate::Backend {
+        match self.variant {
+            Variant::Sm90a => crate::gate::Backend::Sm90a,
+            // The sm_100a image is the same mma.sync code as the portable one, built for the
+            // exact arch (assembled by ptxas, never run here).
+            Variant::Sm100a | Variant::Portable => crate::gate::Backend::Portable,
+        }
+    }
+
     /// A new stream on this runtime's context.
     pub fn new_stream(&self) -> Result<Arc<CudaStream>> {
         Ok(self.ctx.new_stream()?)

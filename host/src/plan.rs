@@ -24,22 +24,55 @@ pub fn row_tiles(rows: usize) -> usize {
     rows.div_ceil(decode_tile::BLOCK_M)
 }
 
-/// Split counts per sequence so that at most about one wave of CTAs (`sm_count`, one CTA
-/// per SM) covers the batch: sequence `b` gets `floor(blocks_b * sm_count / total_blocks)`
-/// splits (total over all row tiles), clamped to `1..=min(max_splits, blocks_b)`. Never
-/// rounds up into a second, mostly empty wave. Deterministic; lengths `<= 0` get 1 split.
-pub fn split_counts(seq_lens: &[i32], rows: usize, sm_count: usize, max_splits: usize) -> Vec<i32> {
-    let max_splits = max_splits.clamp(1, MAX_SPLITS as usize);
-    let tiles = row_tiles(rows).max(1);
-    let blocks: Vec<usize> = seq_lens
+/// The on-device schedule's inputs (the fields of `ScheduleParams` that are not pointers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScheduleConfig {
+    /// Row tiles per sequence ([`row_tiles`]).
+    pub tiles: usize,
+    /// CTAs to aim at: waves x SMs.
+    pub target_ctas: usize,
+    /// Upper bound of any split count.
+    pub max_splits: usize,
+    /// Lengths are clamped to `0..=max_len` (`max_pages * page_size`).
+    pub max_len: usize,
+}
+
+impl ScheduleConfig {
+    /// The most splits any sequence can get: the decode grid's x dimension. A sequence's
+    /// share `blocks_b * target / (total * tiles)` never exceeds `target / tiles`.
+    pub fn grid_splits(&self) -> usize {
+        (self.target_ctas / self.tiles.max(1)).clamp(1, self.max_splits.max(1))
+    }
+}
+
+/// Host twin of the `mla_schedule` kernel, bit for bit: sequence `b` gets
+/// [`mla_abi::schedule_splits`] of its KV blocks.
+pub fn schedule(seq_lens: &[i32], cfg: &ScheduleConfig) -> Vec<i32> {
+    let max_len = cfg.max_len.min(u32::MAX as usize) as u32;
+    let blocks: Vec<u64> = seq_lens
         .iter()
-        .map(|&l| (l.max(0) as usize).div_ceil(BLOCK_N))
+        .map(|&l| ((l.max(0) as u32).min(max_len)).div_ceil(BLOCK_N as u32) as u64)
         .collect();
-    let total: usize = blocks.iter().sum::<usize>() * tiles;
+    let total = blocks.iter().sum::<u64>() * cfg.tiles.max(1) as u64;
     blocks
         .iter()
-        .map(|&nb| (nb * sm_count.max(1) / total.max(1)).clamp(1, max_splits.min(nb.max(1))) as i32)
+        .map(|&nb| {
+            mla_abi::schedule_splits(nb, total, cfg.target_ctas as u64, cfg.max_splits as u64)
+                as i32
+        })
         .collect()
+}
+
+/// Split counts for about one wave of `sm_count` CTAs (one CTA per SM): [`schedule`] with
+/// one wave and no length clamp. Deterministic; lengths `<= 0` get 1 split.
+pub fn split_counts(seq_lens: &[i32], rows: usize, sm_count: usize, max_splits: usize) -> Vec<i32> {
+    let cfg = ScheduleConfig {
+        tiles: row_tiles(rows).max(1),
+        target_ctas: sm_count.max(1),
+        max_splits: max_splits.clamp(1, MAX_SPLITS as usize),
+        max_len: u32::MAX as usize,
+    };
+    schedule(seq_lens, &cfg)
 }
 
 /// What a decode workspace must hold: partials for `max_splits` chunks of every query row
@@ -101,5 +134,38 @@ mod tests {
         assert!(s[2] > 1 && s[2] <= 64);
         let s = split_counts(&[0, -5, 64], 1, 132, 64);
         assert_eq!(s, vec![1, 1, 1]);
+    }
+
+    #[test]
+    fn schedule_stays_under_its_grid_bound() {
+        let mut rng = crate::rng::SplitMix64::new(7);
+        for _ in 0..500 {
+            let b = rng.range(1, 300);
+            let lens: Vec<i32> = (0..b).map(|_| rng.range(0, 200_000) as i32 - 10).collect();
+            let cfg = ScheduleConfig {
+                tiles: rng.range(1, 16),
+                target_ctas: rng.range(1, 528),
+                max_splits: rng.range(1, 64),
+                max_len: rng.range(1, 300_000),
+            };
+            let s = schedule(&lens, &cfg);
+            let bound = cfg.grid_splits() as i32;
+            for (i, (&x, &l)) in s.iter().zip(&lens).enumerate() {
+                let blocks = (l.max(0) as usize)
+                    .min(cfg.max_len)
+                    .div_ceil(BLOCK_N)
+                    .max(1) as i32;
+                assert!(
+                    x >= 1 && x <= bound && x <= blocks,
+                    "seq {i}: {x} (bound {bound}, blocks {blocks}) {cfg:?}"
+                );
+            }
+            let ctas: usize = s.iter().map(|&x| x as usize).sum::<usize>() * cfg.tiles;
+            // One wave at most, except the floor of one split per sequence.
+            assert!(
+                ctas <= cfg.target_ctas.max(b * cfg.tiles) + b * cfg.tiles,
+                "{ctas} CTAs for {cfg:?}"
+            );
+        }
     }
 }

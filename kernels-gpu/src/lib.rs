@@ -21,10 +21,11 @@ pub mod combine;
 pub mod decode;
 pub mod elem;
 pub mod paged;
+pub mod schedule;
 
 use elem::{Bf16, Fp16};
 use decode::DecodeKind;
-use mla_abi::{AppendParams, CombineParams, DecodeParams, GatherParams};
+use mla_abi::{AppendParams, CombineParams, DecodeParams, GatherParams, ScheduleParams};
 use paged::RowFormat;
 
 #[cfg(target_arch = "nvptx64")]
@@ -88,3 +89,10 @@ paged_kernel!(mla_gather_bf16, gather, GatherParams, RowFormat::Half);
 paged_kernel!(mla_gather_fp16, gather, GatherParams, RowFormat::Half);
 paged_kernel!(mla_gather_fp8, gather, GatherParams, RowFormat::Fp8);
 paged_kernel!(mla_gather_fp8_to_bf16, gather, GatherParams, RowFormat::Fp8ToBf16);
+
+/// `mla_schedule`: see [`schedule`].
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mla_schedule(p: ScheduleParams) {
+    // SAFETY: launched by the host with one CTA and the documented shared memory.
+    unsafe { schedule::schedule(p) }
+}

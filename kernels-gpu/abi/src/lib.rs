@@ -164,6 +164,34 @@ pub mod combine_tile {
     const _: () = assert!(DIMS_PER_THREAD * THREADS == super::D_V);
 }
 
+/// Launch shape of the split-KV schedule kernel: one CTA walks the whole batch.
+pub mod schedule_tile {
+    pub const THREADS: usize = 1024;
+    pub const WARPS: usize = THREADS / 32;
+}
+
+/// The split count of one sequence under the on-device schedule (the kernel and its host
+/// twin `plan::schedule` both call this): `floor(blocks * target_ctas / total_blocks)`,
+/// clamped to `1..=min(max_splits, blocks)`, where `total_blocks` is the batch's KV blocks
+/// times the row tiles. At most about one wave of `target_ctas` CTAs in all.
+pub const fn schedule_splits(
+    blocks: u64,
+    total_blocks: u64,
+    target_ctas: u64,
+    max_splits: u64,
+) -> u32 {
+    let total = if total_blocks == 0 { 1 } else { total_blocks };
+    let s = blocks.saturating_mul(target_ctas) / total;
+    let hi = if max_splits < blocks {
+        max_splits
+    } else {
+        blocks
+    };
+    let hi = if hi == 0 { 1 } else { hi };
+    let s = if s > hi { hi } else { s };
+    (if s == 0 { 1 } else { s }) as u32
+}
+
 /// Launch shape of the paged-KV append and gather kernels: one CTA per token row,
 /// each thread moves 8 elements.
 pub mod paged_tile {
@@ -188,6 +216,7 @@ pub mod names {
     pub const GATHER_FP16: &str = "mla_gather_fp16";
     pub const GATHER_FP8: &str = "mla_gather_fp8";
     pub const GATHER_FP8_TO_BF16: &str = "mla_gather_fp8_to_bf16";
+    pub const SCHEDULE: &str = "mla_schedule";
 
     /// Every kernel, with the size of its params struct (the one `.param` of its entry).
     pub const ALL: &[(&str, usize)] = {
@@ -207,6 +236,7 @@ pub mod names {
             (GATHER_FP16, size_of::<GatherParams>()),
             (GATHER_FP8, size_of::<GatherParams>()),
             (GATHER_FP8_TO_BF16, size_of::<GatherParams>()),
+            (SCHEDULE, size_of::<ScheduleParams>()),
         ]
     };
 }
@@ -352,7 +382,30 @@ pub struct GatherParams {
     pub max_pages: u32,
 }
 
+/// Params of `mla_schedule`. Grid `(1)`, block `schedule_tile::THREADS`. Writes the split
+/// count of every sequence from the device-resident lengths, so a captured CUDA graph stays
+/// right as lengths change.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ScheduleParams {
+    /// `[batch]` i32 KV lengths. Never null.
+    pub seq_lens: DevPtr<i32>,
+    /// `[batch]` i32 output: split count per sequence. Never null.
+    pub num_splits: DevPtr<i32>,
+    pub batch: u32,
+    /// Row tiles per sequence (`ceil(s_q * heads / BLOCK_M)`).
+    pub tiles: u32,
+    /// CTAs the schedule aims at (waves x SMs).
+    pub target_ctas: u32,
+    /// Upper bound of any split count (the decode grid's x dimension).
+    pub max_splits: u32,
+    /// Lengths are clamped to `0..=max_len` (`max_pages * page_size`), as the decode does.
+    pub max_len: u32,
+    pub _pad: u32,
+}
+
 const _: () = assert!(core::mem::size_of::<DevPtr<u8>>() == 8);
+const _: () = assert!(core::mem::size_of::<ScheduleParams>() == 2 * 8 + 6 * 4);
 const _: () = assert!(core::mem::size_of::<DecodeParams>() == 9 * 8 + 8 * 8 + 12 * 4);
 const _: () = assert!(core::mem::size_of::<CombineParams>() == 5 * 8 + 3 * 8 + 6 * 4);
 const _: () = assert!(core::mem::size_of::<AppendParams>() == 4 * 8 + 4 * 8 + 8 * 4);

@@ -46,6 +46,28 @@ pub unsafe fn ld_shared_f32(addr: u32) -> f32 {
     r
 }
 
+/// `st.shared.u64 [addr], v`.
+///
+/// # Safety
+/// `addr` is 8-byte aligned and inside the launch's dynamic shared memory.
+#[inline(always)]
+pub unsafe fn st_shared_u64(addr: u32, v: u64) {
+    // SAFETY: the caller guarantees the address is valid.
+    unsafe { asm!("st.shared.u64 [{a}], {v};", a = in(reg32) addr, v = in(reg64) v, options(nostack)) }
+}
+
+/// `ld.shared.u64`.
+///
+/// # Safety
+/// As [`st_shared_u64`].
+#[inline(always)]
+pub unsafe fn ld_shared_u64(addr: u32) -> u64 {
+    let r: u64;
+    // SAFETY: the caller guarantees the address is valid.
+    unsafe { asm!("ld.shared.u64 {r}, [{a}];", r = out(reg64) r, a = in(reg32) addr, options(nostack, readonly)) }
+    r
+}
+
 /// `st.shared.v4.b32 [addr], {a, b, c, d}`.
 ///
 /// # Safety

@@ -31,6 +31,23 @@ pub unsafe fn shfl_xor_f32(v: f32, xor_mask: u32) -> f32 {
     r
 }
 
+/// A 64-bit butterfly shuffle as two `shfl.sync.bfly.b32` (see [`shfl_xor_f32`]).
+///
+/// # Safety
+/// All 32 lanes of the warp must execute it together.
+#[inline(always)]
+pub unsafe fn shfl_xor_u64(v: u64, xor_mask: u32) -> u64 {
+    let (lo, hi): (u32, u32);
+    // SAFETY: the caller guarantees the whole warp is converged here. Not pure (see above).
+    unsafe {
+        asm!("shfl.sync.bfly.b32 {lo}, {vlo}, {m}, 0x1f, 0xffffffff;",
+             "shfl.sync.bfly.b32 {hi}, {vhi}, {m}, 0x1f, 0xffffffff;",
+            lo = out(reg32) lo, hi = out(reg32) hi, vlo = in(reg32) v as u32, vhi = in(reg32) (v >> 32) as u32,
+            m = in(reg32) xor_mask, options(nostack, nomem))
+    }
+    ((hi as u64) << 32) | lo as u64
+}
+
 /// `ex2.approx.ftz.f32`: 2^x (`-inf` gives 0).
 #[inline(always)]
 pub fn ex2(x: f32) -> f32 {

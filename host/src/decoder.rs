@@ -1,0 +1,269 @@
+//! The two-phase serving API.
+//!
+//! - [`Runtime::plan_decode`] (once per batch-shape bucket, outside graph capture): checks
+//!   the geometry against the backend, fixes the tactic, allocates the workspace for the
+//!   bucket's capacity (not the live batch).
+//! - [`DecodePlan::run`] (every step): validates the request, then launches on the caller's
+//!   stream only: the schedule kernel (split counts from the device-resident `seq_lens`),
+//!   the decode kernel and the combine kernel. No allocation, no host synchronisation, no
+//!   device-to-host copy, so a captured CUDA graph of `run` stays correct while lengths,
+//!   page tables and data change between replays.
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+use cudarc::driver::sys::{CUevent_flags, CUstream, CUstreamCaptureStatus};
+use mla_abi::{ScheduleParams, names, schedule_tile};
+
+use crate::autotune::{Autotuner, DeviceKey, ShapeKey};
+use crate::error::{MlaError, Result};
+use crate::launch::{DecodeWorkspace, LaunchShape, check_workspace, launch};
+use crate::module::Runtime;
+use crate::plan::{ScheduleConfig, WorkspaceCapacity, row_tiles};
+use crate::request::{DecodeDtypes, DecodeRequest, DecodeShape};
+use crate::tactic::Tactic;
+use crate::validate::validate_decode;
+
+/// What a plan serves: every request run with it must have these heads, query tokens,
+/// dtypes and page size, and at most `max_batch` sequences.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeConfig {
+    pub max_batch: usize,
+    pub heads: usize,
+    pub s_q: usize,
+    pub dtypes: DecodeDtypes,
+    pub page_size: usize,
+    /// Longest sequence the plan is tuned for (lengths beyond it still run correctly).
+    pub max_seq_len: usize,
+}
+
+/// A decode planned for one batch-shape bucket. One plan per stream at a time: its
+/// workspace holds the partials of the run in flight.
+pub struct DecodePlan {
+    config: DecodeConfig,
+    tactic: Tactic,
+    schedule: ScheduleConfig,
+    ws: DecodeWorkspace,
+}
+
+impl std::fmt::Debug for DecodePlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DecodePlan")
+            .field("config", &self.config)
+            .field("tactic", &self.tactic.to_string())
+            .field("schedule", &self.schedule)
+            .finish()
+    }
+}
+
+impl Runtime {
+    /// Plans a decode for `config` with `tactic` ([`Tactic::default`] when not tuning).
+    /// Allocates the workspace; call it outside graph capture.
+    pub fn plan_decode(
+        &self,
+        stream: &Arc<CudaStream>,
+        config: DecodeConfig,
+        tactic: Tactic,
+    ) -> Result<DecodePlan> {
+        tactic.validate()?;
+        let geometry = crate::gate::Geometry {
+            heads: config.heads,
+            s_q: config.s_q,
+            page_size: config.page_size,
+            dtypes: config.dtypes,
+            max_batch: config.max_batch,
+            max_seq_len: config.max_seq_len,
+        };
+        crate::gate::is_available(self.backend(), self.device(), &geometry).map_err(|d| {
+            MlaError::Unsupported {
+                what: "decode plan",
+                got: format!("{config:?}"),
+                why: d.to_string(),
+            }
+        })?;
+        let rows = config.s_q * config.heads;
+        let schedule = ScheduleConfig {
+            tiles: row_tiles(rows),
+            target_ctas: tactic.waves as usize * self.device().sm_count.max(1) as usize,
+            max_splits: tactic.max_splits as usize,
+            max_len: config.max_seq_len,
+        };
+        let ws = DecodeWorkspace::new(
+            stream,
+            WorkspaceCapacity {
+                batch: config.max_batch,
+                rows,
+                max_splits: schedule.grid_splits(),
+            },
+        )?;
+        log::debug!(
+            "mla plan: {config:?} on {} ({}), tactic {tactic}, grid splits {}",
+            self.device().name,
+            self.backend().name(),
+            schedule.grid_splits()
+        );
+        Ok(DecodePlan {
+            config,
+            tactic,
+            schedule,
+            ws,
+        })
+    }
+}
+
+impl Runtime {
+    /// Picks the tactic for `config` with `tuner`: the cached winner, the default when
+    /// tuning is off, else every candidate planned and timed on real launches of `sample`
+    /// (CUDA events, median of `reps`) on `stream`. Refuses to run while `stream` is
+    /// capturing a graph. `sample` must fit `config` (it is run, so its buffers are written).
+    pub fn tune_decode(
+        &self,
+        stream: &Arc<CudaStream>,
+        config: DecodeConfig,
+        sample: &DecodeRequest,
+        tuner: &mut Autotuner,
+        reps: usize,
+    ) -> Result<Tactic> {
+        let status = stream.capture_status()?;
+        if status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            return Err(MlaError::Unsupported {
+                what: "autotuning",
+                got: format!("{status:?}"),
+                why: "tuning launches and synchronises; it never runs during graph capture".into(),
+            });
+        }
+        let shape = validate_decode(sample)?;
+        let device = DeviceKey::from(self.device());
+        let key = ShapeKey::for_decode(&shape, config.max_seq_len);
+        let ctx = self.context().clone();
+        tuner.choose_or_tune(&device, &key, |tactic| {
+            let plan = self.plan_decode(stream, config, *tactic)?;
+            let (e0, e1) = (
+                ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
+                ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
+            );
+            plan.run(self, stream, sample)?;
+            let mut times = Vec::with_capacity(reps.max(1));
+            for _ in 0..reps.max(1) {
+                e0.record(stream)?;
+                plan.run(self, stream, sample)?;
+                e1.record(stream)?;
+                e1.synchronize()?;
+                times.push(e0.elapsed_ms(&e1)? as f64 * 1e3);
+            }
+            times.sort_by(f64::total_cmp);
+            Ok(times[times.len() / 2])
+        })
+    }
+}
+
+impl DecodePlan {
+    pub fn config(&self) -> &DecodeConfig {
+        &self.config
+    }
+
+    pub fn tactic(&self) -> Tactic {
+        self.tactic
+    }
+
+    /// The schedule the plan runs with (the split rule's inputs).
+    pub fn schedule(&self) -> ScheduleConfig {
+        self.schedule
+    }
+
+    /// The split counts the last run's schedule wrote for its first `n` sequences (waits
+    /// for `stream`; for tests and inspection).
+    pub fn read_splits(&self, stream: &Arc<CudaStream>, n: usize) -> Result<Vec<i32>> {
+        self.ws.read_splits(stream, n)
+    }
+
+    /// One decode step on `stream` (see the module docs for what it does and does not do).
+    pub fn run(
+        &self,
+        rt: &Runtime,
+        stream: &CudaStream,
+        req: &DecodeRequest,
+    ) -> Result<DecodeShape> {
+        // SAFETY: a cudarc stream is a live stream of its context.
+        unsafe { self.run_raw(rt, stream.cu_stream(), req) }
+    }
+
+    /// [`DecodePlan::run`] on a raw `CUstream`, for stacks that use another cudarc version
+    /// or none.
+    ///
+    /// # Safety
+    /// `stream` is a live stream (or null, the legacy default stream) of `rt`'s context,
+    /// and every device pointer in `req` stays valid until the launched work completes.
+    pub unsafe fn run_raw(
+        &self,
+        rt: &Runtime,
+        stream: CUstream,
+        req: &DecodeRequest,
+    ) -> Result<DecodeShape> {
+        let shape = validate_decode(req)?;
+        self.check_request(&shape)?;
+        check_workspace(&shape, self.ws.capacity())?;
+        let grid_splits = self.schedule.grid_splits();
+        let p = ScheduleParams {
+            seq_lens: mla_abi::DevPtr::from_addr(req.seq_lens.ptr),
+            num_splits: mla_abi::DevPtr::from_addr(self.ws.ptrs().num_splits),
+            batch: shape.batch as u32,
+            tiles: self.schedule.tiles as u32,
+            target_ctas: self.schedule.target_ctas.min(u32::MAX as usize) as u32,
+            max_splits: grid_splits as u32,
+            max_len: shape.max_seq_len().min(u32::MAX as usize) as u32,
+            _pad: 0,
+        };
+        let grid = LaunchShape {
+            grid: (1, 1, 1),
+            block: schedule_tile::THREADS as u32,
+            smem: (schedule_tile::WARPS * 8) as u32,
+        };
+        // SAFETY: seq_lens and num_splits hold `batch` entries (validated / capacity); the
+        // decode then reads split counts in 1..=grid_splits, which the schedule writes.
+        unsafe {
+            launch(rt, names::SCHEDULE, grid, stream, &p)?;
+            rt.launch_decode(req, &shape, &self.ws, grid_splits, stream)?;
+        }
+        Ok(shape)
+    }
+
+    fn check_request(&self, shape: &DecodeShape) -> Result<()> {
+        let c = &self.config;
+        let mismatch = |field: &'static str, want: String, got: String| {
+            Err(MlaError::InvalidShape {
+                field,
+                expected: format!("{want} (as planned)"),
+                got,
+            })
+        };
+        if shape.heads != c.heads {
+            return mismatch(
+                "q.shape[2] (heads)",
+                c.heads.to_string(),
+                shape.heads.to_string(),
+            );
+        }
+        if shape.s_q != c.s_q {
+            return mismatch("q.shape[1] (s_q)", c.s_q.to_string(), shape.s_q.to_string());
+        }
+        if shape.dtypes != c.dtypes {
+            return mismatch("dtypes", c.dtypes.name().into(), shape.dtypes.name().into());
+        }
+        if shape.page_size != c.page_size {
+            return mismatch(
+                "kv_cache.shape[1] (page_size)",
+                c.page_size.to_string(),
+                shape.page_size.to_string(),
+            );
+        }
+        if shape.batch > c.max_batch {
+            return mismatch(
+                "q.shape[0] (batch)",
+                format!("<= {}", c.max_batch),
+                shape.batch.to_string(),
+            );
+        }
+        Ok(())
+    }
+}

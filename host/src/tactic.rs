@@ -1,0 +1,211 @@
+//! The launch choices the decode kernels expose, as one value with one canonical string.
+//!
+//! A [`Tactic`] names a tile and the split-KV schedule knobs. Its `Display` form
+//! (`tile=m64n64,waves=1,splits<=64`) is the only spelling used anywhere: logs, bench ids
+//! and the autotune cache all print and parse exactly that string, so a cached winner can
+//! always be matched back to the launch it describes.
+
+use crate::error::MlaError;
+use crate::plan;
+use mla_abi::{MAX_SPLITS, decode_tile};
+use std::fmt;
+use std::str::FromStr;
+
+/// Most waves of CTAs the split scheduler may aim for. Past a few waves the extra
+/// partials cost more in the combine than they win in occupancy.
+pub const MAX_WAVES: u32 = 4;
+
+// The tile names below spell out the ABI's tile constants; a change there must show up here.
+const _: () = assert!(decode_tile::BLOCK_M == 64 && decode_tile::BLOCK_N == 64);
+
+/// What [`Tactic::from_str`] accepts, for error messages.
+fn canonical_form() -> String {
+    let tiles: Vec<&str> = Tile::ALL.iter().map(|t| t.name()).collect();
+    format!(
+        "tile={},waves=<1..={MAX_WAVES}>,splits<=<1..={MAX_SPLITS}>",
+        tiles.join("|")
+    )
+}
+
+/// The decode tile (one variant today; the enum is where more will go).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Tile {
+    /// `decode_tile::BLOCK_M` = 64 query rows x `decode_tile::BLOCK_N` = 64 KV tokens per
+    /// step, `mma.sync` on every arch.
+    M64N64,
+}
+
+impl Tile {
+    pub const ALL: [Tile; 1] = [Tile::M64N64];
+
+    /// The canonical name (`m64n64`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Tile::M64N64 => "m64n64",
+        }
+    }
+
+    /// Query rows per CTA.
+    pub fn block_m(self) -> usize {
+        match self {
+            Tile::M64N64 => decode_tile::BLOCK_M,
+        }
+    }
+
+    /// KV tokens per pipeline step.
+    pub fn block_n(self) -> usize {
+        match self {
+            Tile::M64N64 => decode_tile::BLOCK_N,
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.name() == name)
+    }
+}
+
+impl fmt::Display for Tile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One way to run a decode: the tile, and how a batch's KV is cut into split-KV chunks.
+///
+/// The split rule (on-device scheduler, with [`Tactic::split_counts`] as its host twin):
+/// sequence `b` gets `floor(blocks_b * target / total_blocks)` splits, where
+/// `target = waves * sm_count` CTAs and `total_blocks` counts every row tile, clamped to
+/// `1..=min(max_splits, blocks_b)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Tactic {
+    pub tile: Tile,
+    /// Waves of CTAs the split rule aims for, `1..=MAX_WAVES`.
+    pub waves: u32,
+    /// Most chunks one sequence is cut into, `1..=MAX_SPLITS`; 1 turns split-KV off.
+    pub max_splits: u32,
+}
+
+impl Default for Tactic {
+    /// The deterministic choice when tuning is off: one wave, splits up to the ABI limit
+    /// (what [`plan::split_counts`] does with `MAX_SPLITS`).
+    fn default() -> Self {
+        Tactic {
+            tile: Tile::M64N64,
+            waves: 1,
+            max_splits: MAX_SPLITS,
+        }
+    }
+}
+
+impl Tactic {
+    /// The small, fixed set the autotuner measures, the default first (so a tie keeps it):
+    /// waves {1, 2} x max_splits {64, 16}, then max_splits 1 (no split; waves do not matter
+    /// there, every sequence gets one chunk).
+    pub fn candidates() -> Vec<Tactic> {
+        let mut out = Vec::with_capacity(5);
+        for tile in Tile::ALL {
+            for waves in [1, 2] {
+                for max_splits in [MAX_SPLITS, 16] {
+                    out.push(Tactic {
+                        tile,
+                        waves,
+                        max_splits,
+                    });
+                }
+            }
+            out.push(Tactic {
+                tile,
+                waves: 1,
+                max_splits: 1,
+            });
+        }
+        out
+    }
+
+    /// Checks every field is in range (the fields are public, so a value can be built
+    /// that no kernel accepts).
+    pub fn validate(&self) -> Result<(), MlaError> {
+        if !(1..=MAX_WAVES).contains(&self.waves) {
+            return Err(MlaError::shape(
+                "tactic",
+                format!("waves in 1..={MAX_WAVES}"),
+                format!("waves={}", self.waves),
+            ));
+        }
+        if !(1..=MAX_SPLITS).contains(&self.max_splits) {
+            return Err(MlaError::shape(
+                "tactic",
+                format!("max_splits in 1..={MAX_SPLITS}"),
+                format!("max_splits={}", self.max_splits),
+            ));
+        }
+        Ok(())
+    }
+
+    /// CTAs the split rule aims for on a device with `sm_count` SMs.
+    pub fn target_ctas(&self, sm_count: usize) -> usize {
+        sm_count.max(1).saturating_mul(self.waves as usize)
+    }
+
+    /// Split counts per sequence under this tactic, on the host: [`plan::split_counts`]
+    /// with [`Tactic::target_ctas`] in place of one wave.
+    pub fn split_counts(&self, seq_lens: &[i32], rows: usize, sm_count: usize) -> Vec<i32> {
+        plan::split_counts(
+            seq_lens,
+            rows,
+            self.target_ctas(sm_count),
+            self.max_splits as usize,
+        )
+    }
+}
+
+impl fmt::Display for Tactic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "tile={},waves={},splits<={}",
+            self.tile, self.waves, self.max_splits
+        )
+    }
+}
+
+impl FromStr for Tactic {
+    type Err = MlaError;
+
+    /// Accepts exactly the canonical form: fields in order, no spaces, no signs or leading
+    /// zeros, every value in range.
+    fn from_str(s: &str) -> Result<Self, MlaError> {
+        let bad = || MlaError::shape("tactic", canonical_form(), format!("{s:?}"));
+        let mut fields = s.split(',');
+        let (Some(tile), Some(waves), Some(splits), None) =
+            (fields.next(), fields.next(), fields.next(), fields.next())
+        else {
+            return Err(bad());
+        };
+        let tile = tile
+            .strip_prefix("tile=")
+            .and_then(Tile::from_name)
+            .ok_or_else(bad)?;
+        let waves = waves
+            .strip_prefix("waves=")
+            .and_then(|v| v.parse::<u32>().ok())
+            .ok_or_else(bad)?;
+        let max_splits = splits
+            .strip_prefix("splits<=")
+            .and_then(|v| v.parse::<u32>().ok())
+            .ok_or_else(bad)?;
+        let tactic = Tactic {
+            tile,
+            waves,
+            max_splits,
+        };
+        tactic
+            .validate()
+            .map_err(|e| MlaError::shape("tactic", canonical_form(), format!("{s:?} ({e})")))?;
+        // `u32::from_str` also takes "+1" and "01"; only the one spelling is canonical.
+        if tactic.to_string() != s {
+            return Err(bad());
+        }
+        Ok(tactic)
+    }
+}

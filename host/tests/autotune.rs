@@ -1,0 +1,621 @@
+//! CPU tests of the tactic strings, the shape / device keys, the tune cache file and the
+//! autotune policy (with fake timing tables in place of kernel launches).
+
+use mla_abi::MAX_SPLITS;
+use mla_host::autotune::{Autotuner, DeviceKey, ShapeKey, TuneCache, TuneMode, bucket};
+use mla_host::tactic::{MAX_WAVES, Tactic, Tile};
+use mla_host::{DecodeDtypes, DeviceInfo, MlaError};
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+fn h200() -> DeviceKey {
+    DeviceKey {
+        name: "NVIDIA H200".to_owned(),
+        compute_capability: (9, 0),
+        driver_version: 13000,
+    }
+}
+
+fn shape() -> ShapeKey {
+    ShapeKey::new(DecodeDtypes::Bf16, 128, 1, 64, 64, 4096)
+}
+
+fn tactic(waves: u32, max_splits: u32) -> Tactic {
+    Tactic {
+        tile: Tile::M64N64,
+        waves,
+        max_splits,
+    }
+}
+
+/// A fresh directory under the system temp dir, unique per test and process.
+fn temp_dir(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mla-autotune-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn invalid_field(e: &MlaError) -> &'static str {
+    match e {
+        MlaError::InvalidShape { field, .. } => field,
+        other => panic!("expected InvalidShape, got {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------- tactic
+
+#[test]
+fn default_tactic_is_one_wave_full_splits() {
+    let t = Tactic::default();
+    assert_eq!(t, tactic(1, MAX_SPLITS));
+    assert_eq!(t.to_string(), "tile=m64n64,waves=1,splits<=64");
+    t.validate().unwrap();
+}
+
+#[test]
+fn candidates_are_small_distinct_valid_and_default_first() {
+    let c = Tactic::candidates();
+    assert_eq!(
+        c,
+        vec![
+            tactic(1, 64),
+            tactic(1, 16),
+            tactic(2, 64),
+            tactic(2, 16),
+            tactic(1, 1)
+        ]
+    );
+    assert_eq!(c[0], Tactic::default());
+    for t in &c {
+        t.validate().unwrap();
+    }
+    assert_eq!(Tactic::candidates(), c, "deterministic");
+}
+
+#[test]
+fn canonical_strings_round_trip() {
+    let mut all = Tactic::candidates();
+    all.push(Tactic::default());
+    all.push(tactic(MAX_WAVES, 1));
+    all.push(tactic(3, 7));
+    for t in all {
+        let s = t.to_string();
+        let back: Tactic = s.parse().unwrap_or_else(|e| panic!("{s}: {e}"));
+        assert_eq!(back, t, "{s}");
+        assert_eq!(back.to_string(), s);
+    }
+}
+
+#[test]
+fn parse_rejects_everything_but_the_canonical_form() {
+    let bad = [
+        "",
+        "tile=m128n64,waves=1,splits<=64",
+        "tile=M64N64,waves=1,splits<=64",
+        "tile=m64n64,waves=0,splits<=64",
+        "tile=m64n64,waves=5,splits<=64",
+        "tile=m64n64,waves=1,splits<=0",
+        "tile=m64n64,waves=1,splits<=65",
+        "tile=m64n64,waves=1,splits<=64,extra=1",
+        "tile=m64n64,waves=1,splits<=64,",
+        "waves=1,tile=m64n64,splits<=64",
+        "tile=m64n64,splits<=64,waves=1",
+        "tile=m64n64,waves=1",
+        "tile=m64n64,waves=+1,splits<=64",
+        "tile=m64n64,waves=01,splits<=64",
+        "tile=m64n64,waves=-1,splits<=64",
+        "tile=m64n64, waves=1,splits<=64",
+        "tile=m64n64,waves=1,splits<=64 ",
+        "tile=m64n64,waves=1,splits=64",
+        "tile=m64n64;waves=1;splits<=64",
+        "tile=m64n64,waves=99999999999,splits<=64",
+    ];
+    for s in bad {
+        let e = s.parse::<Tactic>().expect_err(s);
+        assert_eq!(invalid_field(&e), "tactic", "{s}");
+        assert!(e.to_string().contains("tile=m64n64"), "{s}: {e}");
+    }
+}
+
+#[test]
+fn validate_rejects_out_of_range_fields() {
+    for t in [tactic(0, 64), tactic(5, 64), tactic(1, 0), tactic(1, 65)] {
+        let e = t.validate().expect_err(&format!("{t:?}"));
+        assert_eq!(invalid_field(&e), "tactic");
+    }
+    for w in 1..=MAX_WAVES {
+        for s in [1, 2, 63, 64] {
+            tactic(w, s).validate().unwrap();
+        }
+    }
+}
+
+#[test]
+fn split_counts_scale_the_target_by_waves() {
+    let lens = [4096, 100, 20000, 1, 65];
+    let rows = 128;
+    let one = Tactic::default().split_counts(&lens, rows, 132);
+    assert_eq!(one, mla_host::plan::split_counts(&lens, rows, 132, 64));
+    let two = tactic(2, 64).split_counts(&lens, rows, 132);
+    assert_eq!(two, mla_host::plan::split_counts(&lens, rows, 264, 64));
+    let none = tactic(2, 1).split_counts(&lens, rows, 132);
+    assert!(none.iter().all(|&s| s == 1), "{none:?}");
+    let capped = tactic(4, 16).split_counts(&[131072], 16, 132);
+    assert_eq!(capped, vec![16]);
+}
+
+// ---------------------------------------------------------------- keys
+
+#[test]
+fn bucket_edges() {
+    assert_eq!(bucket(0), 1);
+    assert_eq!(bucket(1), 1);
+    assert_eq!(bucket(2), 2);
+    assert_eq!(bucket(3), 4);
+    assert_eq!(bucket(4096), 4096);
+    assert_eq!(bucket(4097), 8192);
+    let top = 1usize << (usize::BITS - 1);
+    assert_eq!(bucket(top), top);
+    assert_eq!(bucket(usize::MAX), top);
+}
+
+#[test]
+fn shape_key_buckets_and_prints_canonically() {
+    let k = ShapeKey::new(DecodeDtypes::Bf16, 128, 1, 64, 37, 3000);
+    assert_eq!((k.batch, k.seq_len), (64, 4096));
+    assert_eq!(k.to_string(), "bf16/h128/sq1/p64/b64/l4096");
+    assert_eq!(k, ShapeKey::new(DecodeDtypes::Bf16, 128, 1, 64, 64, 4096));
+    assert_ne!(k, ShapeKey::new(DecodeDtypes::Bf16, 128, 1, 64, 65, 4096));
+    let k = ShapeKey::new(DecodeDtypes::Fp8KvBf16Q, 3, 8, 1, 0, 1);
+    assert_eq!(k.to_string(), "fp8kv_bf16q/h3/sq8/p1/b1/l1");
+}
+
+#[test]
+fn shape_key_round_trips_for_every_dtype() {
+    for dtypes in DecodeDtypes::ALL {
+        for (heads, s_q, page, batch, len) in [
+            (1, 1, 1, 1, 1),
+            (128, 8, 256, 256, 131072),
+            (100, 3, 16, 5, 4097),
+        ] {
+            let k = ShapeKey::new(dtypes, heads, s_q, page, batch, len);
+            let s = k.to_string();
+            let back: ShapeKey = s.parse().unwrap_or_else(|e| panic!("{s}: {e}"));
+            assert_eq!(back, k, "{s}");
+        }
+    }
+}
+
+#[test]
+fn shape_key_parse_rejects_bad_strings() {
+    for s in [
+        "",
+        "bf32/h128/sq1/p64/b64/l4096",
+        "bf16/h128/sq1/p64/b63/l4096",
+        "bf16/h128/sq1/p64/b64/l4097",
+        "bf16/h128/sq1/p48/b64/l4096",
+        "bf16/h0/sq1/p64/b64/l4096",
+        "bf16/h128/sq0/p64/b64/l4096",
+        "bf16/h128/sq1/p64/b064/l4096",
+        "bf16/h128/sq1/p64/b64",
+        "bf16/h128/sq1/p64/b64/l4096/x",
+        "bf16/sq1/h128/p64/b64/l4096",
+        "bf16/h128/sq1/p64/b64/l4096 ",
+    ] {
+        let e = s.parse::<ShapeKey>().expect_err(s);
+        assert_eq!(invalid_field(&e), "shape key", "{s}");
+    }
+}
+
+#[test]
+fn device_key_from_device_info() {
+    let info = DeviceInfo {
+        ordinal: 3,
+        name: "NVIDIA H200".to_owned(),
+        compute_capability: (9, 0),
+        sm_count: 132,
+        smem_per_block_optin: 232448,
+        smem_per_sm: 233472,
+        l2_bytes: 60 << 20,
+        driver_version: 13000,
+    };
+    let d = DeviceKey::from(&info);
+    assert_eq!(d, h200());
+    assert_eq!(d.to_string(), "NVIDIA H200/sm_90/drv13000");
+}
+
+// ---------------------------------------------------------------- cache file
+
+fn sample_entries() -> Vec<(DeviceKey, ShapeKey, Tactic, f64)> {
+    let a100 = DeviceKey {
+        name: "NVIDIA A100-SXM4-80GB".to_owned(),
+        compute_capability: (8, 0),
+        driver_version: 12040,
+    };
+    vec![
+        (h200(), shape(), tactic(2, 16), 41.5),
+        (
+            h200(),
+            ShapeKey::new(DecodeDtypes::Fp8, 16, 2, 1, 1, 131072),
+            tactic(1, 64),
+            1234.0625,
+        ),
+        (a100, shape(), tactic(1, 1), 0.0),
+        (
+            h200(),
+            ShapeKey::new(DecodeDtypes::Fp16, 128, 1, 256, 256, 1),
+            Tactic::default(),
+            7.25,
+        ),
+    ]
+}
+
+#[test]
+fn cache_get_insert_replace() {
+    let mut c = TuneCache::new();
+    assert!(c.is_empty());
+    assert_eq!(c.get(&h200(), &shape()), None);
+    c.insert(&h200(), &shape(), tactic(2, 16), 10.0).unwrap();
+    assert_eq!(c.get(&h200(), &shape()), Some((tactic(2, 16), 10.0)));
+    c.insert(&h200(), &shape(), tactic(1, 1), 9.0).unwrap();
+    assert_eq!(c.len(), 1);
+    assert_eq!(c.get(&h200(), &shape()), Some((tactic(1, 1), 9.0)));
+    let other_driver = DeviceKey {
+        driver_version: 12080,
+        ..h200()
+    };
+    assert_eq!(c.get(&other_driver, &shape()), None);
+    // Same bucket, different raw sizes: same entry.
+    let same_bucket = ShapeKey::new(DecodeDtypes::Bf16, 128, 1, 64, 33, 2049);
+    assert_eq!(c.get(&h200(), &same_bucket), Some((tactic(1, 1), 9.0)));
+}
+
+#[test]
+fn cache_insert_refuses_what_the_file_could_not_hold() {
+    let mut c = TuneCache::new();
+    for us in [f64::NAN, f64::INFINITY, -1.0] {
+        assert!(
+            c.insert(&h200(), &shape(), Tactic::default(), us).is_err(),
+            "{us}"
+        );
+    }
+    assert!(c.insert(&h200(), &shape(), tactic(9, 64), 1.0).is_err());
+    assert!(c.is_empty());
+}
+
+#[test]
+fn cache_json_round_trips_through_a_file() {
+    let mut c = TuneCache::new();
+    for (d, s, t, us) in sample_entries() {
+        c.insert(&d, &s, t, us).unwrap();
+    }
+    let dir = temp_dir("round-trip");
+    let path = dir.join("nested").join("tune.json");
+    c.save(&path).unwrap();
+    let back = TuneCache::load(&path).unwrap();
+    assert_eq!(back, c);
+    assert_eq!(back.len(), 4);
+    for (d, s, t, us) in sample_entries() {
+        assert_eq!(back.get(&d, &s), Some((t, us)));
+    }
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(text, c.to_json());
+    assert!(text.contains("\"version\": 1"), "{text}");
+    assert!(
+        text.contains("\"tactic\": \"tile=m64n64,waves=2,splits<=16\""),
+        "{text}"
+    );
+    assert!(
+        text.contains("\"device\": \"NVIDIA H200/sm_90/drv13000\""),
+        "{text}"
+    );
+    assert!(
+        text.contains("\"shape\": \"bf16/h128/sq1/p64/b64/l4096\""),
+        "{text}"
+    );
+    // Saving again over the file works and leaves only the file behind.
+    back.save(&path).unwrap();
+    let names: Vec<_> = std::fs::read_dir(dir.join("nested"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("tune.json")]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn cache_files_are_stable_under_insertion_order() {
+    let entries = sample_entries();
+    let mut a = TuneCache::new();
+    for (d, s, t, us) in &entries {
+        a.insert(d, s, *t, *us).unwrap();
+    }
+    let mut b = TuneCache::new();
+    for (d, s, t, us) in entries.iter().rev() {
+        b.insert(d, s, *t, *us).unwrap();
+    }
+    assert_eq!(a.to_json(), b.to_json());
+    // And the order in the file is sorted by (device, shape).
+    let parsed: serde_json::Value = serde_json::from_str(&a.to_json()).unwrap();
+    let keys: Vec<(String, String)> = parsed["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["device"].as_str().unwrap().to_owned(),
+                e["shape"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let mut sorted = keys.clone();
+    sorted.sort();
+    assert_eq!(keys, sorted);
+    assert_eq!(keys.len(), 4);
+}
+
+#[test]
+fn empty_cache_round_trips() {
+    let c = TuneCache::new();
+    let back = TuneCache::from_json(&c.to_json()).unwrap();
+    assert!(back.is_empty());
+}
+
+#[test]
+fn cache_version_mismatch_is_rejected() {
+    for text in [
+        r#"{"version": 2, "entries": []}"#,
+        r#"{"version": 0, "entries": []}"#,
+        r#"{"version": "1", "entries": []}"#,
+        r#"{"entries": []}"#,
+        r#"[]"#,
+        r#"not json"#,
+    ] {
+        let e = TuneCache::from_json(text).expect_err(text);
+        assert_eq!(invalid_field(&e), "tune cache", "{text}");
+    }
+    let e = TuneCache::from_json(r#"{"version": 2, "entries": []}"#).unwrap_err();
+    assert!(e.to_string().contains("\"version\": 1"), "{e}");
+    assert!(TuneCache::from_json(r#"{"version": 1}"#).is_err());
+    assert!(TuneCache::from_json(r#"{"version": 1, "entries": [], "x": 0}"#).is_err());
+}
+
+#[test]
+fn malformed_entries_are_rejected_with_their_index() {
+    let good = r#"{"device": "NVIDIA H200/sm_90/drv13000", "shape": "bf16/h128/sq1/p64/b64/l4096", "tactic": "tile=m64n64,waves=1,splits<=64", "us": 3.5}"#;
+    let bad_entries = [
+        r#"{"device": "d", "shape": "bf16/h128/sq1/p64/b64/l4096", "tactic": "tile=m64n64,waves=1,splits<=64"}"#,
+        r#"{"device": "d", "shape": "bf16/h128/sq1/p64/b64/l4096", "tactic": "tile=m64n64,waves=1,splits<=64", "us": 1, "x": 1}"#,
+        r#"{"device": "d", "shape": "bf16/h128/sq1/p64/b64/l4096", "tactic": "tile=m64n64,waves=7,splits<=64", "us": 1}"#,
+        r#"{"device": "d", "shape": "bf16/h128/sq1/p64/b63/l4096", "tactic": "tile=m64n64,waves=1,splits<=64", "us": 1}"#,
+        r#"{"device": "d", "shape": "bf16/h128/sq1/p64/b64/l4096", "tactic": "tile=m64n64,waves=1,splits<=64", "us": -1}"#,
+        r#"{"device": "d", "shape": "bf16/h128/sq1/p64/b64/l4096", "tactic": "tile=m64n64,waves=1,splits<=64", "us": "1"}"#,
+        r#"{"device": "", "shape": "bf16/h128/sq1/p64/b64/l4096", "tactic": "tile=m64n64,waves=1,splits<=64", "us": 1}"#,
+        r#"["NVIDIA H200", "bf16/h128/sq1/p64/b64/l4096", "tile=m64n64,waves=1,splits<=64", 1]"#,
+        r#"null"#,
+        // A repeat of entry 0's (device, shape).
+        good,
+    ];
+    for bad in bad_entries {
+        let text = format!(r#"{{"version": 1, "entries": [{good}, {bad}]}}"#);
+        let e = TuneCache::from_json(&text).expect_err(bad);
+        assert_eq!(invalid_field(&e), "tune cache", "{bad}");
+        let msg = e.to_string();
+        assert!(msg.contains("entries[1]"), "{bad}: {msg}");
+        assert!(!msg.contains("entries[0]"), "{bad}: {msg}");
+    }
+    // The good entry alone loads.
+    let c = TuneCache::from_json(&format!(r#"{{"version": 1, "entries": [{good}]}}"#)).unwrap();
+    assert_eq!(c.get(&h200(), &shape()), Some((Tactic::default(), 3.5)));
+}
+
+#[test]
+fn missing_files_are_errors_for_load_and_empty_for_load_or_empty() {
+    let dir = temp_dir("missing");
+    let path = dir.join("absent.json");
+    let e = TuneCache::load(&path).unwrap_err();
+    assert_eq!(invalid_field(&e), "tune cache file");
+    assert!(e.to_string().contains("absent.json"), "{e}");
+    assert!(TuneCache::load_or_empty(&path).unwrap().is_empty());
+    std::fs::write(&path, "{").unwrap();
+    assert!(
+        TuneCache::load_or_empty(&path).is_err(),
+        "a corrupt file is not empty"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+// ---------------------------------------------------------------- policy
+
+#[test]
+fn tune_mode_from_env_value() {
+    assert_eq!(TuneMode::from_value(Some("1")), TuneMode::On);
+    for v in [None, Some("0"), Some(""), Some("true"), Some(" 1")] {
+        assert_eq!(TuneMode::from_value(v), TuneMode::Off, "{v:?}");
+    }
+}
+
+/// A timing table by canonical tactic string; tactics not in it fail.
+fn table(rows: &[(Tactic, f64)]) -> HashMap<String, f64> {
+    rows.iter().map(|(t, us)| (t.to_string(), *us)).collect()
+}
+
+fn timer<'a>(
+    table: &'a HashMap<String, f64>,
+    calls: &'a Cell<usize>,
+) -> impl FnMut(&Tactic) -> Result<f64, MlaError> + 'a {
+    move |t| {
+        calls.set(calls.get() + 1);
+        table
+            .get(&t.to_string())
+            .copied()
+            .ok_or_else(|| MlaError::InvalidShape {
+                field: "fake timing",
+                expected: "a tactic in the table".to_owned(),
+                got: t.to_string(),
+            })
+    }
+}
+
+#[test]
+fn off_never_times_and_returns_the_default() {
+    let mut tuner = Autotuner::new(TuneMode::Off);
+    let calls = Cell::new(0);
+    let t = tuner
+        .tune(&h200(), &shape(), |_| {
+            calls.set(calls.get() + 1);
+            Ok(1.0)
+        })
+        .unwrap();
+    assert_eq!(t, Tactic::default());
+    assert_eq!(calls.get(), 0);
+    assert!(tuner.cache.is_empty());
+    // Even a cached winner is ignored when tuning is off.
+    tuner
+        .cache
+        .insert(&h200(), &shape(), tactic(2, 16), 1.0)
+        .unwrap();
+    assert_eq!(tuner.choose(&h200(), &shape()), Tactic::default());
+    let t = tuner
+        .choose_or_tune(&h200(), &shape(), |_| {
+            calls.set(calls.get() + 1);
+            Ok(1.0)
+        })
+        .unwrap();
+    assert_eq!(t, Tactic::default());
+    assert_eq!(calls.get(), 0);
+}
+
+#[test]
+fn on_picks_the_fastest_and_caches_it() {
+    let times = table(&[
+        (tactic(1, 64), 50.0),
+        (tactic(1, 16), 45.0),
+        (tactic(2, 64), 30.5),
+        (tactic(2, 16), 31.0),
+        (tactic(1, 1), 90.0),
+    ]);
+    let calls = Cell::new(0);
+    let mut tuner = Autotuner::new(TuneMode::On);
+    assert_eq!(
+        tuner.choose(&h200(), &shape()),
+        Tactic::default(),
+        "nothing cached yet"
+    );
+    let t = tuner
+        .tune(&h200(), &shape(), timer(&times, &calls))
+        .unwrap();
+    assert_eq!(t, tactic(2, 64));
+    assert_eq!(calls.get(), Tactic::candidates().len());
+    assert_eq!(
+        tuner.cache.get(&h200(), &shape()),
+        Some((tactic(2, 64), 30.5))
+    );
+    // Cached: no more timing.
+    assert_eq!(tuner.choose(&h200(), &shape()), tactic(2, 64));
+    let t = tuner
+        .choose_or_tune(&h200(), &shape(), timer(&times, &calls))
+        .unwrap();
+    assert_eq!(t, tactic(2, 64));
+    assert_eq!(calls.get(), Tactic::candidates().len());
+    // Another shape is not covered by that entry.
+    let other = ShapeKey::new(DecodeDtypes::Fp8, 128, 1, 64, 64, 4096);
+    assert_eq!(tuner.choose(&h200(), &other), Tactic::default());
+    let t = tuner
+        .choose_or_tune(&h200(), &other, timer(&times, &calls))
+        .unwrap();
+    assert_eq!(t, tactic(2, 64));
+    assert_eq!(calls.get(), 2 * Tactic::candidates().len());
+    assert_eq!(tuner.cache.len(), 2);
+}
+
+#[test]
+fn ties_keep_the_earlier_candidate() {
+    let calls = Cell::new(0);
+    let flat = table(
+        &Tactic::candidates()
+            .iter()
+            .map(|&t| (t, 10.0))
+            .collect::<Vec<_>>(),
+    );
+    let mut tuner = Autotuner::new(TuneMode::On);
+    let t = tuner.tune(&h200(), &shape(), timer(&flat, &calls)).unwrap();
+    assert_eq!(t, Tactic::candidates()[0]);
+
+    let later_tie = table(&[
+        (tactic(1, 64), 10.0),
+        (tactic(1, 16), 8.0),
+        (tactic(2, 64), 10.0),
+        (tactic(2, 16), 8.0),
+        (tactic(1, 1), 8.0),
+    ]);
+    let t = tuner
+        .tune(&h200(), &shape(), timer(&later_tie, &calls))
+        .unwrap();
+    assert_eq!(t, tactic(1, 16));
+    assert_eq!(
+        tuner.cache.get(&h200(), &shape()),
+        Some((tactic(1, 16), 8.0))
+    );
+}
+
+#[test]
+fn a_failing_candidate_is_skipped() {
+    // The would-be winner (2, 16) is missing from the table, so its timing fails.
+    let times = table(&[
+        (tactic(1, 64), 50.0),
+        (tactic(1, 16), 45.0),
+        (tactic(2, 64), 40.0),
+        (tactic(1, 1), 90.0),
+    ]);
+    let calls = Cell::new(0);
+    let mut tuner = Autotuner::new(TuneMode::On);
+    let t = tuner
+        .tune(&h200(), &shape(), timer(&times, &calls))
+        .unwrap();
+    assert_eq!(t, tactic(2, 64));
+    assert_eq!(
+        calls.get(),
+        Tactic::candidates().len(),
+        "every candidate tried"
+    );
+
+    // A nonsense time is skipped the same way.
+    let mut tuner = Autotuner::new(TuneMode::On);
+    let t = tuner
+        .tune(&h200(), &shape(), |t| {
+            Ok(if *t == tactic(1, 1) {
+                f64::NAN
+            } else {
+                5.0 + t.waves as f64
+            })
+        })
+        .unwrap();
+    assert_eq!(t, Tactic::default());
+    assert_eq!(
+        tuner.cache.get(&h200(), &shape()),
+        Some((Tactic::default(), 6.0))
+    );
+}
+
+#[test]
+fn all_failing_returns_the_first_error_and_caches_nothing() {
+    let empty = HashMap::new();
+    let calls = Cell::new(0);
+    let mut tuner = Autotuner::new(TuneMode::On);
+    let e = tuner
+        .tune(&h200(), &shape(), timer(&empty, &calls))
+        .unwrap_err();
+    assert_eq!(calls.get(), Tactic::candidates().len());
+    match &e {
+        MlaError::InvalidShape { field, got, .. } => {
+            assert_eq!(*field, "fake timing");
+            assert_eq!(*got, Tactic::candidates()[0].to_string());
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(tuner.cache.is_empty());
+    assert_eq!(tuner.choose(&h200(), &shape()), Tactic::default());
+}

@@ -1,0 +1,293 @@
+//! The serving API on the GPU: the schedule kernel against its CPU twin (bit for bit),
+//! `DecodePlan::run` against the oracle, a CUDA graph captured once and replayed 1000 times
+//! while lengths, page tables and data change, two host threads on two streams sharing one
+//! module, and driver errors surfacing as typed errors.
+
+mod common;
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use mla::harness::{self, CaseSpec, DeviceCase, HostCase, Values};
+use mla::plan::{ScheduleConfig, WorkspaceCapacity, row_tiles};
+use mla::rng::SplitMix64;
+use mla::tactic::Tactic;
+use mla::{DecodeConfig, DecodeDtypes, DecodePlan, DecodeWorkspace, MlaError, Runtime};
+
+fn spec(
+    dtypes: DecodeDtypes,
+    page_size: usize,
+    heads: usize,
+    s_q: usize,
+    lens: Vec<usize>,
+) -> CaseSpec {
+    CaseSpec {
+        dtypes,
+        page_size,
+        heads,
+        s_q,
+        lens,
+        output_scale: 1.0,
+        share_prefix_pages: false,
+        values: Values::Normal,
+    }
+}
+
+fn config(h: &HostCase, max_batch: usize) -> DecodeConfig {
+    DecodeConfig {
+        max_batch,
+        heads: h.spec.heads,
+        s_q: h.spec.s_q,
+        dtypes: h.spec.dtypes,
+        page_size: h.spec.page_size,
+        max_seq_len: h.max_pages * h.spec.page_size,
+    }
+}
+
+/// Runs `plan` on `d` (outputs poisoned first) and returns (out, lse, split counts).
+fn run_plan(
+    rt: &Runtime,
+    stream: &Arc<cudarc::driver::CudaStream>,
+    plan: &DecodePlan,
+    h: &HostCase,
+    d: &mut DeviceCase,
+) -> ((Vec<f32>, Vec<f32>), Vec<i32>) {
+    d.poison_outputs(stream).unwrap();
+    let req = d.request(stream, h);
+    plan.run(rt, stream, &req).unwrap();
+    stream.synchronize().unwrap();
+    let got = d.download(stream, h.spec.dtypes.out()).unwrap();
+    (got, plan.read_splits(stream, h.spec.lens.len()).unwrap())
+}
+
+#[test]
+fn schedule_kernel_matches_cpu_twin_and_plan_matches_oracle() {
+    let test = "plan_run";
+    let seed = common::seed(test);
+    let Some((rt, stream)) = common::gpu(test) else {
+        return;
+    };
+    let mut rng = SplitMix64::new(seed);
+    let mut failures = Vec::new();
+    for (i, &d) in DecodeDtypes::ALL.iter().cycle().take(12).enumerate() {
+        let b = rng.range(1, 40);
+        let heads = [1, 16, 64, 128][i % 4];
+        let s_q = [1, 2, 4][i % 3];
+        let lens: Vec<usize> = (0..b)
+            .map(|_| rng.range(s_q, if i % 2 == 0 { 300 } else { 3000 }))
+            .collect();
+        let h = HostCase::random(&spec(d, [16, 64][i % 2], heads, s_q, lens), &mut rng);
+        let refs = h.references();
+        let tactic = Tactic::candidates()[i % Tactic::candidates().len()];
+        let plan = rt.plan_decode(&stream, config(&h, b + 3), tactic).unwrap();
+        let mut dc = DeviceCase::upload(&stream, &h).unwrap();
+        let (got, splits) = run_plan(&rt, &stream, &plan, &h, &mut dc);
+        let mut cfg = plan.schedule();
+        cfg.max_len = h.max_pages * h.spec.page_size;
+        let twin = mla::plan::schedule(&h.seq_lens, &cfg);
+        if splits != twin {
+            failures.push(format!(
+                "{} B={b}: schedule {splits:?} != CPU twin {twin:?}",
+                d.name()
+            ));
+        }
+        let c = harness::check(&got, &refs);
+        if !c.ok() {
+            failures.push(format!(
+                "{} B={b} H={heads} S_q={s_q} tactic {tactic}: {} | {}",
+                d.name(),
+                c.out,
+                c.lse
+            ));
+        }
+    }
+    // Edge lengths the twin must agree on: zero-length-like clamps and many sequences.
+    let cfg = ScheduleConfig {
+        tiles: row_tiles(16),
+        target_ctas: 132,
+        max_splits: 64,
+        max_len: 4096,
+    };
+    eprintln!(
+        "[{test}] CPU twin sample: {:?}",
+        mla::plan::schedule(&[1, 64, 65, 4096, 100_000], &cfg)
+    );
+    eprintln!("[{test}] {} failures (seed {seed})", failures.len());
+    for f in &failures {
+        eprintln!("  FAIL {f}");
+    }
+    assert!(failures.is_empty());
+}
+
+/// Capture schedule + decode + combine once; replay 1000 times while the lengths, the page
+/// table and the data change between replays; every replay is checked against the oracle.
+#[test]
+fn graph_replays_stay_exact_as_inputs_change() {
+    let test = "graph";
+    let seed = common::seed(test);
+    let Some((rt, stream)) = common::gpu(test) else {
+        return;
+    };
+    let replays: usize = std::env::var("MLA_GRAPH_REPLAYS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let (b, heads, s_q, page) = (4usize, 16usize, 2usize, 16usize);
+    let max_len = 320usize;
+    let max_pages = max_len.div_ceil(page) + 1;
+    let num_pages = b * max_pages + 2;
+    let mk_spec = |rng: &mut SplitMix64| {
+        spec(
+            DecodeDtypes::Bf16,
+            page,
+            heads,
+            s_q,
+            (0..b).map(|_| rng.range(s_q, max_len)).collect(),
+        )
+    };
+
+    let mut rng = SplitMix64::new(seed);
+    let first = HostCase::random(&mk_spec(&mut rng), &mut rng).pad_to(num_pages, max_pages);
+    let mut dc = DeviceCase::upload(&stream, &first).unwrap();
+    let plan = rt
+        .plan_decode(&stream, config(&first, b), Tactic::default())
+        .unwrap();
+    // Warm up outside capture, then capture one run.
+    let req = dc.request(&stream, &first);
+    plan.run(&rt, &stream, &req).unwrap();
+    stream.synchronize().unwrap();
+    stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .unwrap();
+    plan.run(&rt, &stream, &req).unwrap();
+    let graph = stream
+        .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
+        .unwrap()
+        .expect("a captured graph");
+
+    let mut failures = Vec::new();
+    let batch = 50;
+    let mut done = 0;
+    while done < replays {
+        let n = batch.min(replays - done);
+        let specs: Vec<CaseSpec> = (0..n).map(|_| mk_spec(&mut rng)).collect();
+        let cases = common::prepare(&specs, seed ^ (done as u64) << 20);
+        for (h, refs) in cases {
+            let h = h.pad_to(num_pages, max_pages);
+            h.upload_into(&stream, &mut dc).unwrap();
+            dc.poison_outputs(&stream).unwrap();
+            graph.launch().unwrap();
+            stream.synchronize().unwrap();
+            let got = dc.download(&stream, h.spec.dtypes.out()).unwrap();
+            let c = harness::check(&got, &refs);
+            if !c.ok() {
+                failures.push(format!(
+                    "replay {done}: lens {:?}: {} | {}",
+                    h.spec.lens, c.out, c.lse
+                ));
+            }
+            done += 1;
+        }
+    }
+    eprintln!(
+        "[{test}] {done} graph replays checked, {} failed (seed {seed})",
+        failures.len()
+    );
+    for f in failures.iter().take(10) {
+        eprintln!("  FAIL {f}");
+    }
+    assert!(failures.is_empty());
+}
+
+/// Two host threads, each with its own stream and plan, share one loaded module.
+#[test]
+fn two_threads_two_streams_share_one_module() {
+    let test = "concurrency";
+    let seed = common::seed(test);
+    let Some((rt, _)) = common::gpu(test) else {
+        return;
+    };
+    let rt = Arc::new(rt);
+    let failures: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2u64)
+            .map(|t| {
+                let rt = rt.clone();
+                s.spawn(move || {
+                    let stream = rt.new_stream().unwrap();
+                    let mut rng = SplitMix64::new(seed ^ (t + 1));
+                    let mut fails = Vec::new();
+                    for i in 0..20 {
+                        let d = DecodeDtypes::ALL[(i + t as usize) % 4];
+                        let lens = (0..5).map(|_| rng.range(2, 2000)).collect();
+                        let h = HostCase::random(&spec(d, 64, 32, 2, lens), &mut rng);
+                        let refs = h.references();
+                        let plan = rt
+                            .plan_decode(&stream, config(&h, 5), Tactic::default())
+                            .unwrap();
+                        let mut dc = DeviceCase::upload(&stream, &h).unwrap();
+                        let (got, _) = run_plan(&rt, &stream, &plan, &h, &mut dc);
+                        let c = harness::check(&got, &refs);
+                        if !c.ok() {
+                            fails.push(format!("thread {t} case {i}: {} | {}", c.out, c.lse));
+                        }
+                    }
+                    fails
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    eprintln!(
+        "[{test}] 40 decodes on 2 threads, {} failed (seed {seed})",
+        failures.len()
+    );
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Out of memory and plan/request mismatches are typed errors, never panics.
+#[test]
+fn driver_and_plan_errors_are_typed() {
+    let test = "typed_errors";
+    let Some((rt, stream)) = common::gpu(test) else {
+        return;
+    };
+    let huge = WorkspaceCapacity {
+        batch: 60_000,
+        rows: 1024,
+        max_splits: 64,
+    };
+    match DecodeWorkspace::new(&stream, huge) {
+        Err(MlaError::Alloc { what, bytes, .. }) => {
+            eprintln!("[{test}] OOM is typed: {what}, {bytes} bytes")
+        }
+        other => panic!("expected MlaError::Alloc, got {other:?}"),
+    }
+    let mut rng = SplitMix64::new(3);
+    let h = HostCase::random(
+        &spec(DecodeDtypes::Bf16, 16, 16, 1, vec![100, 50]),
+        &mut rng,
+    );
+    let dc = DeviceCase::upload(&stream, &h).unwrap();
+    let mut cfg = config(&h, 2);
+    cfg.heads = 32;
+    let plan = rt.plan_decode(&stream, cfg, Tactic::default()).unwrap();
+    let e = plan
+        .run(&rt, &stream, &dc.request(&stream, &h))
+        .unwrap_err();
+    assert!(matches!(e, MlaError::InvalidShape { .. }), "{e}");
+    let mut cfg = config(&h, 1);
+    cfg.max_batch = 1;
+    let plan = rt.plan_decode(&stream, cfg, Tactic::default()).unwrap();
+    let e = plan
+        .run(&rt, &stream, &dc.request(&stream, &h))
+        .unwrap_err();
+    assert!(e.to_string().contains("batch"), "{e}");
+    let bad = DecodeConfig {
+        heads: 0,
+        ..config(&h, 2)
+    };
+    assert!(rt.plan_decode(&stream, bad, Tactic::default()).is_err());
+}
