@@ -119,6 +119,62 @@ fn schedule_kernel_matches_cpu_twin_and_plan_matches_oracle() {
     assert!(failures.is_empty());
 }
 
+/// The reference backend (one CTA per row, f32, serial over tokens) against the oracle,
+/// and against the tensor-core backend on the same inputs.
+#[test]
+fn reference_backend_matches_oracle() {
+    let test = "reference_backend";
+    let seed = common::seed(test);
+    let Some((rt, stream)) = common::gpu(test) else {
+        return;
+    };
+    let mut rng = SplitMix64::new(seed);
+    let mut failures = Vec::new();
+    for (i, &d) in DecodeDtypes::ALL.iter().enumerate() {
+        let lens = (0..3).map(|_| rng.range(4, 700)).collect();
+        let h = HostCase::random(
+            &spec(
+                d,
+                [1, 16, 64, 256][i],
+                [1, 3, 16, 128][i],
+                [1, 2, 4, 8][i],
+                lens,
+            ),
+            &mut rng,
+        );
+        let refs = h.references();
+        let plan = rt
+            .plan_decode_on(
+                &stream,
+                config(&h, 3),
+                Tactic::default(),
+                Some(mla::gate::Backend::Reference),
+            )
+            .unwrap();
+        assert_eq!(plan.backend(), mla::gate::Backend::Reference);
+        let mut dc = DeviceCase::upload(&stream, &h).unwrap();
+        dc.poison_outputs(&stream).unwrap();
+        plan.run(&rt, &stream, &dc.request(&stream, &h)).unwrap();
+        stream.synchronize().unwrap();
+        let got = dc.download(&stream, d.out()).unwrap();
+        let c = harness::check(&got, &refs);
+        if !c.ok() {
+            failures.push(format!(
+                "{} H={}: {} | {}",
+                d.name(),
+                h.spec.heads,
+                c.out,
+                c.lse
+            ));
+        }
+    }
+    eprintln!(
+        "[{test}] 4 decodes, {} failed (seed {seed})",
+        failures.len()
+    );
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
 /// Capture schedule + decode + combine once; replay 1000 times while the lengths, the page
 /// table and the data change between replays; every replay is checked against the oracle.
 #[test]

@@ -13,11 +13,12 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 use cudarc::driver::sys::{CUevent_flags, CUstream, CUstreamCaptureStatus};
-use mla_abi::{ScheduleParams, names, schedule_tile};
+use mla_abi::{ScheduleParams, names, ref_tile, schedule_tile};
 
 use crate::autotune::{Autotuner, DeviceKey, ShapeKey};
 use crate::error::{MlaError, Result};
-use crate::launch::{DecodeWorkspace, LaunchShape, check_workspace, launch};
+use crate::gate::{Backend, Geometry, Registry, is_available};
+use crate::launch::{DecodeWorkspace, LaunchShape, check_workspace, decode_params, launch};
 use crate::module::Runtime;
 use crate::plan::{ScheduleConfig, WorkspaceCapacity, row_tiles};
 use crate::request::{DecodeDtypes, DecodeRequest, DecodeShape};
@@ -41,6 +42,7 @@ pub struct DecodeConfig {
 /// workspace holds the partials of the run in flight.
 pub struct DecodePlan {
     config: DecodeConfig,
+    backend: Backend,
     tactic: Tactic,
     schedule: ScheduleConfig,
     ws: DecodeWorkspace,
@@ -50,6 +52,7 @@ impl std::fmt::Debug for DecodePlan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DecodePlan")
             .field("config", &self.config)
+            .field("backend", &self.backend.name())
             .field("tactic", &self.tactic.to_string())
             .field("schedule", &self.schedule)
             .finish()
@@ -65,8 +68,20 @@ impl Runtime {
         config: DecodeConfig,
         tactic: Tactic,
     ) -> Result<DecodePlan> {
+        self.plan_decode_on(stream, config, tactic, None)
+    }
+
+    /// [`Runtime::plan_decode`] on a chosen backend (`None`: the registry's choice). A
+    /// forced backend must still accept the device and geometry, and be in this image.
+    pub fn plan_decode_on(
+        &self,
+        stream: &Arc<CudaStream>,
+        config: DecodeConfig,
+        tactic: Tactic,
+        backend: Option<Backend>,
+    ) -> Result<DecodePlan> {
         tactic.validate()?;
-        let geometry = crate::gate::Geometry {
+        let geometry = Geometry {
             heads: config.heads,
             s_q: config.s_q,
             page_size: config.page_size,
@@ -74,13 +89,24 @@ impl Runtime {
             max_batch: config.max_batch,
             max_seq_len: config.max_seq_len,
         };
-        crate::gate::is_available(self.backend(), self.device(), &geometry).map_err(|d| {
-            MlaError::Unsupported {
-                what: "decode plan",
-                got: format!("{config:?}"),
-                why: d.to_string(),
+        let backend = match backend {
+            None => self.select_backend(&geometry)?,
+            Some(b) => {
+                if b != Backend::Reference && b != self.backend() {
+                    return Err(MlaError::Unsupported {
+                        what: "decode backend",
+                        got: b.name().into(),
+                        why: format!("this runtime loaded the {} image", self.backend().name()),
+                    });
+                }
+                is_available(b, self.device(), &geometry).map_err(|d| MlaError::Unsupported {
+                    what: "decode backend",
+                    got: b.name().into(),
+                    why: d.to_string(),
+                })?;
+                b
             }
-        })?;
+        };
         let rows = config.s_q * config.heads;
         let schedule = ScheduleConfig {
             tiles: row_tiles(rows),
@@ -97,13 +123,14 @@ impl Runtime {
             },
         )?;
         log::debug!(
-            "mla plan: {config:?} on {} ({}), tactic {tactic}, grid splits {}",
+            "mla plan: {config:?} on {}: backend {}, tactic {tactic}, grid splits {}",
             self.device().name,
-            self.backend().name(),
+            backend.name(),
             schedule.grid_splits()
         );
         Ok(DecodePlan {
             config,
+            backend,
             tactic,
             schedule,
             ws,
@@ -112,6 +139,33 @@ impl Runtime {
 }
 
 impl Runtime {
+    /// The first backend of the registry (`MLA_BACKENDS` overrides the order) that this
+    /// device accepts for `geometry` and whose kernels this runtime's image holds (the
+    /// reference kernels are in every image).
+    fn select_backend(&self, geometry: &Geometry) -> Result<Backend> {
+        let loaded = self.backend();
+        let registry = Registry::from_env()?;
+        let usable: Vec<&str> = registry
+            .order()
+            .iter()
+            .filter(|&&b| b == loaded || b == Backend::Reference)
+            .map(|b| b.name())
+            .collect();
+        if usable.is_empty() {
+            return Err(MlaError::Unsupported {
+                what: "decode backend",
+                got: format!("MLA_BACKENDS order {:?}", registry.order()),
+                why: format!(
+                    "this runtime loaded the {} image; allow it or `reference`",
+                    loaded.name()
+                ),
+            });
+        }
+        let selection = Registry::parse(&usable.join(","))?.select(self.device(), geometry)?;
+        log::debug!("mla: {selection}");
+        Ok(selection.backend)
+    }
+
     /// Picks the tactic for `config` with `tuner`: the cached winner, the default when
     /// tuning is off, else every candidate planned and timed on real launches of `sample`
     /// (CUDA events, median of `reps`) on `stream`. Refuses to run while `stream` is
@@ -166,6 +220,11 @@ impl DecodePlan {
         self.tactic
     }
 
+    /// The backend the plan runs.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
     /// The schedule the plan runs with (the split rule's inputs).
     pub fn schedule(&self) -> ScheduleConfig {
         self.schedule
@@ -203,6 +262,18 @@ impl DecodePlan {
         let shape = validate_decode(req)?;
         self.check_request(&shape)?;
         check_workspace(&shape, self.ws.capacity())?;
+        if self.backend == Backend::Reference {
+            let p = decode_params(req, &shape, &self.ws);
+            let grid = LaunchShape {
+                grid: (shape.rows() as u32, shape.batch as u32, 1),
+                block: ref_tile::THREADS as u32,
+                smem: ref_tile::SMEM_BYTES as u32,
+            };
+            // SAFETY: validated request; the reference kernel reads q, the cache, the table
+            // and the lengths, and writes out and lse only.
+            unsafe { launch(rt, shape.dtypes.reference_kernel(), grid, stream, &p)? };
+            return Ok(shape);
+        }
         let grid_splits = self.schedule.grid_splits();
         let p = ScheduleParams {
             seq_lens: mla_abi::DevPtr::from_addr(req.seq_lens.ptr),

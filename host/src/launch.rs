@@ -185,6 +185,53 @@ pub(crate) unsafe fn launch<P>(
     .map_err(|source| MlaError::Launch { kernel, source })
 }
 
+/// The decode kernels' params for a validated request.
+pub(crate) fn decode_params(
+    req: &DecodeRequest,
+    shape: &DecodeShape,
+    ws: &DecodeWorkspace,
+) -> DecodeParams {
+    let fp8 = shape.dtypes.kv() == ElemType::Fp8E4m3;
+    let s = req.scales;
+    let (softmax_scale, value_scale) = if fp8 {
+        (s.softmax_scale * s.q_scale * s.kv_scale, s.kv_scale)
+    } else {
+        (s.softmax_scale, 1.0)
+    };
+    let w = ws.ptrs();
+    DecodeParams {
+        q: dev(req.q.ptr),
+        kv_cache: dev(req.kv_cache.ptr),
+        page_table: dev(req.page_table.ptr),
+        seq_lens: dev(req.seq_lens.ptr),
+        num_splits: dev(w.num_splits),
+        out: dev(req.out.ptr),
+        lse: dev(req.lse.ptr),
+        partial_o: dev(w.partial_o),
+        partial_lse: dev(w.partial_lse),
+        q_stride_b: req.q.strides[0] as u64,
+        q_stride_s: req.q.strides[1] as u64,
+        q_stride_h: req.q.strides[2] as u64,
+        kv_stride_page: req.kv_cache.strides[0] as u64,
+        kv_stride_token: req.kv_cache.strides[1] as u64,
+        out_stride_b: req.out.strides[0] as u64,
+        out_stride_s: req.out.strides[1] as u64,
+        out_stride_h: req.out.strides[2] as u64,
+        batch: shape.batch as u32,
+        s_q: shape.s_q as u32,
+        heads: shape.heads as u32,
+        page_size: shape.page_size as u32,
+        page_shift: shape.page_size.trailing_zeros(),
+        page_table_stride: req.page_table.strides[0] as u32,
+        num_pages: shape.num_pages.min(u32::MAX as usize) as u32,
+        max_splits: ws.capacity.max_splits as u32,
+        softmax_scale,
+        value_scale,
+        output_scale: s.output_scale,
+        max_pages: shape.max_pages as u32,
+    }
+}
+
 /// The workspace must hold the request's batch and rows; the batch must fit the grid.
 pub(crate) fn check_workspace(shape: &DecodeShape, cap: WorkspaceCapacity) -> Result<()> {
     if shape.batch > cap.batch || shape.rows() > cap.rows {
@@ -264,45 +311,7 @@ impl Runtime {
         stream: CUstream,
     ) -> Result<()> {
         let rows = shape.rows();
-        let fp8 = shape.dtypes.kv() == ElemType::Fp8E4m3;
-        let s = req.scales;
-        let (softmax_scale, value_scale) = if fp8 {
-            (s.softmax_scale * s.q_scale * s.kv_scale, s.kv_scale)
-        } else {
-            (s.softmax_scale, 1.0)
-        };
-        let w = ws.ptrs();
-        let p = DecodeParams {
-            q: dev(req.q.ptr),
-            kv_cache: dev(req.kv_cache.ptr),
-            page_table: dev(req.page_table.ptr),
-            seq_lens: dev(req.seq_lens.ptr),
-            num_splits: dev(w.num_splits),
-            out: dev(req.out.ptr),
-            lse: dev(req.lse.ptr),
-            partial_o: dev(w.partial_o),
-            partial_lse: dev(w.partial_lse),
-            q_stride_b: req.q.strides[0] as u64,
-            q_stride_s: req.q.strides[1] as u64,
-            q_stride_h: req.q.strides[2] as u64,
-            kv_stride_page: req.kv_cache.strides[0] as u64,
-            kv_stride_token: req.kv_cache.strides[1] as u64,
-            out_stride_b: req.out.strides[0] as u64,
-            out_stride_s: req.out.strides[1] as u64,
-            out_stride_h: req.out.strides[2] as u64,
-            batch: shape.batch as u32,
-            s_q: shape.s_q as u32,
-            heads: shape.heads as u32,
-            page_size: shape.page_size as u32,
-            page_shift: shape.page_size.trailing_zeros(),
-            page_table_stride: req.page_table.strides[0] as u32,
-            num_pages: shape.num_pages.min(u32::MAX as usize) as u32,
-            max_splits: ws.capacity.max_splits as u32,
-            softmax_scale,
-            value_scale,
-            output_scale: s.output_scale,
-            max_pages: shape.max_pages as u32,
-        };
+        let p = decode_params(req, shape, ws);
         let kernel = shape.dtypes.decode_kernel();
         let grid = LaunchShape {
             grid: (

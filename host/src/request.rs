@@ -65,6 +65,16 @@ impl DecodeDtypes {
         }
     }
 
+    /// The reference decode kernel symbol (the `reference` backend).
+    pub fn reference_kernel(self) -> &'static str {
+        match self {
+            Self::Bf16 => names::DECODE_REF_BF16,
+            Self::Fp16 => names::DECODE_REF_FP16,
+            Self::Fp8KvBf16Q => names::DECODE_REF_FP8KV_BF16Q,
+            Self::Fp8 => names::DECODE_REF_FP8,
+        }
+    }
+
     /// The combine kernel symbol (by output type).
     pub fn combine_kernel(self) -> &'static str {
         match self.out() {

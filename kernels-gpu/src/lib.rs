@@ -19,6 +19,7 @@ macro_rules! unroll {
 pub mod arch;
 pub mod combine;
 pub mod decode;
+pub mod decode_ref;
 pub mod elem;
 pub mod paged;
 pub mod schedule;
@@ -50,7 +51,7 @@ pub unsafe extern "ptx-kernel" fn mla_combine_fp16(p: CombineParams) {
 }
 
 macro_rules! decode_kernel {
-    ($name:ident, $kind:ident, $mma:ty, $q_fp8:expr, $kv_fp8:expr) => {
+    ($name:ident, $ref_name:ident, $kind:ident, $mma:ty, $q_fp8:expr, $kv_fp8:expr) => {
         pub struct $kind;
         impl DecodeKind for $kind {
             type Mma = $mma;
@@ -63,13 +64,19 @@ macro_rules! decode_kernel {
             // SAFETY: launched by the host with the documented grid on validated params.
             unsafe { decode::decode::<$kind>(p) }
         }
+        /// The reference decode of the same dtypes: see [`decode_ref`].
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $ref_name(p: DecodeParams) {
+            // SAFETY: launched by the host with the documented grid on validated params.
+            unsafe { decode_ref::decode_reference::<$kind>(p) }
+        }
     };
 }
 
-decode_kernel!(mla_decode_mma_bf16, DecodeBf16, Bf16, false, false);
-decode_kernel!(mla_decode_mma_fp16, DecodeFp16, Fp16, false, false);
-decode_kernel!(mla_decode_mma_fp8kv_bf16q, DecodeFp8KvBf16Q, Bf16, false, true);
-decode_kernel!(mla_decode_mma_fp8, DecodeFp8, Bf16, true, true);
+decode_kernel!(mla_decode_mma_bf16, mla_decode_ref_bf16, DecodeBf16, Bf16, false, false);
+decode_kernel!(mla_decode_mma_fp16, mla_decode_ref_fp16, DecodeFp16, Fp16, false, false);
+decode_kernel!(mla_decode_mma_fp8kv_bf16q, mla_decode_ref_fp8kv_bf16q, DecodeFp8KvBf16Q, Bf16, false, true);
+decode_kernel!(mla_decode_mma_fp8, mla_decode_ref_fp8, DecodeFp8, Bf16, true, true);
 
 macro_rules! paged_kernel {
     ($name:ident, $body:ident, $params:ty, $fmt:expr) => {

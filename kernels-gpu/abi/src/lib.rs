@@ -164,6 +164,15 @@ pub mod combine_tile {
     const _: () = assert!(DIMS_PER_THREAD * THREADS == super::D_V);
 }
 
+/// Launch shape of the reference decode: one CTA of 128 threads per query row; thread `t`
+/// accumulates output dims `4t .. 4t + 4`.
+pub mod ref_tile {
+    pub const THREADS: usize = 128;
+    /// Two slots of one f32 per warp.
+    pub const SMEM_BYTES: usize = 2 * (THREADS / 32) * 4;
+    const _: () = assert!(THREADS * 4 == super::D_V);
+}
+
 /// Launch shape of the split-KV schedule kernel: one CTA walks the whole batch.
 pub mod schedule_tile {
     pub const THREADS: usize = 1024;
@@ -217,6 +226,10 @@ pub mod names {
     pub const GATHER_FP8: &str = "mla_gather_fp8";
     pub const GATHER_FP8_TO_BF16: &str = "mla_gather_fp8_to_bf16";
     pub const SCHEDULE: &str = "mla_schedule";
+    pub const DECODE_REF_BF16: &str = "mla_decode_ref_bf16";
+    pub const DECODE_REF_FP16: &str = "mla_decode_ref_fp16";
+    pub const DECODE_REF_FP8KV_BF16Q: &str = "mla_decode_ref_fp8kv_bf16q";
+    pub const DECODE_REF_FP8: &str = "mla_decode_ref_fp8";
 
     /// Every kernel, with the size of its params struct (the one `.param` of its entry).
     pub const ALL: &[(&str, usize)] = {
@@ -237,6 +250,10 @@ pub mod names {
             (GATHER_FP8, size_of::<GatherParams>()),
             (GATHER_FP8_TO_BF16, size_of::<GatherParams>()),
             (SCHEDULE, size_of::<ScheduleParams>()),
+            (DECODE_REF_BF16, size_of::<DecodeParams>()),
+            (DECODE_REF_FP16, size_of::<DecodeParams>()),
+            (DECODE_REF_FP8KV_BF16Q, size_of::<DecodeParams>()),
+            (DECODE_REF_FP8, size_of::<DecodeParams>()),
         ]
     };
 }
