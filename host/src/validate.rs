@@ -514,13 +514,16 @@ fn paged_placement(
 /// than 1 steps past everything the dims inside it cover (the last dim is contiguous).
 /// This accepts every row-major layout, padded or permuted.
 fn no_self_overlap<const R: usize>(names: &Names<R>, view: &TensorView<R>) -> Result<()> {
-    let mut dims: Vec<(usize, usize)> = (0..R - 1)
-        .filter(|&i| view.shape[i] > 1)
-        .map(|i| (view.strides[i], view.shape[i]))
-        .collect();
-    dims.sort_unstable();
+    // A fixed array, not a Vec: validation runs on every decode step and allocates nothing.
+    let mut dims = [(0usize, 0usize); R];
+    let mut n = 0;
+    for i in (0..R - 1).filter(|&i| view.shape[i] > 1) {
+        dims[n] = (view.strides[i], view.shape[i]);
+        n += 1;
+    }
+    dims[..n].sort_unstable();
     let mut covered = view.shape[R - 1] as u128;
-    for (stride, extent) in dims {
+    for &(stride, extent) in &dims[..n] {
         if (stride as u128) < covered {
             return Err(MlaError::shape(
                 names.all_strides,
