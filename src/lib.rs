@@ -31,4 +31,5 @@ pub fn load(ordinal: usize) -> Result<Runtime, MlaError> {
 }
 
 pub mod bench;
+pub mod capi;
 pub mod harness;

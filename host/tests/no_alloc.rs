@@ -57,6 +57,11 @@ fn validating_a_valid_request_allocates_nothing() {
         let shape = validate_decode(&req);
         let after = ALLOCS.load(Ordering::SeqCst);
         assert!(shape.is_ok(), "{shape:?}");
-        assert_eq!(after - before, 0, "validate_decode allocated {} times for {dq:?}/{dkv:?}", after - before);
+        assert_eq!(
+            after - before,
+            0,
+            "validate_decode allocated {} times for {dq:?}/{dkv:?}",
+            after - before
+        );
     }
 }

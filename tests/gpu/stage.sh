@@ -10,9 +10,10 @@ with_peers=0
 [[ "${1:-}" == "--peers" ]] && with_peers=1
 
 rm -rf stage
-mkdir -p stage/bin stage/ptx
-cargo build --release --bin mla
+mkdir -p stage/bin stage/ptx stage/lib
+cargo build --release --lib --bin mla
 cp target/release/mla stage/bin/mla
+cp target/release/libmla.so stage/lib/libmla.so
 cargo test --release --no-run --message-format=json 2>/dev/null \
   | python3 -c '
 import json, sys, shutil, os
@@ -27,7 +28,7 @@ for line in sys.stdin:
         shutil.copy(exe, dst)
         print("staged", dst)
 '
-strip stage/bin/* 2>/dev/null || true
+strip stage/bin/* stage/lib/* 2>/dev/null || true
 out_dir=$(dirname "$(ls -t target/release/build/mla-*/out/mla_sm_90a.ptx | head -1)")
 cp "$out_dir"/*.ptx "$out_dir"/*.cubin stage/ptx/ 2>/dev/null || true
 if [[ $with_peers == 1 ]]; then

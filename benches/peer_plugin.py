@@ -1,0 +1,121 @@
+"""Our MLA decode (libmla.so, the C ABI of this repo) as a plugin peer of the peers' bench.
+
+    python3 peers/bench_mla.py --plugin benches/peer_plugin.py --peers flashmla_bf16,flashinfer,mla_rs,mla_rs_fp8
+
+The library is found at $MLA_LIB, else stage/lib/libmla.so next to this repo's root
+(bash tests/gpu/stage.sh --peers puts it there). One runtime per process; one plan per
+shape, made in make() (not timed); fn() launches schedule + decode + combine on torch's
+current stream through mla_decode_run, with no allocation and no synchronisation, so the
+harness can capture it in a CUDA graph.
+"""
+import ctypes
+import os
+import subprocess
+import weakref
+
+import torch
+
+NAME = "mla_rs"
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(_HERE)
+_LIB_PATH = os.environ.get("MLA_LIB", os.path.join(_ROOT, "stage", "lib", "libmla.so"))
+
+
+def _commit():
+    for path in (os.path.join(_ROOT, "stage", "COMMIT"),):
+        if os.path.exists(path):
+            return open(path).read().strip()
+    try:
+        return subprocess.run(["git", "-C", _ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "unknown"
+
+
+INFO = {"lib": _LIB_PATH, "commit": _commit()}
+
+MLA_BF16, MLA_FP16, MLA_FP8_E4M3 = 0, 1, 2
+
+
+class PlanConfig(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint32) for n in
+                ("max_batch", "heads", "s_q", "page_size", "max_seq_len", "q_dtype", "kv_dtype", "waves")]
+
+
+class DecodeArgs(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in ("q", "kv_cache", "page_table", "seq_lens", "out", "lse")] + \
+               [(n, ctypes.c_uint32) for n in ("batch", "num_pages", "max_pages", "_pad")] + \
+               [(n, ctypes.c_uint64) for n in ("page_table_stride", "kv_page_stride")] + \
+               [(n, ctypes.c_float) for n in ("softmax_scale", "output_scale", "q_scale", "kv_scale")]
+
+
+_lib = None
+_rt = None
+
+
+def _load():
+    global _lib, _rt
+    if _lib is None:
+        lib = ctypes.CDLL(_LIB_PATH)
+        lib.mla_runtime_create.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]
+        lib.mla_plan_create.argtypes = [ctypes.c_void_p, ctypes.POINTER(PlanConfig), ctypes.POINTER(ctypes.c_void_p)]
+        lib.mla_decode_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(DecodeArgs), ctypes.c_void_p]
+        lib.mla_last_error.restype = ctypes.c_char_p
+        lib.mla_plan_destroy.argtypes = [ctypes.c_void_p]
+        rt = ctypes.c_void_p()
+        _check(lib, lib.mla_runtime_create(torch.cuda.current_device(), ctypes.byref(rt)), "mla_runtime_create")
+        _lib, _rt = lib, rt
+    return _lib
+
+
+def _check(lib, status, what):
+    if status != 0:
+        raise RuntimeError(f"{what}: status {status}: {lib.mla_last_error().decode(errors='replace')}")
+
+
+def supports(B, L, H, s_q, page_size, causal):
+    if s_q > 1 and not causal:
+        return False, "s_q > 1 runs with the causal rule only"
+    if H > 128 or s_q > 8:
+        return False, "heads <= 128 and s_q <= 8"
+    if page_size & (page_size - 1) or page_size > 256:
+        return False, "page size must be a power of two <= 256"
+    return True, ""
+
+
+def _make(q, kcache, kv_dtype, kv_scale, block_table, seq_lens, scale):
+    lib = _load()
+    B, s_q, H, _ = q.shape
+    num_pages, page = kcache.shape[0], kcache.shape[1]
+    max_pages = block_table.shape[1]
+    L = int(seq_lens.max().item())
+    cfg = PlanConfig(max_batch=B, heads=H, s_q=s_q, page_size=page, max_seq_len=max(L, max_pages * page),
+                     q_dtype=MLA_BF16, kv_dtype=kv_dtype, waves=0)
+    plan = ctypes.c_void_p()
+    _check(lib, lib.mla_plan_create(_rt, ctypes.byref(cfg), ctypes.byref(plan)), "mla_plan_create")
+    out = torch.empty((B, s_q, H, 512), dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty((B, s_q, H), dtype=torch.float32, device=q.device)
+    args = DecodeArgs(q=q.data_ptr(), kv_cache=kcache.data_ptr(), page_table=block_table.data_ptr(),
+                      seq_lens=seq_lens.data_ptr(), out=out.data_ptr(), lse=lse.data_ptr(),
+                      batch=B, num_pages=num_pages, max_pages=max_pages, _pad=0,
+                      page_table_stride=block_table.stride(0), kv_page_stride=kcache.stride(0),
+                      softmax_scale=scale, output_scale=1.0, q_scale=1.0, kv_scale=kv_scale)
+    keep = (q, kcache, block_table, seq_lens, out, lse, plan, args)
+    run, byref = lib.mla_decode_run, ctypes.byref(args)
+
+    def fn():
+        status = run(_rt, plan, byref, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+        if status != 0:
+            _check(lib, status, "mla_decode_run")
+        return keep[4]
+    # The plan (and its workspace) lives as long as fn.
+    weakref.finalize(fn, lib.mla_plan_destroy, plan)
+    return fn
+
+
+def make(q, kcache, block_table, seq_lens, causal, scale):
+    return _make(q, kcache, MLA_BF16, 1.0, block_table, seq_lens, scale)
+
+
+def make_fp8(q, kcache_fp8, kv_scale, block_table, seq_lens, causal, scale):
+    return _make(q, kcache_fp8, MLA_FP8_E4M3, float(kv_scale), block_table, seq_lens, scale)

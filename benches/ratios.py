@@ -1,0 +1,59 @@
+"""Ours / best-peer ratios from one peers-bench JSON (same run, same harness).
+
+    python3 benches/ratios.py peers.json [--ours mla_rs] [--markdown]
+
+Speed ratio = best peer's time / our time (> 1: we are faster), per shape, for bf16 KV
+against the best BF16 peer (FlashMLA, FlashInfer; torch_naive excluded), and for fp8 KV
+against our own bf16 throughput (tokens/s) and FlashMLA's fp8 kernel where both ran.
+"""
+import json
+import sys
+
+BF16_PEERS = ("flashmla_bf16", "flashinfer")
+
+
+def main():
+    args = sys.argv[1:]
+    path = args[0]
+    ours = args[args.index("--ours") + 1] if "--ours" in args else "mla_rs"
+    md = "--markdown" in args
+    d = json.load(open(path))
+    copy = d["meta"].get("d2d_copy_GBps_read_plus_write")
+    rows = {}
+    for r in d["results"]:
+        key = (r["H"], r["s_q"], r["B"], r["L"], r.get("page_size", 64))
+        rows.setdefault(key, {})[r["peer"]] = r
+    sep = " | " if md else "  "
+    head = ["H", "s_q", "B", "L", "ours us", "GB/s", "TFLOP/s", "%copy", "best peer", "peer us", "speed x",
+            "fp8 us", "fp8/bf16 tok/s", "vs flashmla_fp8"]
+    print(f"same-run copy bandwidth: {copy:.0f} GB/s" if copy else "no copy bandwidth in meta")
+    if md:
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+    else:
+        print(sep.join(f"{h:>10}" for h in head))
+    for key in sorted(rows):
+        peers = rows[key]
+        o = peers.get(ours)
+        if o is None:
+            continue
+        best = min((peers[p] for p in BF16_PEERS if p in peers), key=lambda r: r["us"], default=None)
+        f8 = peers.get(ours + "_fp8")
+        fm8 = peers.get("flashmla_fp8")
+        cells = [key[0], key[1], key[2], key[3], f"{o['us']:.1f}", f"{o['gbps']:.0f}", f"{o['tflops']:.1f}",
+                 f"{100 * o['gbps'] / copy:.1f}" if copy else "-",
+                 best["peer"] if best else "-", f"{best['us']:.1f}" if best else "-",
+                 f"{best['us'] / o['us']:.2f}" if best else "-",
+                 f"{f8['us']:.1f}" if f8 else "-", f"{o['us'] / f8['us']:.2f}" if f8 else "-",
+                 f"{fm8['us'] / f8['us']:.2f}" if (f8 and fm8) else "-"]
+        if md:
+            print("| " + " | ".join(str(c) for c in cells) + " |")
+        else:
+            print(sep.join(f"{c:>10}" for c in cells))
+    bad = [c for c in d.get("correctness", []) if not c.get("ok")]
+    print(f"correctness checks failing: {len(bad)}" + "".join(f"\n  {c}" for c in bad))
+    print("status: " + ", ".join(f"{k}={v}" for k, v in d.get("status", {}).items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Side by side with the best open MLA decode kernels, same harness, same run: the peers'
+# benchmark (staged by `bash tests/gpu/stage.sh --peers`) with our plugin, on the reference
+# grid (B {1,8,32,64,128} x L {1024,4096,16384} x H {16,128} x S_q {1,2}, page 64, causal
+# for S_q > 1), then ours / best-peer ratios and the same-run copy bandwidth.
+# Run on the GPU machine from the repo root.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-stage/logs}
+mkdir -p "$out"
+export MLA_LIB=${MLA_LIB:-$PWD/stage/lib/libmla.so}
+PYTHONUNBUFFERED=1 python3 stage/peers/bench_mla.py --plugin benches/peer_plugin.py \
+  --json "$out/peers.json" "$@" 2>&1 | tee "$out/peers.log" | tail -5
+python3 benches/ratios.py "$out/peers.json" | tee "$out/ratios.txt"
