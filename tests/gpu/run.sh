@@ -18,6 +18,8 @@ plan=(
   "load       test-gpu_load     ''                      90"
   "paged      test-gpu_paged    ''                      90"
   "combine    test-gpu_combine  ''                      60"
+  "capi       test-capi         ''                      30"
+  "serving    test-gpu_serving  ''                      240"
   "bad-input  test-gpu_decode   bad_requests            30"
   "invariance test-gpu_decode   split_and_page          90"
   "fp8-acc    test-gpu_decode   fp8_accuracy            90"
@@ -49,6 +51,10 @@ if [[ "${MLA_SANITIZE:-1}" == 1 ]] && command -v compute-sanitizer >/dev/null; t
   timeout 90 compute-sanitizer --tool memcheck stage/bin/test-gpu_paged --test-threads=1 >"$logs/sanitizer-paged.log" 2>&1
   summary+=("$(printf '%-11s rc=%-3d  %s' "memcheck-pg" "$?" "$(grep -E "ERROR SUMMARY" "$logs/sanitizer-paged.log" | tail -1)")")
 fi
+if [[ "${MLA_PEERS:-0}" == 1 && -d stage/peers ]]; then
+  timeout 420 bash benches/run_peers.sh >"$logs/peers-run.log" 2>&1
+  summary+=("$(printf '%-11s rc=%-3d  (ratios in ratios.txt)' peers "$?")")
+fi
 if [[ "${MLA_BENCH:-0}" == 1 ]]; then
   timeout 240 stage/bin/mla bench --seed "${MLA_SEED:0:9}" >"$logs/bench.log" 2>&1
   summary+=("$(printf '%-11s rc=%-3d  (table in bench.log)' bench "$?")")
@@ -56,3 +62,4 @@ fi
 echo "================ GPU suite summary (commit $(cat stage/COMMIT), seed $MLA_SEED) ================"
 printf '%s\n' "${summary[@]}"
 [[ -f "$logs/bench.log" ]] && cat "$logs/bench.log"
+[[ -f "$logs/ratios.txt" ]] && cat "$logs/ratios.txt"
