@@ -6,7 +6,7 @@
 # Run on the GPU machine from the repo root.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-stage/logs}
+out=${MLA_LOGS:-stage/logs}
 mkdir -p "$out"
 export MLA_LIB=${MLA_LIB:-$PWD/stage/lib/libmla.so}
 PYTHONUNBUFFERED=1 python3 stage/peers/bench_mla.py --plugin benches/peer_plugin.py \

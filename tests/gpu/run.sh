@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The whole GPU suite, run from the repo root on the GPU machine after tests/gpu/stage.sh
-# staged ./stage here. Logs go to $OUT (or ./stage/logs); the summary is printed last.
+# staged ./stage here. Logs go to ./stage/logs (and, on the device machine, as
+# $OUT/logs.tgz plus the bench tables); the summary is printed last.
 # Each test runs under a timeout so that one hang cannot eat the whole call.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-logs=${OUT:-stage/logs}
+logs=stage/logs
+rm -rf "$logs"
 mkdir -p "$logs"
+export MLA_LOGS=$PWD/$logs
 export MLA_SEED=${MLA_SEED:-$(date +%s%N | cut -c1-18)}
 echo "commit $(cat stage/COMMIT)  seed $MLA_SEED"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
@@ -63,3 +66,7 @@ echo "================ GPU suite summary (commit $(cat stage/COMMIT), seed $MLA_
 printf '%s\n' "${summary[@]}"
 [[ -f "$logs/bench.log" ]] && cat "$logs/bench.log"
 [[ -f "$logs/ratios.txt" ]] && cat "$logs/ratios.txt"
+if [[ -n "${OUT:-}" ]]; then
+  tar czf "$OUT/logs.tgz" -C stage logs
+  for f in bench.log ratios.txt peers.json; do [[ -f "$logs/$f" ]] && cp "$logs/$f" "$OUT/"; done
+fi
