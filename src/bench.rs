@@ -85,7 +85,136 @@ fn timing_events(rt: &Runtime) -> Result<(CudaEvent, CudaEvent), MlaError> {
     ))
 }
 
-/// Times one shape.
+/// q, kv cache, page table, lengths, out, lse.
+type DeviceTensors = (
+    CudaSlice<u8>,
+    CudaSlice<u8>,
+    CudaSlice<i32>,
+    CudaSlice<i32>,
+    CudaSlice<u16>,
+    CudaSlice<f32>,
+);
+
+/// A shape's buffers on the device, planned and ready to time.
+pub struct BenchCase {
+    pub shape: BenchShape,
+    req_parts: DeviceTensors,
+    flush: CudaSlice<u8>,
+    ws: DecodeWorkspace,
+    scales: Scales,
+    num_pages: usize,
+    pages_per_seq: usize,
+    pub max_splits: i32,
+    events: (CudaEvent, CudaEvent),
+}
+
+impl BenchCase {
+    /// Uploads random inputs for `s` and sets the planner's split counts.
+    pub fn new(
+        rt: &Runtime,
+        stream: &Arc<CudaStream>,
+        s: BenchShape,
+        rng: &mut SplitMix64,
+    ) -> Result<Self, MlaError> {
+        let pages_per_seq = s.len.div_ceil(PAGE);
+        let num_pages = s.batch * pages_per_seq;
+        let table: Vec<i32> = rng
+            .permutation(num_pages)
+            .iter()
+            .map(|&p| p as i32)
+            .collect();
+        let lens = vec![s.len as i32; s.batch];
+        let (kv_bytes, kv_scale) = pooled(rng, s.dtypes.kv(), num_pages * PAGE * D_QK);
+        let (q_bytes, q_scale) = pooled(rng, s.dtypes.q(), s.batch * s.s_q * s.heads * D_QK);
+        let rows = s.s_q * s.heads;
+        let mut ws = DecodeWorkspace::new(
+            stream,
+            WorkspaceCapacity {
+                batch: s.batch,
+                rows,
+                max_splits: MAX_SPLITS as usize,
+            },
+        )?;
+        let splits = split_counts(
+            &lens,
+            rows,
+            rt.device().sm_count as usize,
+            MAX_SPLITS as usize,
+        );
+        ws.set_splits(stream, &splits)?;
+        let mut scales = Scales::default_for_mla();
+        if s.dtypes.kv() == ElemType::Fp8E4m3 {
+            scales.kv_scale = kv_scale;
+        }
+        if s.dtypes.q() == ElemType::Fp8E4m3 {
+            scales.q_scale = q_scale;
+        }
+        Ok(Self {
+            shape: s,
+            req_parts: (
+                stream.clone_htod(&q_bytes)?,
+                stream.clone_htod(&kv_bytes)?,
+                stream.clone_htod(&table)?,
+                stream.clone_htod(&lens)?,
+                stream.alloc_zeros(s.batch * rows * D_V)?,
+                stream.alloc_zeros(s.batch * rows)?,
+            ),
+            flush: stream.alloc_zeros(256 << 20)?,
+            ws,
+            scales,
+            num_pages,
+            pages_per_seq,
+            max_splits: splits.iter().copied().max().unwrap_or(1),
+            events: timing_events(rt)?,
+        })
+    }
+
+    fn request(&self, stream: &CudaStream) -> DecodeRequest<'static> {
+        let s = self.shape;
+        let (q, kv, table, lens, out, lse) = &self.req_parts;
+        DecodeRequest {
+            q: TensorView::contiguous(
+                ptr(q, stream),
+                s.dtypes.q(),
+                [s.batch, s.s_q, s.heads, D_QK],
+            ),
+            kv_cache: TensorView::contiguous(
+                ptr(kv, stream),
+                s.dtypes.kv(),
+                [self.num_pages, PAGE, D_QK],
+            ),
+            page_table: TensorView::contiguous(
+                ptr(table, stream),
+                ElemType::I32,
+                [s.batch, self.pages_per_seq],
+            ),
+            seq_lens: TensorView::contiguous(ptr(lens, stream), ElemType::I32, [s.batch]),
+            out: TensorView::contiguous(
+                ptr(out, stream),
+                s.dtypes.out(),
+                [s.batch, s.s_q, s.heads, D_V],
+            ),
+            lse: TensorView::contiguous(ptr(lse, stream), ElemType::F32, [s.batch, s.s_q, s.heads]),
+            scales: self.scales,
+            host: HostMirror::default(),
+        }
+    }
+
+    /// One decode + combine, timed with CUDA events, after flushing the L2 (outside the
+    /// timed region). Microseconds.
+    pub fn time_one(&mut self, rt: &Runtime, stream: &Arc<CudaStream>) -> Result<f64, MlaError> {
+        stream.memset_zeros(&mut self.flush)?;
+        let req = self.request(stream);
+        let (e0, e1) = &self.events;
+        e0.record(stream)?;
+        rt.decode(stream, &req, &self.ws)?;
+        e1.record(stream)?;
+        e1.synchronize()?;
+        Ok(e0.elapsed_ms(e1)? as f64 * 1e3)
+    }
+}
+
+/// Times one shape: 3 warm-up runs, then the median of `reps`.
 pub fn time_shape(
     rt: &Runtime,
     stream: &Arc<CudaStream>,
@@ -93,86 +222,13 @@ pub fn time_shape(
     rng: &mut SplitMix64,
     reps: usize,
 ) -> Result<BenchRow, MlaError> {
-    let pages_per_seq = s.len.div_ceil(PAGE);
-    let num_pages = s.batch * pages_per_seq;
-    let perm = rng.permutation(num_pages);
-    let table: Vec<i32> = perm.iter().map(|&p| p as i32).collect();
-    let lens = vec![s.len as i32; s.batch];
-    let (kv_bytes, kv_scale) = pooled(rng, s.dtypes.kv(), num_pages * PAGE * D_QK);
-    let (q_bytes, q_scale) = pooled(rng, s.dtypes.q(), s.batch * s.s_q * s.heads * D_QK);
-    let d_kv = stream.clone_htod(&kv_bytes)?;
-    let d_q = stream.clone_htod(&q_bytes)?;
-    let d_table = stream.clone_htod(&table)?;
-    let d_lens = stream.clone_htod(&lens)?;
-    let d_out: CudaSlice<u16> = stream.alloc_zeros(s.batch * s.s_q * s.heads * D_V)?;
-    let d_lse: CudaSlice<f32> = stream.alloc_zeros(s.batch * s.s_q * s.heads)?;
-    let mut flush: CudaSlice<u8> = stream.alloc_zeros(256 << 20)?;
-    let rows = s.s_q * s.heads;
-    let mut ws = DecodeWorkspace::new(
-        stream,
-        WorkspaceCapacity {
-            batch: s.batch,
-            rows,
-            max_splits: MAX_SPLITS as usize,
-        },
-    )?;
-    let splits = split_counts(
-        &lens,
-        rows,
-        rt.device().sm_count as usize,
-        MAX_SPLITS as usize,
-    );
-    ws.set_splits(stream, &splits)?;
-    let mut scales = Scales::default_for_mla();
-    if s.dtypes.kv() == ElemType::Fp8E4m3 {
-        scales.kv_scale = kv_scale;
-    }
-    if s.dtypes.q() == ElemType::Fp8E4m3 {
-        scales.q_scale = q_scale;
-    }
-    let req = DecodeRequest {
-        q: TensorView::contiguous(
-            ptr(&d_q, stream),
-            s.dtypes.q(),
-            [s.batch, s.s_q, s.heads, D_QK],
-        ),
-        kv_cache: TensorView::contiguous(
-            ptr(&d_kv, stream),
-            s.dtypes.kv(),
-            [num_pages, PAGE, D_QK],
-        ),
-        page_table: TensorView::contiguous(
-            ptr(&d_table, stream),
-            ElemType::I32,
-            [s.batch, pages_per_seq],
-        ),
-        seq_lens: TensorView::contiguous(ptr(&d_lens, stream), ElemType::I32, [s.batch]),
-        out: TensorView::contiguous(
-            ptr(&d_out, stream),
-            s.dtypes.out(),
-            [s.batch, s.s_q, s.heads, D_V],
-        ),
-        lse: TensorView::contiguous(
-            ptr(&d_lse, stream),
-            ElemType::F32,
-            [s.batch, s.s_q, s.heads],
-        ),
-        scales,
-        host: HostMirror::default(),
-    };
-    let (e0, e1) = timing_events(rt)?;
+    let mut case = BenchCase::new(rt, stream, s, rng)?;
     for _ in 0..3 {
-        rt.decode(stream, &req, &ws)?;
+        case.time_one(rt, stream)?;
     }
-    let mut times = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        stream.memset_zeros(&mut flush)?;
-        e0.record(stream)?;
-        rt.decode(stream, &req, &ws)?;
-        e1.record(stream)?;
-        e1.synchronize()?;
-        times.push(e0.elapsed_ms(&e1)? as f64 * 1e3);
-    }
+    let mut times = (0..reps.max(1))
+        .map(|_| case.time_one(rt, stream))
+        .collect::<Result<Vec<f64>, _>>()?;
     times.sort_by(f64::total_cmp);
     let us = times[times.len() / 2];
     Ok(BenchRow {
@@ -180,7 +236,7 @@ pub fn time_shape(
         us,
         gbps: bytes(&s) / us * 1e-3,
         tflops: flops(&s) / us * 1e-6,
-        max_splits: splits.iter().copied().max().unwrap_or(1),
+        max_splits: case.max_splits,
     })
 }
 
