@@ -13,7 +13,8 @@ use mla::harness::{self, CaseSpec, DeviceCase, HostCase, Splits, Values};
 use mla::rng::SplitMix64;
 use mla::{DecodeDtypes, MlaError};
 
-const USAGE: &str = "usage: mla <info|demo|bench> [--seed N]";
+const USAGE: &str =
+    "usage: mla <info|demo|bench> [--seed N] [--json FILE (bench: the peers' JSON schema)]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -26,7 +27,12 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("info") => info(),
         Some("demo") => demo(seed),
-        Some("bench") => bench(seed),
+        Some("bench") => bench(
+            seed,
+            args.iter()
+                .position(|a| a == "--json")
+                .and_then(|i| args.get(i + 1)),
+        ),
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);
@@ -180,7 +186,7 @@ fn demo(seed: u64) -> Result<bool, MlaError> {
     Ok(all_ok)
 }
 
-fn bench(seed: u64) -> Result<bool, MlaError> {
+fn bench(seed: u64, json: Option<&String>) -> Result<bool, MlaError> {
     let rt = mla::load(0)?;
     let stream = rt.new_stream()?;
     let mut rng = SplitMix64::new(seed);
@@ -196,8 +202,16 @@ fn bench(seed: u64) -> Result<bool, MlaError> {
         "{:<12} {:>4} {:>6} {:>4} {:>4} {:>7} {:>10} {:>9} {:>8} {:>7}",
         "dtypes", "B", "L", "H", "S_q", "splits", "us", "GB/s", "TFLOP/s", "%copy"
     );
+    let mut rows = Vec::new();
     for s in mla::bench::default_shapes() {
         let r = mla::bench::time_shape(&rt, &stream, s, &mut rng, 20)?;
+        rows.push(serde_json::json!({
+            "peer": if s.dtypes.kv() == mla::abi::ElemType::Fp8E4m3 { "mla_rs_fp8" } else { "mla_rs" },
+            "B": s.batch, "L": s.len, "H": s.heads, "s_q": s.s_q, "page_size": mla::bench::PAGE,
+            "kv_dtype": if s.dtypes.kv() == mla::abi::ElemType::Fp8E4m3 { "fp8" } else { "bf16" },
+            "causal": s.s_q > 1, "us": r.us, "gbps": r.gbps, "tflops": r.tflops,
+            "bytes": mla::bench::bytes(&s), "flops": mla::bench::flops(&s), "timing": "events",
+        }));
         println!(
             "{:<12} {:>4} {:>6} {:>4} {:>4} {:>7} {:>10.1} {:>9.0} {:>8.1} {:>6.1}%",
             s.dtypes.name(),
@@ -211,6 +225,25 @@ fn bench(seed: u64) -> Result<bool, MlaError> {
             r.tflops,
             100.0 * r.gbps / copy
         );
+    }
+    if let Some(path) = json {
+        let doc = serde_json::json!({
+            "meta": {
+                "schema_version": 1,
+                "gpu": rt.device().name,
+                "sm_count": rt.device().sm_count,
+                "capability": format!("{}.{}", rt.device().compute_capability.0, rt.device().compute_capability.1),
+                "d2d_copy_GBps_read_plus_write": copy,
+                "timing": {"fn": "CUDA events", "stat": "median", "reps": 20, "l2_flush_each_call": true, "cuda_graph": false},
+                "image": rt.variant().name(),
+                "seed": seed,
+            },
+            "results": rows,
+        });
+        let text = serde_json::to_string_pretty(&doc).unwrap_or_default();
+        std::fs::write(path, text)
+            .map_err(|e| MlaError::shape("--json", "a writable file", format!("{path}: {e}")))?;
+        println!("wrote {path}");
     }
     Ok(true)
 }

@@ -59,7 +59,7 @@ if [[ "${MLA_PEERS:-0}" == 1 && -d stage/peers ]]; then
   summary+=("$(printf '%-11s rc=%-3d  (ratios in ratios.txt)' peers "$?")")
 fi
 if [[ "${MLA_BENCH:-0}" == 1 ]]; then
-  timeout 240 stage/bin/mla bench --seed "${MLA_SEED:0:9}" >"$logs/bench.log" 2>&1
+  timeout 240 stage/bin/mla bench --seed "${MLA_SEED:0:9}" --json "$logs/bench.json" >"$logs/bench.log" 2>&1
   summary+=("$(printf '%-11s rc=%-3d  (table in bench.log)' bench "$?")")
 fi
 echo "================ GPU suite summary (commit $(cat stage/COMMIT), seed $MLA_SEED) ================"
