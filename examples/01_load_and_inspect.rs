@@ -5,13 +5,8 @@
 use mla::MlaError;
 
 fn main() -> Result<(), MlaError> {
-    let rt = match mla::load(0) {
-        Ok(rt) => rt,
-        Err(e @ (MlaError::NoDriver(_) | MlaError::NoDevice(_))) => {
-            println!("no GPU here ({e}); nothing to inspect");
-            return Ok(());
-        }
-        Err(e) => return Err(e),
+    let Some(rt) = mla::load_or_skip(0)? else {
+        return Ok(());
     };
     println!("device: {}", rt.device());
     println!(

@@ -8,13 +8,8 @@ use mla::tactic::Tactic;
 use mla::{DecodeConfig, DecodeDtypes, MlaError};
 
 fn main() -> Result<(), MlaError> {
-    let rt = match mla::load(0) {
-        Ok(rt) => rt,
-        Err(e @ (MlaError::NoDriver(_) | MlaError::NoDevice(_))) => {
-            println!("no GPU here ({e})");
-            return Ok(());
-        }
-        Err(e) => return Err(e),
+    let Some(rt) = mla::load_or_skip(0)? else {
+        return Ok(());
     };
     let stream = rt.new_stream()?;
     // Eight sequences of DeepSeek-V3 at TP8 (16 heads), one query token each, bf16 cache.

@@ -30,13 +30,8 @@ fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
 }
 
 fn main() -> Result<(), MlaError> {
-    let rt = match mla::load(0) {
-        Ok(rt) => rt,
-        Err(e @ (MlaError::NoDriver(_) | MlaError::NoDevice(_))) => {
-            println!("no GPU here ({e})");
-            return Ok(());
-        }
-        Err(e) => return Err(e),
+    let Some(rt) = mla::load_or_skip(0)? else {
+        return Ok(());
     };
     let stream: Arc<CudaStream> = rt.new_stream()?;
     let mut rng = SplitMix64::new(7);

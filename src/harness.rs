@@ -30,6 +30,28 @@ pub struct CaseSpec {
     pub values: Values,
 }
 
+impl CaseSpec {
+    /// A case with normal values, output scale 1 and no shared pages.
+    pub fn new(
+        dtypes: DecodeDtypes,
+        page_size: usize,
+        heads: usize,
+        s_q: usize,
+        lens: Vec<usize>,
+    ) -> Self {
+        Self {
+            dtypes,
+            page_size,
+            heads,
+            s_q,
+            lens,
+            output_scale: 1.0,
+            share_prefix_pages: false,
+            values: Values::Normal,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Values {
     /// Standard normal.

@@ -30,6 +30,19 @@ pub fn load(ordinal: usize) -> Result<Runtime, MlaError> {
     Runtime::load(ordinal, images::embedded())
 }
 
+/// [`load`], but `Ok(None)` after printing why when this machine has no driver or device
+/// (for examples and tools that have nothing to do without a GPU).
+pub fn load_or_skip(ordinal: usize) -> Result<Option<Runtime>, MlaError> {
+    match load(ordinal) {
+        Ok(rt) => Ok(Some(rt)),
+        Err(e @ (MlaError::NoDriver(_) | MlaError::NoDevice(_))) => {
+            println!("no GPU here ({e})");
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 pub mod bench;
 pub mod capi;
 pub mod harness;

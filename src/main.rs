@@ -9,7 +9,7 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
-use mla::harness::{self, CaseSpec, DeviceCase, HostCase, Splits, Values};
+use mla::harness::{self, CaseSpec, DeviceCase, HostCase, Splits};
 use mla::rng::SplitMix64;
 use mla::{DecodeDtypes, MlaError};
 
@@ -95,16 +95,13 @@ fn or_none(s: &str) -> &str {
 }
 
 fn demo_spec(dtypes: DecodeDtypes, batch: usize, len: usize) -> CaseSpec {
-    CaseSpec {
+    CaseSpec::new(
         dtypes,
-        page_size: 64,
-        heads: 128,
-        s_q: 1,
-        lens: (0..batch).map(|i| len - 37 * i).collect(),
-        output_scale: 1.0,
-        share_prefix_pages: false,
-        values: Values::Normal,
-    }
+        64,
+        128,
+        1,
+        (0..batch).map(|i| len - 37 * i).collect(),
+    )
 }
 
 fn demo(seed: u64) -> Result<bool, MlaError> {

@@ -48,25 +48,6 @@ fn lens(mix: LenMix, s_q: usize, page: usize) -> Vec<usize> {
     v.into_iter().map(|l| l.max(s_q)).collect()
 }
 
-fn spec(
-    dtypes: DecodeDtypes,
-    page_size: usize,
-    heads: usize,
-    s_q: usize,
-    lens: Vec<usize>,
-) -> CaseSpec {
-    CaseSpec {
-        dtypes,
-        page_size,
-        heads,
-        s_q,
-        lens,
-        output_scale: 1.0,
-        share_prefix_pages: false,
-        values: Values::Normal,
-    }
-}
-
 fn matrix() -> Vec<CaseSpec> {
     let quick = std::env::var("MLA_GPU_MATRIX").is_ok_and(|v| v == "quick");
     let mut out = Vec::new();
@@ -78,7 +59,7 @@ fn matrix() -> Vec<CaseSpec> {
                         if quick && (di + pi + hi + si + mi) % 6 != 0 {
                             continue;
                         }
-                        let mut c = spec(d, p, h, s, lens(m, s, p));
+                        let mut c = CaseSpec::new(d, p, h, s, lens(m, s, p));
                         // Exercise output_scale on part of the matrix.
                         if (hi + si) % 3 == 0 {
                             c.output_scale = 0.75;
@@ -186,28 +167,28 @@ fn corner_cases() {
     let seed = common::seed(test);
     let mut rng = SplitMix64::new(seed);
     let mut specs = vec![
-        spec(DecodeDtypes::Bf16, 64, 128, 1, vec![4096]),
-        spec(
+        CaseSpec::new(DecodeDtypes::Bf16, 64, 128, 1, vec![4096]),
+        CaseSpec::new(
             DecodeDtypes::Bf16,
             16,
             16,
             2,
             (0..256).map(|_| rng.range(2, 300)).collect(),
         ),
-        spec(
+        CaseSpec::new(
             DecodeDtypes::Fp8KvBf16Q,
             64,
             16,
             1,
             (0..256).map(|_| rng.range(1, 200)).collect(),
         ),
-        spec(DecodeDtypes::Bf16, 64, 16, 1, vec![131072]),
-        spec(DecodeDtypes::Fp8KvBf16Q, 128, 16, 2, vec![131072]),
+        CaseSpec::new(DecodeDtypes::Bf16, 64, 16, 1, vec![131072]),
+        CaseSpec::new(DecodeDtypes::Fp8KvBf16Q, 128, 16, 2, vec![131072]),
     ];
-    let mut shared = spec(DecodeDtypes::Bf16, 16, 32, 2, vec![500, 613, 700, 801]);
+    let mut shared = CaseSpec::new(DecodeDtypes::Bf16, 16, 32, 2, vec![500, 613, 700, 801]);
     shared.share_prefix_pages = true;
     specs.push(shared);
-    let mut shared8 = spec(DecodeDtypes::Fp8, 64, 128, 4, vec![1000, 1100, 1200]);
+    let mut shared8 = CaseSpec::new(DecodeDtypes::Fp8, 64, 128, 4, vec![1000, 1100, 1200]);
     shared8.share_prefix_pages = true;
     specs.push(shared8);
     let (runs, failures) = run_cases(test, &specs, &[Splits::Fixed(1), Splits::Planned], seed);
@@ -227,7 +208,7 @@ fn split_and_page_permutation_invariance() {
     let mut rng = SplitMix64::new(seed);
     let mut failures = Vec::new();
     for &d in &DecodeDtypes::ALL {
-        let s = spec(d, 16, 64, 2, vec![777, 64, 2049]);
+        let s = CaseSpec::new(d, 16, 64, 2, vec![777, 64, 2049]);
         let h = HostCase::random(&s, &mut rng);
         let refs = h.references();
         let mut dc = DeviceCase::upload(&stream, &h).unwrap();
@@ -308,7 +289,7 @@ fn fp8_accuracy_report() {
     let mut failures = Vec::new();
     for d in [DecodeDtypes::Fp8KvBf16Q, DecodeDtypes::Fp8] {
         for (heads, s_q) in [(16usize, 1usize), (128, 2)] {
-            let mut s = spec(d, 64, heads, s_q, vec![3000, 1500, 4097]);
+            let mut s = CaseSpec::new(d, 64, heads, s_q, vec![3000, 1500, 4097]);
             s.values = Values::Outliers;
             let h = HostCase::random(&s, &mut rng);
             let refs = h.references();
@@ -368,7 +349,10 @@ fn bad_requests_are_typed_errors() {
         return;
     };
     let mut rng = SplitMix64::new(1);
-    let h = HostCase::random(&spec(DecodeDtypes::Bf16, 16, 16, 1, vec![100]), &mut rng);
+    let h = HostCase::random(
+        &CaseSpec::new(DecodeDtypes::Bf16, 16, 16, 1, vec![100]),
+        &mut rng,
+    );
     let d = DeviceCase::upload(&stream, &h).unwrap();
     let mut ws = harness::workspace_for(&stream, &h).unwrap();
     ws.set_splits(&stream, &[1]).unwrap();

@@ -4,7 +4,7 @@
 
 mod common;
 
-use mla::harness::{self, CaseSpec, DeviceCase, HostCase, Splits, Values};
+use mla::harness::{self, CaseSpec, DeviceCase, HostCase, Splits};
 use mla::rng::SplitMix64;
 use mla::{DecodeDtypes, ImageForm, LoadOptions, Runtime, Variant};
 
@@ -40,16 +40,7 @@ fn every_image_form_loads_and_decodes() {
             );
         }
         for d in DecodeDtypes::ALL {
-            let spec = CaseSpec {
-                dtypes: d,
-                page_size: 64,
-                heads: 128,
-                s_q: 2,
-                lens: vec![1000, 130],
-                output_scale: 1.0,
-                share_prefix_pages: false,
-                values: Values::Normal,
-            };
+            let spec = CaseSpec::new(d, 64, 128, 2, vec![1000, 130]);
             let h = HostCase::random(&spec, &mut rng);
             let refs = h.references();
             let mut dc = DeviceCase::upload(&stream, &h).unwrap();

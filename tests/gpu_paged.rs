@@ -6,7 +6,7 @@
 mod common;
 
 use mla::abi::{D_QK, ElemType};
-use mla::harness::{CaseSpec, HostCase, Values};
+use mla::harness::{CaseSpec, HostCase};
 use mla::numeric;
 use mla::rng::SplitMix64;
 use mla::{AppendRequest, DecodeDtypes, GatherRequest, HostMirror, TensorView};
@@ -34,16 +34,7 @@ fn append_then_gather_round_trip() {
     ] {
         for &(page, s_q) in &[(1usize, 1usize), (16, 4), (64, 2), (256, 8)] {
             let lens: Vec<usize> = vec![s_q, 3 * page + 1, page.max(s_q), 700];
-            let spec = CaseSpec {
-                dtypes: d,
-                page_size: page,
-                heads: 1,
-                s_q,
-                lens: lens.clone(),
-                output_scale: 1.0,
-                share_prefix_pages: false,
-                values: Values::Normal,
-            };
+            let spec = CaseSpec::new(d, page, 1, s_q, lens.clone());
             let h = HostCase::random(&spec, &mut rng);
             let cache_t = d.kv();
             let src_t = if cache_t == ElemType::Fp8E4m3 {

@@ -8,30 +8,11 @@ mod common;
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use mla::harness::{self, CaseSpec, DeviceCase, HostCase, Values};
+use mla::harness::{self, CaseSpec, DeviceCase, HostCase};
 use mla::plan::{ScheduleConfig, WorkspaceCapacity, row_tiles};
 use mla::rng::SplitMix64;
 use mla::tactic::Tactic;
 use mla::{DecodeConfig, DecodeDtypes, DecodePlan, DecodeWorkspace, MlaError, Runtime};
-
-fn spec(
-    dtypes: DecodeDtypes,
-    page_size: usize,
-    heads: usize,
-    s_q: usize,
-    lens: Vec<usize>,
-) -> CaseSpec {
-    CaseSpec {
-        dtypes,
-        page_size,
-        heads,
-        s_q,
-        lens,
-        output_scale: 1.0,
-        share_prefix_pages: false,
-        values: Values::Normal,
-    }
-}
 
 fn config(h: &HostCase, max_batch: usize) -> DecodeConfig {
     DecodeConfig {
@@ -76,7 +57,10 @@ fn schedule_kernel_matches_cpu_twin_and_plan_matches_oracle() {
         let lens: Vec<usize> = (0..b)
             .map(|_| rng.range(s_q, if i % 2 == 0 { 300 } else { 3000 }))
             .collect();
-        let h = HostCase::random(&spec(d, [16, 64][i % 2], heads, s_q, lens), &mut rng);
+        let h = HostCase::random(
+            &CaseSpec::new(d, [16, 64][i % 2], heads, s_q, lens),
+            &mut rng,
+        );
         let refs = h.references();
         let tactic = Tactic::candidates()[i % Tactic::candidates().len()];
         let plan = rt.plan_decode(&stream, config(&h, b + 3), tactic).unwrap();
@@ -133,7 +117,7 @@ fn reference_backend_matches_oracle() {
     for (i, &d) in DecodeDtypes::ALL.iter().enumerate() {
         let lens = (0..3).map(|_| rng.range(4, 700)).collect();
         let h = HostCase::random(
-            &spec(
+            &CaseSpec::new(
                 d,
                 [1, 16, 64, 256][i],
                 [1, 3, 16, 128][i],
@@ -193,7 +177,7 @@ fn graph_replays_stay_exact_as_inputs_change() {
     let max_pages = max_len.div_ceil(page) + 1;
     let num_pages = b * max_pages + 2;
     let mk_spec = |rng: &mut SplitMix64| {
-        spec(
+        CaseSpec::new(
             DecodeDtypes::Bf16,
             page,
             heads,
@@ -275,7 +259,7 @@ fn two_threads_two_streams_share_one_module() {
                     for i in 0..20 {
                         let d = DecodeDtypes::ALL[(i + t as usize) % 4];
                         let lens = (0..5).map(|_| rng.range(2, 2000)).collect();
-                        let h = HostCase::random(&spec(d, 64, 32, 2, lens), &mut rng);
+                        let h = HostCase::random(&CaseSpec::new(d, 64, 32, 2, lens), &mut rng);
                         let refs = h.references();
                         let plan = rt
                             .plan_decode(&stream, config(&h, 5), Tactic::default())
@@ -323,7 +307,7 @@ fn driver_and_plan_errors_are_typed() {
     }
     let mut rng = SplitMix64::new(3);
     let h = HostCase::random(
-        &spec(DecodeDtypes::Bf16, 16, 16, 1, vec![100, 50]),
+        &CaseSpec::new(DecodeDtypes::Bf16, 16, 16, 1, vec![100, 50]),
         &mut rng,
     );
     let dc = DeviceCase::upload(&stream, &h).unwrap();
