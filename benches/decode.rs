@@ -34,6 +34,7 @@ fn decode(c: &mut Criterion) {
         ] {
             let shape = BenchShape {
                 dtypes,
+                tile: mla::tactic::Tile::M64N64,
                 batch,
                 len,
                 heads,

@@ -39,7 +39,7 @@ MLA_BF16, MLA_FP16, MLA_FP8_E4M3 = 0, 1, 2
 
 class PlanConfig(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint32) for n in
-                ("max_batch", "heads", "s_q", "page_size", "max_seq_len", "q_dtype", "kv_dtype", "waves")]
+                ("max_batch", "heads", "s_q", "page_size", "max_seq_len", "q_dtype", "kv_dtype", "waves", "tile")]
 
 
 class DecodeArgs(ctypes.Structure):
@@ -73,6 +73,11 @@ def _check(lib, status, what):
         raise RuntimeError(f"{what}: status {status}: {lib.mla_last_error().decode(errors='replace')}")
 
 
+def _tile_for(rows):
+    """MLA_TILE=m16n64 uses the 16-row tile where it saves work (rows <= 16); default m64n64."""
+    return 1 if os.environ.get("MLA_TILE") == "m16n64" and rows <= 16 else 0
+
+
 def supports(B, L, H, s_q, page_size, causal):
     if s_q > 1 and not causal:
         return False, "s_q > 1 runs with the causal rule only"
@@ -90,7 +95,7 @@ def _make(q, kcache, kv_dtype, kv_scale, block_table, seq_lens, scale):
     max_pages = block_table.shape[1]
     L = int(seq_lens.max().item())
     cfg = PlanConfig(max_batch=B, heads=H, s_q=s_q, page_size=page, max_seq_len=max(L, max_pages * page),
-                     q_dtype=MLA_BF16, kv_dtype=kv_dtype, waves=0)
+                     q_dtype=MLA_BF16, kv_dtype=kv_dtype, waves=0, tile=_tile_for(H * s_q))
     plan = ctypes.c_void_p()
     _check(lib, lib.mla_plan_create(_rt, ctypes.byref(cfg), ctypes.byref(plan)), "mla_plan_create")
     out = torch.empty((B, s_q, H, 512), dtype=torch.bfloat16, device=q.device)

@@ -9,8 +9,9 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr};
 use mla_abi::{D_QK, D_V, ElemType, MAX_SPLITS};
 
-use crate::plan::{WorkspaceCapacity, split_counts};
+use crate::plan::WorkspaceCapacity;
 use crate::rng::SplitMix64;
+use crate::tactic::{Tactic, Tile};
 use crate::{
     DecodeDtypes, DecodeRequest, DecodeWorkspace, HostMirror, MlaError, Runtime, Scales,
     TensorView, numeric,
@@ -20,6 +21,7 @@ use crate::{
 #[derive(Clone, Copy, Debug)]
 pub struct BenchShape {
     pub dtypes: DecodeDtypes,
+    pub tile: Tile,
     pub batch: usize,
     pub len: usize,
     pub heads: usize,
@@ -135,12 +137,11 @@ impl BenchCase {
                 max_splits: MAX_SPLITS as usize,
             },
         )?;
-        let splits = split_counts(
-            &lens,
-            rows,
-            rt.device().sm_count as usize,
-            MAX_SPLITS as usize,
-        );
+        let tactic = Tactic {
+            tile: s.tile,
+            ..Tactic::default()
+        };
+        let splits = tactic.split_counts(&lens, rows, rt.device().sm_count as usize);
         ws.set_splits(stream, &splits)?;
         let mut scales = Scales::default_for_mla();
         if s.dtypes.kv() == ElemType::Fp8E4m3 {
@@ -207,7 +208,7 @@ impl BenchCase {
         let req = self.request(stream);
         let (e0, e1) = &self.events;
         e0.record(stream)?;
-        rt.decode(stream, &req, &self.ws)?;
+        rt.decode_tiled(stream, &req, &self.ws, self.shape.tile)?;
         e1.record(stream)?;
         e1.synchronize()?;
         Ok(e0.elapsed_ms(e1)? as f64 * 1e3)
@@ -258,19 +259,26 @@ pub fn copy_bandwidth(rt: &Runtime, stream: &Arc<CudaStream>) -> Result<f64, Mla
     Ok(2.0 * n as f64 / (best * 1e-3) * 1e-9)
 }
 
-/// The default grid: the peers' reference shapes at page 64, bf16 and fp8 KV.
+/// The default grid: the peers' reference shapes at page 64, bf16 and fp8 KV; the H = 16
+/// shapes with both tiles.
 pub fn default_shapes() -> Vec<BenchShape> {
     let mut v = Vec::new();
     for dtypes in [DecodeDtypes::Bf16, DecodeDtypes::Fp8KvBf16Q] {
         for (heads, s_q) in [(16, 1), (128, 1), (128, 2)] {
             for (batch, len) in [(1, 4096), (8, 4096), (64, 4096), (128, 4096), (64, 16384)] {
-                v.push(BenchShape {
-                    dtypes,
-                    batch,
-                    len,
-                    heads,
-                    s_q,
-                });
+                for tile in Tile::ALL {
+                    // The 16-row tile only where it saves MMA work.
+                    if tile == Tile::M64N64 || heads * s_q <= 16 {
+                        v.push(BenchShape {
+                            dtypes,
+                            tile,
+                            batch,
+                            len,
+                            heads,
+                            s_q,
+                        });
+                    }
+                }
             }
         }
     }

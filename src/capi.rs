@@ -116,6 +116,9 @@ pub struct MlaPlanConfig {
     pub kv_dtype: u32,
     /// 0: the default tactic; otherwise waves (1..=4) of the split schedule.
     pub waves: u32,
+    /// 0: the 64-row tile (default); 1: the 16-row tile (for `s_q * heads <= 16`; not yet
+    /// run on a GPU).
+    pub tile: u32,
 }
 
 /// One decode step (C layout). Tensors are contiguous row-major except where a stride is
@@ -207,6 +210,11 @@ pub unsafe extern "C" fn mla_plan_create(
         if cfg.waves != 0 {
             tactic.waves = cfg.waves;
         }
+        tactic.tile = match cfg.tile {
+            0 => crate::tactic::Tile::M64N64,
+            1 => crate::tactic::Tile::M16N64,
+            other => return Err(MlaError::shape("tile", "0 (m64n64) or 1 (m16n64)", other)),
+        };
         let stream = rt.new_stream()?;
         let plan = rt.plan_decode(&stream, config, tactic)?;
         stream.synchronize()?;

@@ -12,6 +12,7 @@ use crate::numeric;
 use crate::oracle::{self, Comparison, OracleInput, OracleOutput};
 use crate::plan::WorkspaceCapacity;
 use crate::rng::SplitMix64;
+use crate::tactic::Tile;
 use crate::{DecodeDtypes, DecodeRequest, HostMirror, MlaError, Runtime, Scales, TensorView};
 
 /// One decode problem, as data.
@@ -444,10 +445,23 @@ pub fn run_decode(
     ws: &mut DecodeWorkspace,
     splits: &[i32],
 ) -> Result<(Vec<f32>, Vec<f32>), MlaError> {
+    run_decode_tiled(rt, stream, h, d, ws, splits, Tile::M64N64)
+}
+
+/// [`run_decode`] with an explicit tile.
+pub fn run_decode_tiled(
+    rt: &Runtime,
+    stream: &Arc<CudaStream>,
+    h: &HostCase,
+    d: &mut DeviceCase,
+    ws: &mut DecodeWorkspace,
+    splits: &[i32],
+    tile: Tile,
+) -> Result<(Vec<f32>, Vec<f32>), MlaError> {
     d.poison_outputs(stream)?;
     ws.set_splits(stream, splits)?;
     let req = d.request(stream, h);
-    rt.decode(stream, &req, ws)?;
+    rt.decode_tiled(stream, &req, ws, tile)?;
     stream.synchronize()?;
     d.download(stream, h.spec.dtypes.out())
 }

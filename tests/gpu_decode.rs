@@ -10,6 +10,7 @@ mod common;
 
 use mla::harness::{self, CaseSpec, DeviceCase, HostCase, Splits, Values};
 use mla::rng::SplitMix64;
+use mla::tactic::Tile;
 use mla::{DecodeDtypes, MlaError, abi::MAX_SPLITS};
 
 const PAGE_SIZES: [usize; 5] = [1, 16, 64, 128, 256];
@@ -98,11 +99,14 @@ fn run_cases(test: &str, specs: &[CaseSpec], splits: &[Splits], seed: u64) -> (u
         for (h, refs) in &prepared {
             let mut d = DeviceCase::upload(&stream, h).expect("upload");
             let mut ws = harness::workspace_for(&stream, h).expect("workspace");
-            for &sp in splits {
+            for (&sp, tile) in splits
+                .iter()
+                .flat_map(|sp| Tile::ALL.iter().map(move |&t| (sp, t)))
+            {
                 let counts = sp.counts(&h.spec.lens, h.spec.s_q * h.spec.heads, sms);
                 if trace {
                     eprintln!(
-                        "[{test}] run {} P={} H={} S_q={} lens={:?} splits={sp:?}",
+                        "[{test}] run {} P={} H={} S_q={} lens={:?} splits={sp:?} tile={tile}",
                         h.spec.dtypes.name(),
                         h.spec.page_size,
                         h.spec.heads,
@@ -111,12 +115,13 @@ fn run_cases(test: &str, specs: &[CaseSpec], splits: &[Splits], seed: u64) -> (u
                     );
                 }
                 let got =
-                    harness::run_decode(&rt, &stream, h, &mut d, &mut ws, &counts).expect("decode");
+                    harness::run_decode_tiled(&rt, &stream, h, &mut d, &mut ws, &counts, tile)
+                        .expect("decode");
                 let chk = harness::check(&got, refs);
                 runs += 1;
                 if !chk.ok() {
                     failures.push(format!(
-                        "{} P={} H={} S_q={} lens={:?} splits={sp:?}: out {} | lse {}",
+                        "{} P={} H={} S_q={} lens={:?} splits={sp:?} tile={tile}: out {} | lse {}",
                         h.spec.dtypes.name(),
                         h.spec.page_size,
                         h.spec.heads,

@@ -20,7 +20,7 @@ use crate::error::{MlaError, Result};
 use crate::gate::{Backend, Geometry, Registry, is_available};
 use crate::launch::{DecodeWorkspace, LaunchShape, check_workspace, decode_params, launch};
 use crate::module::Runtime;
-use crate::plan::{ScheduleConfig, WorkspaceCapacity, row_tiles};
+use crate::plan::{ScheduleConfig, WorkspaceCapacity};
 use crate::request::{DecodeDtypes, DecodeRequest, DecodeShape};
 use crate::tactic::Tactic;
 use crate::validate::validate_decode;
@@ -109,7 +109,7 @@ impl Runtime {
         };
         let rows = config.s_q * config.heads;
         let schedule = ScheduleConfig {
-            tiles: row_tiles(rows),
+            tiles: tactic.tile.row_tiles(rows),
             target_ctas: tactic.waves as usize * self.device().sm_count.max(1) as usize,
             max_splits: tactic.max_splits as usize,
             max_len: config.max_seq_len,
@@ -294,7 +294,7 @@ impl DecodePlan {
         // decode then reads split counts in 1..=grid_splits, which the schedule writes.
         unsafe {
             launch(rt, names::SCHEDULE, grid, stream, &p)?;
-            rt.launch_decode(req, &shape, &self.ws, grid_splits, stream)?;
+            rt.launch_decode(req, &shape, &self.ws, grid_splits, self.tactic.tile, stream)?;
         }
         Ok(shape)
     }

@@ -13,8 +13,9 @@ use mla_abi::{
 
 use crate::error::{MlaError, Result};
 use crate::module::Runtime;
-use crate::plan::{WorkspaceCapacity, row_tiles};
+use crate::plan::WorkspaceCapacity;
 use crate::request::{AppendRequest, DecodeRequest, DecodeShape, GatherRequest, PagedShape};
+use crate::tactic::Tile;
 use crate::validate::{validate_append, validate_decode, validate_gather};
 
 /// Largest grid y / z dimension.
@@ -282,6 +283,17 @@ impl Runtime {
         req: &DecodeRequest,
         ws: &DecodeWorkspace,
     ) -> Result<DecodeShape> {
+        self.decode_tiled(stream, req, ws, Tile::M64N64)
+    }
+
+    /// [`Runtime::decode`] with an explicit tile.
+    pub fn decode_tiled(
+        &self,
+        stream: &CudaStream,
+        req: &DecodeRequest,
+        ws: &DecodeWorkspace,
+        tile: Tile,
+    ) -> Result<DecodeShape> {
         let shape = validate_decode(req)?;
         check_workspace(&shape, ws.capacity)?;
         if ws.splits_len != shape.batch {
@@ -293,7 +305,16 @@ impl Runtime {
         }
         // SAFETY: validated request; the workspace holds its capacity and the split counts
         // (1..=max_splits) for this batch.
-        unsafe { self.launch_decode(req, &shape, ws, ws.grid_splits.max(1), stream.cu_stream())? };
+        unsafe {
+            self.launch_decode(
+                req,
+                &shape,
+                ws,
+                ws.grid_splits.max(1),
+                tile,
+                stream.cu_stream(),
+            )?
+        };
         Ok(shape)
     }
 
@@ -308,15 +329,16 @@ impl Runtime {
         shape: &DecodeShape,
         ws: &DecodeWorkspace,
         grid_splits: usize,
+        tile: Tile,
         stream: CUstream,
     ) -> Result<()> {
         let rows = shape.rows();
         let p = decode_params(req, shape, ws);
-        let kernel = shape.dtypes.decode_kernel();
+        let kernel = tile.decode_kernel(shape.dtypes);
         let grid = LaunchShape {
             grid: (
                 grid_splits as u32,
-                row_tiles(rows) as u32,
+                tile.row_tiles(rows) as u32,
                 shape.batch as u32,
             ),
             block: decode_tile::THREADS as u32,

@@ -16,7 +16,9 @@ use std::str::FromStr;
 pub const MAX_WAVES: u32 = 4;
 
 // The tile names below spell out the ABI's tile constants; a change there must show up here.
-const _: () = assert!(decode_tile::BLOCK_M == 64 && decode_tile::BLOCK_N == 64);
+const _: () = assert!(
+    decode_tile::BLOCK_M == 64 && decode_tile::BLOCK_M_SMALL == 16 && decode_tile::BLOCK_N == 64
+);
 
 /// What [`Tactic::from_str`] accepts, for error messages.
 fn canonical_form() -> String {
@@ -27,21 +29,26 @@ fn canonical_form() -> String {
     )
 }
 
-/// The decode tile (one variant today; the enum is where more will go).
+/// The decode tile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Tile {
     /// `decode_tile::BLOCK_M` = 64 query rows x `decode_tile::BLOCK_N` = 64 KV tokens per
-    /// step, `mma.sync` on every arch.
+    /// step, `mma.sync` on every arch (4 row groups x 2 column halves of warps).
     M64N64,
+    /// `decode_tile::BLOCK_M_SMALL` = 16 query rows x 64 tokens (1 row group x 8 column
+    /// splits): a quarter of the MMA work of `M64N64` when `s_q * heads <= 16`.
+    /// Not yet run on a GPU: never chosen by default or by the tuner's candidates.
+    M16N64,
 }
 
 impl Tile {
-    pub const ALL: [Tile; 1] = [Tile::M64N64];
+    pub const ALL: [Tile; 2] = [Tile::M64N64, Tile::M16N64];
 
-    /// The canonical name (`m64n64`).
+    /// The canonical name (`m64n64`, `m16n64`).
     pub fn name(self) -> &'static str {
         match self {
             Tile::M64N64 => "m64n64",
+            Tile::M16N64 => "m16n64",
         }
     }
 
@@ -49,14 +56,31 @@ impl Tile {
     pub fn block_m(self) -> usize {
         match self {
             Tile::M64N64 => decode_tile::BLOCK_M,
+            Tile::M16N64 => decode_tile::BLOCK_M_SMALL,
         }
     }
 
     /// KV tokens per pipeline step.
     pub fn block_n(self) -> usize {
-        match self {
-            Tile::M64N64 => decode_tile::BLOCK_N,
+        decode_tile::BLOCK_N
+    }
+
+    /// The decode kernel symbol for these dtypes.
+    pub fn decode_kernel(self, dtypes: crate::DecodeDtypes) -> &'static str {
+        use crate::DecodeDtypes::*;
+        use mla_abi::names::*;
+        match (self, dtypes) {
+            (Tile::M64N64, _) => dtypes.decode_kernel(),
+            (Tile::M16N64, Bf16) => DECODE16_BF16,
+            (Tile::M16N64, Fp16) => DECODE16_FP16,
+            (Tile::M16N64, Fp8KvBf16Q) => DECODE16_FP8KV_BF16Q,
+            (Tile::M16N64, Fp8) => DECODE16_FP8,
         }
+    }
+
+    /// CTAs per (sequence, split): the query rows cut into tiles.
+    pub fn row_tiles(self, rows: usize) -> usize {
+        rows.div_ceil(self.block_m())
     }
 
     fn from_name(name: &str) -> Option<Self> {
@@ -103,7 +127,8 @@ impl Tactic {
     /// there, every sequence gets one chunk).
     pub fn candidates() -> Vec<Tactic> {
         let mut out = Vec::with_capacity(5);
-        for tile in Tile::ALL {
+        // M16N64 joins the candidates once it has run on a GPU (see Tile::M16N64).
+        for tile in [Tile::M64N64] {
             for waves in [1, 2] {
                 for max_splits in [MAX_SPLITS, 16] {
                     out.push(Tactic {
@@ -147,14 +172,17 @@ impl Tactic {
         sm_count.max(1).saturating_mul(self.waves as usize)
     }
 
-    /// Split counts per sequence under this tactic, on the host: [`plan::split_counts`]
-    /// with [`Tactic::target_ctas`] in place of one wave.
+    /// Split counts per sequence under this tactic, on the host: [`plan::schedule`] with
+    /// this tile's row tiles and [`Tactic::target_ctas`] (no length clamp).
     pub fn split_counts(&self, seq_lens: &[i32], rows: usize, sm_count: usize) -> Vec<i32> {
-        plan::split_counts(
+        plan::schedule(
             seq_lens,
-            rows,
-            self.target_ctas(sm_count),
-            self.max_splits as usize,
+            &plan::ScheduleConfig {
+                tiles: self.tile.row_tiles(rows).max(1),
+                target_ctas: self.target_ctas(sm_count),
+                max_splits: self.max_splits as usize,
+                max_len: u32::MAX as usize,
+            },
         )
     }
 }

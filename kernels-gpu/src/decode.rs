@@ -1,13 +1,16 @@
 //! MLA decode over a paged latent KV cache with `mma.sync` tensor cores (sm_80+).
 //!
-//! - Grid: `(max_splits, ceil(s_q * heads / BLOCK_M), batch)`. CTA `(split, tile, b)` takes
-//!   query rows `tile * 64 .. +64` of sequence `b` (row `r` is query token `r / heads`,
+//! - Grid: `(max_splits, ceil(s_q * heads / BM), batch)`. CTA `(split, tile, b)` takes
+//!   query rows `tile * BM .. +BM` of sequence `b` (row `r` is query token `r / heads`,
 //!   head `r % heads`: S_q is folded into the rows) over KV chunk `split` of `num_splits[b]`
 //!   (whole 64-token blocks, [`mla_abi::chunk_blocks`]). CTAs past `num_splits[b]` exit at once.
-//! - Block: 256 threads, 8 warps. Warp `w` owns row group `rg = w % 4` (16 rows) and column
-//!   half `ch = w / 4`: for QK^T it computes tokens `ch * 32 .. +32` of the block, for PV the
-//!   output dims `ch * 256 .. +256` (128 f32 accumulators per thread). The two warps of a row
-//!   group exchange row maxima and probabilities through shared memory.
+//! - Block: 256 threads, 8 warps, arranged by the [`Layout`]: `RG` row groups of 16 rows
+//!   (`BM = 16 RG`) times `CS` column splits. Warp `w` owns row group `rg = w % RG` and split
+//!   `ch = w / RG`: for QK^T it computes tokens `ch * 64/CS .. +64/CS` of the block, for PV
+//!   the output dims `ch * 512/CS .. +512/CS`. The `CS` warps of a row group exchange row
+//!   maxima and probabilities through shared memory. [`M64`] (4 x 2: 128 accumulators per
+//!   thread) is the default; [`M16`] (1 x 8: 32 accumulators) issues a quarter of the MMA
+//!   work for `s_q * heads <= 16` (the memory-bound TP8 shapes).
 //! - Shared memory (`decode_tile`): Q tile 64 x 576 16-bit (72 KB), two KV stages of
 //!   64 x 576 16-bit (144 KB; for fp8 caches one converted tile + two raw fp8 stages), the
 //!   P tile 64 x 64 16-bit (8 KB), 512 B of row-max / row-sum exchange. 16-byte chunks of
@@ -31,9 +34,41 @@ const ROW_BYTES: u32 = (D_QK * 2) as u32;
 const FP8_ROW_CHUNKS: u32 = (D_QK / 16) as u32;
 const THREADS: u32 = T::THREADS as u32;
 const BLOCK_N: u32 = T::BLOCK_N as u32;
-const BLOCK_M: u32 = T::BLOCK_M as u32;
-/// 8-column output tiles per warp (256 dims).
-const O_TILES: usize = D_V / 2 / 8;
+/// Most 8-column output tiles a warp owns (M64: 256 dims); the arrays are this size and
+/// smaller layouts use a prefix (the rest is dead code to the compiler).
+const O_TILES_MAX: usize = D_V / 2 / 8;
+
+/// How the 8 warps of a CTA share the rows, tokens and output dims.
+pub trait Layout {
+    /// 16-row groups per CTA.
+    const RG: u32;
+    /// Warps per row group (column splits).
+    const CS: u32;
+    /// Rows per CTA.
+    const BM: u32 = 16 * Self::RG;
+    /// 8-token S tiles per warp.
+    const S_TILES: usize = (BLOCK_N / Self::CS / 8) as usize;
+    /// 8-dim output tiles per warp.
+    const O_TILES: usize = D_V / Self::CS as usize / 8;
+}
+
+/// 64 rows: 4 row groups x 2 column halves.
+pub struct M64;
+impl Layout for M64 {
+    const RG: u32 = 4;
+    const CS: u32 = 2;
+}
+
+/// 16 rows: 1 row group x 8 column splits.
+pub struct M16;
+impl Layout for M16 {
+    const RG: u32 = 1;
+    const CS: u32 = 8;
+}
+
+const _: () = assert!(M64::RG * M64::CS == T::WARPS as u32 && M64::BM == T::BLOCK_M as u32);
+const _: () = assert!(M16::RG * M16::CS == T::WARPS as u32 && M16::BM == T::BLOCK_M_SMALL as u32);
+const _: () = assert!(M64::O_TILES == O_TILES_MAX && M64::S_TILES == 4 && M16::S_TILES == 1);
 
 /// What a decode kernel instantiation computes with.
 pub trait DecodeKind {
@@ -75,12 +110,12 @@ fn kv_row_addr(p: &DecodeParams, b: u32, j: u32, len: u32, elem_bytes: u64) -> O
     Some(unsafe { p.kv_cache.ptr().add((off * elem_bytes) as usize) as *const u8 })
 }
 
-/// Loads the CTA's 64 query rows into the swizzled Q tile (zeros past the last row).
+/// Loads the CTA's `BM` query rows into the swizzled Q tile (zeros past the last row).
 #[inline(always)]
-unsafe fn load_q_tile<K: DecodeKind>(p: &DecodeParams, b: u32, row0: u32, q_smem: u32) {
+unsafe fn load_q_tile<K: DecodeKind, L: Layout>(p: &DecodeParams, b: u32, row0: u32, q_smem: u32) {
     let rows = p.s_q * p.heads;
     let mut c = arch::thread_idx_x();
-    while c < BLOCK_M * ROW_CHUNKS {
+    while c < L::BM * ROW_CHUNKS {
         let r = c / ROW_CHUNKS;
         let k = c % ROW_CHUNKS;
         let gr = row0 + r;
@@ -166,41 +201,58 @@ unsafe fn convert_fp8_stage<K: DecodeKind>(raw_stage: u32, tile: u32) {
     }
 }
 
-/// S (16 rows x 32 tokens) = Q[rows of rg] . K[tokens of ch]^T over all 576 dims.
+/// S (16 rows x 64/CS tokens) = Q[rows of rg] . K[tokens of ch]^T over all 576 dims.
 #[inline(always)]
-unsafe fn qk_tile_gemm<H: Half16>(q_smem: u32, kv: u32, rg: u32, ch: u32, lane: u32) -> [[f32; 4]; 4] {
+unsafe fn qk_tile_gemm<H: Half16, L: Layout>(q_smem: u32, kv: u32, rg: u32, ch: u32, lane: u32) -> [[f32; 4]; 4] {
     let mut s = [[0.0f32; 4]; 4];
     let a_row = rg * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
     let a_half = lane / 16;
-    let b_row0 = ch * 32 + (lane % 8) + (lane / 16) * 8;
-    let b_half = (lane / 8) % 2;
-    for ks in 0..(D_QK / 16) as u32 {
-        // SAFETY: rows < 64 and chunks < 72 address the Q and KV tiles; warp converged.
-        unsafe {
-            let a = ldmatrix::ldmatrix_x4(q_smem + qk_off(a_row, ks * 2 + a_half));
-            let b0 = ldmatrix::ldmatrix_x4(kv + qk_off(b_row0, ks * 2 + b_half));
-            let b1 = ldmatrix::ldmatrix_x4(kv + qk_off(b_row0 + 16, ks * 2 + b_half));
-            H::mma(&mut s[0], a, [b0[0], b0[1]]);
-            H::mma(&mut s[1], a, [b0[2], b0[3]]);
-            H::mma(&mut s[2], a, [b1[0], b1[1]]);
-            H::mma(&mut s[3], a, [b1[2], b1[3]]);
+    if L::S_TILES >= 4 {
+        // Two pairs of 8-token tiles per k-step: ldmatrix.x4 gives (tile, k-half) x 2.
+        let b_row0 = ch * 32 + (lane % 8) + (lane / 16) * 8;
+        let b_half = (lane / 8) % 2;
+        for ks in 0..(D_QK / 16) as u32 {
+            // SAFETY: rows < 64 and chunks < 72 address the Q and KV tiles; warp converged.
+            unsafe {
+                let a = ldmatrix::ldmatrix_x4(q_smem + qk_off(a_row, ks * 2 + a_half));
+                let b0 = ldmatrix::ldmatrix_x4(kv + qk_off(b_row0, ks * 2 + b_half));
+                let b1 = ldmatrix::ldmatrix_x4(kv + qk_off(b_row0 + 16, ks * 2 + b_half));
+                H::mma(&mut s[0], a, [b0[0], b0[1]]);
+                H::mma(&mut s[1], a, [b0[2], b0[3]]);
+                H::mma(&mut s[2], a, [b1[0], b1[1]]);
+                H::mma(&mut s[3], a, [b1[2], b1[3]]);
+            }
+        }
+    } else {
+        // One 8-token tile: ldmatrix.x4 gives the four 8-dim chunks of two k-steps.
+        let b_row = ch * 8 + (lane % 8);
+        let b_chunk = lane / 8;
+        for kp in 0..(D_QK / 32) as u32 {
+            // SAFETY: as above.
+            unsafe {
+                let a0 = ldmatrix::ldmatrix_x4(q_smem + qk_off(a_row, kp * 4 + a_half));
+                let a1 = ldmatrix::ldmatrix_x4(q_smem + qk_off(a_row, kp * 4 + 2 + a_half));
+                let b = ldmatrix::ldmatrix_x4(kv + qk_off(b_row, kp * 4 + b_chunk));
+                H::mma(&mut s[0], a0, [b[0], b[1]]);
+                H::mma(&mut s[0], a1, [b[2], b[3]]);
+            }
         }
     }
     s
 }
 
-/// O (16 rows x 256 dims of ch) += P[rows of rg, 64 tokens] . V[64 tokens, dims of ch].
+/// O (16 rows x 512/CS dims of ch) += P[rows of rg, 64 tokens] . V[64 tokens, dims of ch].
 ///
 /// V tile n-pair `np` (16 dims) of lane `l` sits in swizzled chunk
-/// `ch*32 + 8*(np/4) + ((2*(np%4) + l/16) ^ (row % 8))`: four per-lane column offsets plus a
-/// constant 128 bytes per `np / 4`, so the 16 addresses fold into immediates.
+/// `ch*64/CS + 8*(np/4) + ((2*(np%4) + l/16) ^ (row % 8))`: four per-lane column offsets plus
+/// a constant 128 bytes per `np / 4`, so the addresses fold into immediates.
 #[inline(always)]
-unsafe fn pv_tile_gemm<H: Half16>(o: &mut [[f32; 4]; O_TILES], p_smem: u32, kv: u32, rg: u32, ch: u32, lane: u32) {
+unsafe fn pv_tile_gemm<H: Half16, L: Layout>(o: &mut [[f32; 4]; O_TILES_MAX], p_smem: u32, kv: u32, rg: u32, ch: u32, lane: u32) {
     let a_row = rg * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
     let a_half = lane / 16;
     let v_row = (lane % 8) + ((lane / 8) % 2) * 8;
     let sw = v_row & 7;
-    let col = |q: u32| (ch * 32 + ((2 * q + lane / 16) ^ sw)) << 4;
+    let col = |q: u32| (ch * (L::O_TILES as u32) + ((2 * q + lane / 16) ^ sw)) << 4;
     let vcol = [col(0), col(1), col(2), col(3)];
     for kk in 0..(BLOCK_N / 16) {
         // SAFETY: P rows < 64, chunks < 8; V rows < 64, chunks < 64 (of 72); converged.
@@ -208,9 +260,11 @@ unsafe fn pv_tile_gemm<H: Half16>(o: &mut [[f32; 4]; O_TILES], p_smem: u32, kv: 
             let a = ldmatrix::ldmatrix_x4(p_smem + p_off(a_row, kk * 2 + a_half));
             let vbase = kv + (kk * 16 + v_row) * ROW_BYTES;
             unroll!(np in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-                let v = ldmatrix::ldmatrix_x4_trans(vbase + vcol[np % 4] + (np as u32 / 4) * 128);
-                H::mma(&mut o[2 * np], a, [v[0], v[1]]);
-                H::mma(&mut o[2 * np + 1], a, [v[2], v[3]]);
+                if np < L::O_TILES / 2 {
+                    let v = ldmatrix::ldmatrix_x4_trans(vbase + vcol[np % 4] + (np as u32 / 4) * 128);
+                    H::mma(&mut o[2 * np], a, [v[0], v[1]]);
+                    H::mma(&mut o[2 * np + 1], a, [v[2], v[3]]);
+                }
             });
         }
     }
@@ -241,7 +295,7 @@ unsafe fn quad_sum(v: f32) -> f32 {
 /// Launched with the grid, block and shared memory documented above, on params that the
 /// host validated (shapes, strides, alignment, workspace capacity).
 #[inline(always)]
-pub unsafe fn decode<K: DecodeKind>(p: DecodeParams) {
+pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
     let split = arch::block_idx_x();
     let tile = arch::block_idx_y();
     let b = arch::block_idx_z();
@@ -257,15 +311,15 @@ pub unsafe fn decode<K: DecodeKind>(p: DecodeParams) {
     // Lengths the page table cannot address are cut to what it can.
     let len = (len_raw.max(0) as u32).min(p.max_pages.saturating_mul(p.page_size));
     let rows = p.s_q * p.heads;
-    let row0 = tile * BLOCK_M;
+    let row0 = tile * L::BM;
     let blocks = len.div_ceil(BLOCK_N);
     let (kb0, kb1) = chunk_blocks(blocks, nsplit, split);
 
     let tid = arch::thread_idx_x();
     let warp = tid / 32;
     let lane = tid % 32;
-    let rg = warp % 4;
-    let ch = warp / 4;
+    let rg = warp % L::RG;
+    let ch = warp / L::RG;
     let g = lane / 4;
     let c4 = lane % 4;
 
@@ -289,14 +343,14 @@ pub unsafe fn decode<K: DecodeKind>(p: DecodeParams) {
     // SAFETY (whole pipeline): every smem address below stays inside the regions of
     // decode_tile; every barrier is reached by all threads (loop bounds are CTA-uniform).
     unsafe {
-        load_q_tile::<K>(&p, b, row0, q_smem);
+        load_q_tile::<K, L>(&p, b, row0, q_smem);
         if kb0 < kb1 {
             issue_kv_block::<K>(&p, b, len, kb0, stage_of(0));
         }
         cp_async::cp_async_commit_group();
     }
 
-    let mut o = [[0.0f32; 4]; O_TILES];
+    let mut o = [[0.0f32; 4]; O_TILES_MAX];
     let mut m_run = [f32::NEG_INFINITY; 2];
     let mut l_run = [0.0f32; 2];
 
@@ -324,32 +378,34 @@ pub unsafe fn decode<K: DecodeKind>(p: DecodeParams) {
         };
 
         // SAFETY: see above.
-        let mut s = unsafe { qk_tile_gemm::<K::Mma>(q_smem, kv, rg, ch, lane) };
+        let mut s = unsafe { qk_tile_gemm::<K::Mma, L>(q_smem, kv, rg, ch, lane) };
 
         // Mask, scale to log2 units, local row maxima.
-        let n_base = kb * BLOCK_N + ch * 32 + 2 * c4;
+        let n_base = kb * BLOCK_N + ch * (BLOCK_N / L::CS) + 2 * c4;
         let mut m_loc = [f32::NEG_INFINITY; 2];
         unroll!(nt in [0, 1, 2, 3] {
-            unroll!(e in [0, 1, 2, 3] {
-                let j = n_base + nt as u32 * 8 + (e % 2) as u32;
-                let x = if j < vis_r[e / 2] { s[nt][e] * scale_log2 } else { f32::NEG_INFINITY };
-                s[nt][e] = x;
-                m_loc[e / 2] = sync::fmax(m_loc[e / 2], x);
-            });
+            if nt < L::S_TILES {
+                unroll!(e in [0, 1, 2, 3] {
+                    let j = n_base + nt as u32 * 8 + (e % 2) as u32;
+                    let x = if j < vis_r[e / 2] { s[nt][e] * scale_log2 } else { f32::NEG_INFINITY };
+                    s[nt][e] = x;
+                    m_loc[e / 2] = sync::fmax(m_loc[e / 2], x);
+                });
+            }
         });
-        // SAFETY: converged warp; red holds [2][64] f32; barrier reached by all threads.
+        // SAFETY: converged warp; red holds [CS][BM] f32 (128 floats); barrier reached by
+        // all threads.
         let m_new = unsafe {
             let m0 = quad_max(m_loc[0]);
             let m1 = quad_max(m_loc[1]);
             if c4 == 0 {
-                smem::st_shared_f32(red + (ch * BLOCK_M + rg * 16 + g) * 4, m0);
-                smem::st_shared_f32(red + (ch * BLOCK_M + rg * 16 + g + 8) * 4, m1);
+                smem::st_shared_f32(red + (ch * L::BM + rg * 16 + g) * 4, m0);
+                smem::st_shared_f32(red + (ch * L::BM + rg * 16 + g + 8) * 4, m1);
             }
             sync::bar_sync();
-            let both = |r: u32| sync::fmax(smem::ld_shared_f32(red + r * 4), smem::ld_shared_f32(red + (BLOCK_M + r) * 4));
             [
-                sync::fmax(m_run[0], both(rg * 16 + g)),
-                sync::fmax(m_run[1], both(rg * 16 + g + 8)),
+                sync::fmax(m_run[0], red_max::<L>(red, rg * 16 + g)),
+                sync::fmax(m_run[1], red_max::<L>(red, rg * 16 + g + 8)),
             ]
         };
         // A row with nothing visible yet keeps max -inf; use 0 as its reference so that
@@ -365,30 +421,34 @@ pub unsafe fn decode<K: DecodeKind>(p: DecodeParams) {
 
         // Probabilities: to the P tile as 16-bit, row sums in f32.
         unroll!(nt in [0, 1, 2, 3] {
-            let p0 = sync::ex2(s[nt][0] - m_ref[0]);
-            let p1 = sync::ex2(s[nt][1] - m_ref[0]);
-            let p2 = sync::ex2(s[nt][2] - m_ref[1]);
-            let p3 = sync::ex2(s[nt][3] - m_ref[1]);
-            l_run[0] += p0 + p1;
-            l_run[1] += p2 + p3;
-            let col_chunk = ch * 4 + nt as u32;
-            let r_a = rg * 16 + g;
-            // SAFETY: rows < 64, chunk < 8: inside the P tile.
-            unsafe {
-                smem::st_shared_u32(p_smem + p_off(r_a, col_chunk) + 4 * c4, K::Mma::pack2(p0, p1));
-                smem::st_shared_u32(p_smem + p_off(r_a + 8, col_chunk) + 4 * c4, K::Mma::pack2(p2, p3));
+            if nt < L::S_TILES {
+                let p0 = sync::ex2(s[nt][0] - m_ref[0]);
+                let p1 = sync::ex2(s[nt][1] - m_ref[0]);
+                let p2 = sync::ex2(s[nt][2] - m_ref[1]);
+                let p3 = sync::ex2(s[nt][3] - m_ref[1]);
+                l_run[0] += p0 + p1;
+                l_run[1] += p2 + p3;
+                let col_chunk = ch * L::S_TILES as u32 + nt as u32;
+                let r_a = rg * 16 + g;
+                // SAFETY: rows < BM, chunk < 8: inside the P tile.
+                unsafe {
+                    smem::st_shared_u32(p_smem + p_off(r_a, col_chunk) + 4 * c4, K::Mma::pack2(p0, p1));
+                    smem::st_shared_u32(p_smem + p_off(r_a + 8, col_chunk) + 4 * c4, K::Mma::pack2(p2, p3));
+                }
             }
         });
         unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
-            o[i][0] *= alpha[0];
-            o[i][1] *= alpha[0];
-            o[i][2] *= alpha[1];
-            o[i][3] *= alpha[1];
+            if i < L::O_TILES {
+                o[i][0] *= alpha[0];
+                o[i][1] *= alpha[0];
+                o[i][2] *= alpha[1];
+                o[i][3] *= alpha[1];
+            }
         });
         // SAFETY: see above.
         unsafe {
             sync::bar_sync();
-            pv_tile_gemm::<K::Mma>(&mut o, p_smem, kv, rg, ch, lane);
+            pv_tile_gemm::<K::Mma, L>(&mut o, p_smem, kv, rg, ch, lane);
             sync::bar_sync();
         }
         kb += 1;
@@ -397,31 +457,59 @@ pub unsafe fn decode<K: DecodeKind>(p: DecodeParams) {
     // Drain the (possibly empty) last group before the CTA may exit.
     cp_async::cp_async_wait_group::<0>();
 
-    // Row sums: quad reduce, then add the other column half's through shared memory.
-    // SAFETY: converged warps; barriers reached by all threads; red holds [2][64] f32.
+    // Row sums: quad reduce, then add the other column splits' through shared memory.
+    // SAFETY: converged warps; barriers reached by all threads; red holds [CS][BM] f32.
     let l_tot = unsafe {
         let l0 = quad_sum(l_run[0]);
         let l1 = quad_sum(l_run[1]);
         sync::bar_sync();
         if c4 == 0 {
-            smem::st_shared_f32(red + (ch * BLOCK_M + rg * 16 + g) * 4, l0);
-            smem::st_shared_f32(red + (ch * BLOCK_M + rg * 16 + g + 8) * 4, l1);
+            smem::st_shared_f32(red + (ch * L::BM + rg * 16 + g) * 4, l0);
+            smem::st_shared_f32(red + (ch * L::BM + rg * 16 + g + 8) * 4, l1);
         }
         sync::bar_sync();
-        let both = |r: u32| smem::ld_shared_f32(red + r * 4) + smem::ld_shared_f32(red + (BLOCK_M + r) * 4);
-        [both(rg * 16 + g), both(rg * 16 + g + 8)]
+        [red_sum::<L>(red, rg * 16 + g), red_sum::<L>(red, rg * 16 + g + 8)]
     };
     // SAFETY: the host sized out/lse and the workspace for these indices (validated).
-    unsafe { write_rows::<K>(&p, &o, l_tot, m_run, b, row_a, split, nsplit, ch, c4) };
+    unsafe { write_rows::<K, L>(&p, &o, l_tot, m_run, b, row_a, split, nsplit, ch, c4) };
+}
+
+/// Max over the column splits of row `r` in the exchange buffer `[CS][BM]`.
+///
+/// # Safety
+/// `red` is the exchange buffer and the writes to it are ordered by a barrier.
+#[inline(always)]
+unsafe fn red_max<L: Layout>(red: u32, r: u32) -> f32 {
+    let mut m = f32::NEG_INFINITY;
+    for c in 0..L::CS {
+        // SAFETY: c * BM + r < CS * BM = 128 floats.
+        m = sync::fmax(m, unsafe { smem::ld_shared_f32(red + (c * L::BM + r) * 4) });
+    }
+    m
+}
+
+/// Sum over the column splits of row `r` in the exchange buffer `[CS][BM]`, in split order
+/// (every warp of the row group adds in the same order and gets the same value).
+///
+/// # Safety
+/// As [`red_max`].
+#[inline(always)]
+unsafe fn red_sum<L: Layout>(red: u32, r: u32) -> f32 {
+    let mut l = 0.0;
+    for c in 0..L::CS {
+        // SAFETY: as above.
+        l += unsafe { smem::ld_shared_f32(red + (c * L::BM + r) * 4) };
+    }
+    l
 }
 
 /// Normalises the accumulators and stores this thread's two rows: to `out`/`lse` when the
 /// sequence has one split, else to the workspace partials.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn write_rows<K: DecodeKind>(
+unsafe fn write_rows<K: DecodeKind, L: Layout>(
     p: &DecodeParams,
-    o: &[[f32; 4]; O_TILES],
+    o: &[[f32; 4]; O_TILES_MAX],
     l_tot: [f32; 2],
     m_run: [f32; 2],
     b: u32,
@@ -443,7 +531,7 @@ unsafe fn write_rows<K: DecodeKind>(
                 (0.0, f32::NEG_INFINITY)
             };
             let row_idx = (b * rows + gr) as usize;
-            let dim0 = (ch * 256 + 2 * c4) as usize;
+            let dim0 = (ch as usize * (D_V / L::CS as usize)) + 2 * c4 as usize;
             if direct {
                 let scale = inv * p.value_scale * p.output_scale;
                 let (t, h) = (gr / p.heads, gr % p.heads);
@@ -451,9 +539,11 @@ unsafe fn write_rows<K: DecodeKind>(
                 // SAFETY: dims < 512 of a validated out row; 4-byte aligned pairs.
                 let dst = unsafe { (p.out.ptr() as *mut u16).add(row_off as usize + dim0) };
                 unroll!(nt in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
-                    let v = K::Mma::pack2(o[nt][2 * half] * scale, o[nt][2 * half + 1] * scale);
-                    // SAFETY: as above.
-                    unsafe { *(dst.add(nt * 8) as *mut u32) = v };
+                    if nt < L::O_TILES {
+                        let v = K::Mma::pack2(o[nt][2 * half] * scale, o[nt][2 * half + 1] * scale);
+                        // SAFETY: as above.
+                        unsafe { *(dst.add(nt * 8) as *mut u32) = v };
+                    }
                 });
                 if ch == 0 && c4 == 0 {
                     // SAFETY: row_idx < batch * rows entries of lse.
@@ -465,9 +555,11 @@ unsafe fn write_rows<K: DecodeKind>(
                 // SAFETY: split < max_splits: inside the workspace sized by the host.
                 let dst = unsafe { p.partial_o.ptr().add(part * D_V + dim0) };
                 unroll!(nt in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
-                    let v = [o[nt][2 * half] * scale, o[nt][2 * half + 1] * scale];
-                    // SAFETY: as above; 8-byte aligned pairs.
-                    unsafe { *(dst.add(nt * 8) as *mut [f32; 2]) = v };
+                    if nt < L::O_TILES {
+                        let v = [o[nt][2 * half] * scale, o[nt][2 * half + 1] * scale];
+                        // SAFETY: as above; 8-byte aligned pairs.
+                        unsafe { *(dst.add(nt * 8) as *mut [f32; 2]) = v };
+                    }
                 });
                 if ch == 0 && c4 == 0 {
                     // SAFETY: as above.

@@ -51,7 +51,7 @@ pub unsafe extern "ptx-kernel" fn mla_combine_fp16(p: CombineParams) {
 }
 
 macro_rules! decode_kernel {
-    ($name:ident, $ref_name:ident, $kind:ident, $mma:ty, $q_fp8:expr, $kv_fp8:expr) => {
+    ($name:ident, $name16:ident, $ref_name:ident, $kind:ident, $mma:ty, $q_fp8:expr, $kv_fp8:expr) => {
         pub struct $kind;
         impl DecodeKind for $kind {
             type Mma = $mma;
@@ -62,7 +62,13 @@ macro_rules! decode_kernel {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: DecodeParams) {
             // SAFETY: launched by the host with the documented grid on validated params.
-            unsafe { decode::decode::<$kind>(p) }
+            unsafe { decode::decode::<$kind, decode::M64>(p) }
+        }
+        /// The 16-row-tile decode of the same dtypes: see [`decode`].
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name16(p: DecodeParams) {
+            // SAFETY: launched by the host with the documented grid on validated params.
+            unsafe { decode::decode::<$kind, decode::M16>(p) }
         }
         /// The reference decode of the same dtypes: see [`decode_ref`].
         #[unsafe(no_mangle)]
@@ -73,10 +79,10 @@ macro_rules! decode_kernel {
     };
 }
 
-decode_kernel!(mla_decode_mma_bf16, mla_decode_ref_bf16, DecodeBf16, Bf16, false, false);
-decode_kernel!(mla_decode_mma_fp16, mla_decode_ref_fp16, DecodeFp16, Fp16, false, false);
-decode_kernel!(mla_decode_mma_fp8kv_bf16q, mla_decode_ref_fp8kv_bf16q, DecodeFp8KvBf16Q, Bf16, false, true);
-decode_kernel!(mla_decode_mma_fp8, mla_decode_ref_fp8, DecodeFp8, Bf16, true, true);
+decode_kernel!(mla_decode_mma_bf16, mla_decode_mma16_bf16, mla_decode_ref_bf16, DecodeBf16, Bf16, false, false);
+decode_kernel!(mla_decode_mma_fp16, mla_decode_mma16_fp16, mla_decode_ref_fp16, DecodeFp16, Fp16, false, false);
+decode_kernel!(mla_decode_mma_fp8kv_bf16q, mla_decode_mma16_fp8kv_bf16q, mla_decode_ref_fp8kv_bf16q, DecodeFp8KvBf16Q, Bf16, false, true);
+decode_kernel!(mla_decode_mma_fp8, mla_decode_mma16_fp8, mla_decode_ref_fp8, DecodeFp8, Bf16, true, true);
 
 macro_rules! paged_kernel {
     ($name:ident, $body:ident, $params:ty, $fmt:expr) => {

@@ -112,8 +112,10 @@ impl<T> DevPtr<T> {
 pub mod decode_tile {
     use super::D_QK;
 
-    /// Query rows per CTA (heads x query tokens folded together).
+    /// Query rows per CTA (heads x query tokens folded together), default tile.
     pub const BLOCK_M: usize = 64;
+    /// Query rows per CTA of the small tile (`s_q * heads <= 16`: a quarter of the MMA work).
+    pub const BLOCK_M_SMALL: usize = 16;
     /// KV tokens per pipeline step.
     pub const BLOCK_N: usize = 64;
     /// Warps per CTA: 4 row groups of 16 x 2 column halves.
@@ -216,6 +218,10 @@ pub mod names {
     pub const DECODE_FP16: &str = "mla_decode_mma_fp16";
     pub const DECODE_FP8KV_BF16Q: &str = "mla_decode_mma_fp8kv_bf16q";
     pub const DECODE_FP8: &str = "mla_decode_mma_fp8";
+    pub const DECODE16_BF16: &str = "mla_decode_mma16_bf16";
+    pub const DECODE16_FP16: &str = "mla_decode_mma16_fp16";
+    pub const DECODE16_FP8KV_BF16Q: &str = "mla_decode_mma16_fp8kv_bf16q";
+    pub const DECODE16_FP8: &str = "mla_decode_mma16_fp8";
     pub const COMBINE_BF16: &str = "mla_combine_bf16";
     pub const COMBINE_FP16: &str = "mla_combine_fp16";
     pub const APPEND_BF16: &str = "mla_append_bf16";
@@ -240,6 +246,10 @@ pub mod names {
             (DECODE_FP16, size_of::<DecodeParams>()),
             (DECODE_FP8KV_BF16Q, size_of::<DecodeParams>()),
             (DECODE_FP8, size_of::<DecodeParams>()),
+            (DECODE16_BF16, size_of::<DecodeParams>()),
+            (DECODE16_FP16, size_of::<DecodeParams>()),
+            (DECODE16_FP8KV_BF16Q, size_of::<DecodeParams>()),
+            (DECODE16_FP8, size_of::<DecodeParams>()),
             (COMBINE_BF16, size_of::<CombineParams>()),
             (COMBINE_FP16, size_of::<CombineParams>()),
             (APPEND_BF16, size_of::<AppendParams>()),
