@@ -19,7 +19,8 @@ pub fn chunk_range(len: usize, splits: usize, i: usize) -> std::ops::Range<usize
     (first as usize * BLOCK_N).min(len)..(end as usize * BLOCK_N).min(len)
 }
 
-/// CTAs per (sequence, split): query rows are cut into tiles of `BLOCK_M`.
+/// CTAs per (sequence, split) with the default 64-row tile (`tactic::Tile::row_tiles` for
+/// any tile).
 pub fn row_tiles(rows: usize) -> usize {
     rows.div_ceil(decode_tile::BLOCK_M)
 }

@@ -118,17 +118,19 @@ pub mod decode_tile {
     pub const BLOCK_M_SMALL: usize = 16;
     /// KV tokens per pipeline step.
     pub const BLOCK_N: usize = 64;
-    /// Warps per CTA: 4 row groups of 16 x 2 column halves.
+    /// Warps per CTA: 4 row groups of 16 x 2 column halves (64-row tile) or 1 x 8 (16-row).
     pub const WARPS: usize = 8;
     pub const THREADS: usize = WARPS * 32;
     /// One bf16/fp16 tile of `rows x D_QK`, 16-byte chunks XOR-swizzled by row.
     pub const QK_TILE_BYTES: usize = BLOCK_N * D_QK * 2;
     /// One fp8 staging tile of `BLOCK_N x D_QK` bytes.
     pub const FP8_STAGE_BYTES: usize = BLOCK_N * D_QK;
-    /// Probabilities tile, `BLOCK_M x BLOCK_N` 16-bit.
+    /// Probabilities tile, `BLOCK_M x BLOCK_N` 16-bit (the 16-row tile uses its first rows).
     pub const P_TILE_BYTES: usize = BLOCK_M * BLOCK_N * 2;
-    /// Row max exchange between the two column halves, and the row sums at the end.
+    /// Row max / row sum exchange between the column splits: `[splits][rows]` f32, 128
+    /// floats for both tiles (2 x 64 and 8 x 16).
     pub const RED_BYTES: usize = 2 * BLOCK_M * 4;
+    const _: () = assert!(2 * BLOCK_M == 8 * BLOCK_M_SMALL);
 
     /// Byte offsets of the shared-memory regions.
     pub const SMEM_Q: usize = 0;
@@ -268,7 +270,9 @@ pub mod names {
     };
 }
 
-/// Params of `mla_decode_mma_*`. Grid: `(max_splits, ceil(s_q*heads / BLOCK_M), batch)`,
+/// Params of `mla_decode_mma_*` (`BLOCK_M` rows per CTA), `mla_decode_mma16_*`
+/// (`BLOCK_M_SMALL`) and `mla_decode_ref_*` (one row per CTA, grid `(s_q*heads, batch)`).
+/// Grid of the first two: `(max_splits, ceil(s_q*heads / rows per CTA), batch)`,
 /// block `decode_tile::THREADS`, dynamic shared memory `decode_tile::SMEM_BYTES`.
 ///
 /// Strides are in elements. Element types follow the kernel: q and kv 16-bit (bf16 or
@@ -420,7 +424,7 @@ pub struct ScheduleParams {
     /// `[batch]` i32 output: split count per sequence. Never null.
     pub num_splits: DevPtr<i32>,
     pub batch: u32,
-    /// Row tiles per sequence (`ceil(s_q * heads / BLOCK_M)`).
+    /// Row tiles per sequence (`ceil(s_q * heads / rows per CTA)` of the decode's tile).
     pub tiles: u32,
     /// CTAs the schedule aims at (waves x SMs).
     pub target_ctas: u32,
