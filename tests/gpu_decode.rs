@@ -370,5 +370,5 @@ fn bad_requests_are_typed_errors() {
     let e = rt.decode(&stream, &req, &ws).unwrap_err();
     assert!(matches!(e, MlaError::Misaligned { .. }), "{e}");
     assert!(ws.set_splits(&stream, &[MAX_SPLITS as i32 + 1]).is_err());
-    assert!(ws.set_splits(&stream, &[0]).is_err());
+    assert!(ws.set_splits(&stream, &[-1]).is_err());
 }

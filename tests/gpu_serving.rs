@@ -103,6 +103,57 @@ fn schedule_kernel_matches_cpu_twin_and_plan_matches_oracle() {
     assert!(failures.is_empty());
 }
 
+/// A padding slot (device length 0, as a batch bucket larger than the live batch has) is
+/// skipped: the schedule gives it 0 splits and its output rows stay untouched, while the
+/// other sequences are exact.
+#[test]
+fn zero_length_padding_is_skipped() {
+    let test = "padding";
+    let seed = common::seed(test);
+    let Some((rt, stream)) = common::gpu(test) else {
+        return;
+    };
+    let mut rng = SplitMix64::new(seed);
+    let h = HostCase::random(
+        &CaseSpec::new(DecodeDtypes::Bf16, 16, 16, 1, vec![700, 9, 333]),
+        &mut rng,
+    );
+    let refs = h.references();
+    let plan = rt
+        .plan_decode(&stream, config(&h, 3), Tactic::default())
+        .unwrap();
+    let mut dc = DeviceCase::upload(&stream, &h).unwrap();
+    stream.memcpy_htod(&[700i32, 0, 333], &mut dc.lens).unwrap();
+    dc.poison_outputs(&stream).unwrap();
+    let mut req = dc.request(&stream, &h);
+    req.host = mla::HostMirror::default();
+    plan.run(&rt, &stream, &req).unwrap();
+    stream.synchronize().unwrap();
+    let splits = plan.read_splits(&stream, 3).unwrap();
+    assert_eq!(splits[1], 0, "splits {splits:?}");
+    let (out, lse) = dc.download(&stream, DecodeDtypes::Bf16.out()).unwrap();
+    let rows = 16 * mla::abi::D_V;
+    assert!(
+        out[rows..2 * rows].iter().all(|v| v.is_nan()),
+        "the skipped sequence was written"
+    );
+    assert!(
+        lse[16..32].iter().all(|v| v.is_nan()),
+        "the skipped sequence's lse was written"
+    );
+    for s in [0usize, 2] {
+        let r = s * rows..(s + 1) * rows;
+        let c = mla::oracle::compare(
+            &out[r.clone()],
+            &refs.0.out[r.clone()],
+            &refs.1.out[r],
+            harness::OUT_ATOL,
+        );
+        assert!(c.ok, "sequence {s}: {c}");
+    }
+    eprintln!("[{test}] splits {splits:?}: padding skipped, others exact (seed {seed})");
+}
+
 /// The reference backend (one CTA per row, f32, serial over tokens) against the oracle,
 /// and against the tensor-core backend on the same inputs.
 #[test]

@@ -86,7 +86,8 @@ impl DecodeWorkspace {
         self.capacity
     }
 
-    /// Uploads the split count of each sequence (`1..=max_splits`) for the next decodes.
+    /// Uploads the split count of each sequence (`0..=max_splits`; 0 skips the sequence:
+    /// its output rows are not written) for the next decodes.
     pub fn set_splits(&mut self, stream: &Arc<CudaStream>, splits: &[i32]) -> Result<()> {
         if splits.is_empty() || splits.len() > self.capacity.batch {
             return Err(MlaError::shape(
@@ -96,11 +97,11 @@ impl DecodeWorkspace {
             ));
         }
         for (i, &s) in splits.iter().enumerate() {
-            if s < 1 || s as usize > self.capacity.max_splits {
+            if s < 0 || s as usize > self.capacity.max_splits {
                 return Err(MlaError::OutOfRange {
                     field: "splits",
                     index: i,
-                    expected: format!("1..={} (workspace max_splits)", self.capacity.max_splits),
+                    expected: format!("0..={} (workspace max_splits)", self.capacity.max_splits),
                     got: s as i64,
                 });
             }

@@ -65,7 +65,7 @@ pub fn schedule(seq_lens: &[i32], cfg: &ScheduleConfig) -> Vec<i32> {
 }
 
 /// Split counts for about one wave of `sm_count` CTAs (one CTA per SM): [`schedule`] with
-/// one wave and no length clamp. Deterministic; lengths `<= 0` get 1 split.
+/// one wave and no length clamp. Deterministic; lengths `<= 0` get 0 splits (skipped).
 pub fn split_counts(seq_lens: &[i32], rows: usize, sm_count: usize, max_splits: usize) -> Vec<i32> {
     let cfg = ScheduleConfig {
         tiles: row_tiles(rows).max(1),
@@ -134,7 +134,7 @@ mod tests {
         assert_eq!(s[0], 1);
         assert!(s[2] > 1 && s[2] <= 64);
         let s = split_counts(&[0, -5, 64], 1, 132, 64);
-        assert_eq!(s, vec![1, 1, 1]);
+        assert_eq!(s, vec![0, 0, 1]);
     }
 
     #[test]
@@ -152,14 +152,15 @@ mod tests {
             let s = schedule(&lens, &cfg);
             let bound = cfg.grid_splits() as i32;
             for (i, (&x, &l)) in s.iter().zip(&lens).enumerate() {
-                let blocks = (l.max(0) as usize)
-                    .min(cfg.max_len)
-                    .div_ceil(BLOCK_N)
-                    .max(1) as i32;
-                assert!(
-                    x >= 1 && x <= bound && x <= blocks,
-                    "seq {i}: {x} (bound {bound}, blocks {blocks}) {cfg:?}"
-                );
+                let blocks = (l.max(0) as usize).min(cfg.max_len).div_ceil(BLOCK_N) as i32;
+                if blocks == 0 {
+                    assert_eq!(x, 0, "seq {i}: a sequence with no KV must be skipped");
+                } else {
+                    assert!(
+                        x >= 1 && x <= bound && x <= blocks,
+                        "seq {i}: {x} (bound {bound}, blocks {blocks}) {cfg:?}"
+                    );
+                }
             }
             let ctas: usize = s.iter().map(|&x| x as usize).sum::<usize>() * cfg.tiles;
             // One wave at most, except the floor of one split per sequence.

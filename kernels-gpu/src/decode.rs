@@ -3,7 +3,8 @@
 //! - Grid: `(max_splits, ceil(s_q * heads / BM), batch)`. CTA `(split, tile, b)` takes
 //!   query rows `tile * BM .. +BM` of sequence `b` (row `r` is query token `r / heads`,
 //!   head `r % heads`: S_q is folded into the rows) over KV chunk `split` of `num_splits[b]`
-//!   (whole 64-token blocks, [`mla_abi::chunk_blocks`]). CTAs past `num_splits[b]` exit at once.
+//!   (whole 64-token blocks, [`mla_abi::chunk_blocks`]). CTAs past `num_splits[b]` exit at once;
+//!   a sequence with 0 splits (skipped by the schedule: no KV) is not computed or written.
 //! - Block: 256 threads, 8 warps, arranged by the [`Layout`]: `RG` row groups of 16 rows
 //!   (`BM = 16 RG`) times `CS` column splits. Warp `w` owns row group `rg = w % RG` and split
 //!   `ch = w / RG`: for QK^T it computes tokens `ch * 64/CS .. +64/CS` of the block, for PV
@@ -304,7 +305,11 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
     }
     // SAFETY: b < batch entries of seq_lens and num_splits.
     let (len_raw, nsplit_raw) = unsafe { (*p.seq_lens.ptr().add(b as usize), *p.num_splits.ptr().add(b as usize)) };
-    let nsplit = (nsplit_raw.max(1) as u32).min(p.max_splits);
+    // 0 splits: a sequence the schedule skipped (no KV); nothing is computed or written.
+    if nsplit_raw <= 0 {
+        return;
+    }
+    let nsplit = (nsplit_raw as u32).min(p.max_splits);
     if split >= nsplit {
         return;
     }

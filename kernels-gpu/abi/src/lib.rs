@@ -186,13 +186,18 @@ pub mod schedule_tile {
 /// The split count of one sequence under the on-device schedule (the kernel and its host
 /// twin `plan::schedule` both call this): `floor(blocks * target_ctas / total_blocks)`,
 /// clamped to `1..=min(max_splits, blocks)`, where `total_blocks` is the batch's KV blocks
-/// times the row tiles. At most about one wave of `target_ctas` CTAs in all.
+/// times the row tiles. At most about one wave of `target_ctas` CTAs in all. A sequence
+/// with no KV (length <= 0: a padding slot of a batch bucket) gets 0: it is skipped, and
+/// its output rows are not written.
 pub const fn schedule_splits(
     blocks: u64,
     total_blocks: u64,
     target_ctas: u64,
     max_splits: u64,
 ) -> u32 {
+    if blocks == 0 {
+        return 0;
+    }
     let total = if total_blocks == 0 { 1 } else { total_blocks };
     let s = blocks.saturating_mul(target_ctas) / total;
     let hi = if max_splits < blocks {
@@ -288,7 +293,8 @@ pub struct DecodeParams {
     pub page_table: DevPtr<i32>,
     /// `[batch]` i32 KV lengths including this step's `s_q` tokens. Never null.
     pub seq_lens: DevPtr<i32>,
-    /// `[batch]` i32 split count of each sequence, `1..=max_splits`. Never null.
+    /// `[batch]` i32 split count of each sequence, `0..=max_splits` (0: skipped, its rows
+    /// are not written). Never null.
     pub num_splits: DevPtr<i32>,
     /// `[batch, s_q, heads, D_V]`: written for sequences with one split. Never null.
     pub out: DevPtr<u8>,
@@ -338,7 +344,8 @@ pub struct CombineParams {
     pub partial_o: DevPtr<f32>,
     /// `[max_splits, batch, s_q, heads]` f32 (natural log, `-inf` for empty chunks). Never null.
     pub partial_lse: DevPtr<f32>,
-    /// `[batch]` i32; sequences with one split are left alone (the decode wrote them).
+    /// `[batch]` i32; sequences with one split (the decode wrote them) or none (skipped)
+    /// are left alone.
     pub num_splits: DevPtr<i32>,
     /// `[batch, s_q, heads, D_V]` 16-bit. Never null.
     pub out: DevPtr<u8>,
