@@ -73,8 +73,12 @@ pub unsafe fn combine<O: Half16>(p: CombineParams) {
 
     let tok = row / p.heads;
     let head = row % p.heads;
-    let dst = b as u64 * p.out_stride_b + tok as u64 * p.out_stride_s + head as u64 * p.out_stride_h;
-    let packed = [O::pack2(acc[0] * scale, acc[1] * scale), O::pack2(acc[2] * scale, acc[3] * scale)];
+    let dst =
+        b as u64 * p.out_stride_b + tok as u64 * p.out_stride_s + head as u64 * p.out_stride_h;
+    let packed = [
+        O::pack2(acc[0] * scale, acc[1] * scale),
+        O::pack2(acc[2] * scale, acc[3] * scale),
+    ];
     // SAFETY: dst + dim0 + 4 <= the row's D_V elements of `out` (validated strides); 8-byte
     // aligned since dim0 is a multiple of 4 and the host checked row alignment.
     unsafe {

@@ -132,7 +132,9 @@ unsafe fn load_q_tile<K: DecodeKind, L: Layout>(p: &DecodeParams, b: u32, row0: 
             let v = match row_off {
                 Some(off) => {
                     // SAFETY: row off + 8k .. +8 lies in the validated q row; 8-byte aligned.
-                    let raw = unsafe { *(p.q.ptr().add((off + 8 * k as u64) as usize) as *const [u32; 2]) };
+                    let raw = unsafe {
+                        *(p.q.ptr().add((off + 8 * k as u64) as usize) as *const [u32; 2])
+                    };
                     fp8x8_to_half::<K::Mma>(raw)
                 }
                 None => [0; 4],
@@ -142,7 +144,10 @@ unsafe fn load_q_tile<K: DecodeKind, L: Layout>(p: &DecodeParams, b: u32, row0: 
         } else {
             let (src, n) = match row_off {
                 // SAFETY: 16-byte chunk k of a validated, 16-byte aligned q row.
-                Some(off) => (unsafe { p.q.ptr().add(((off * 2) + 16 * k as u64) as usize) as *const u8 }, 16),
+                Some(off) => (
+                    unsafe { p.q.ptr().add(((off * 2) + 16 * k as u64) as usize) as *const u8 },
+                    16,
+                ),
                 None => (p.q.ptr() as *const u8, 0),
             };
             // SAFETY: dst inside the Q tile; src valid when n == 16, unread when n == 0.
@@ -157,12 +162,20 @@ unsafe fn load_q_tile<K: DecodeKind, L: Layout>(p: &DecodeParams, b: u32, row0: 
 #[inline(always)]
 unsafe fn issue_kv_block<K: DecodeKind>(p: &DecodeParams, b: u32, len: u32, kb: u32, stage: u32) {
     let n0 = kb * BLOCK_N;
-    let (chunks_per_row, elem) = if K::KV_FP8 { (FP8_ROW_CHUNKS, 1) } else { (ROW_CHUNKS, 2) };
+    let (chunks_per_row, elem) = if K::KV_FP8 {
+        (FP8_ROW_CHUNKS, 1)
+    } else {
+        (ROW_CHUNKS, 2)
+    };
     let mut c = arch::thread_idx_x();
     while c < BLOCK_N * chunks_per_row {
         let r = c / chunks_per_row;
         let k = c % chunks_per_row;
-        let dst = if K::KV_FP8 { stage + r * D_QK as u32 + (k << 4) } else { stage + qk_off(r, k) };
+        let dst = if K::KV_FP8 {
+            stage + r * D_QK as u32 + (k << 4)
+        } else {
+            stage + qk_off(r, k)
+        };
         let (src, n) = match kv_row_addr(p, b, n0 + r, len, elem) {
             // SAFETY: chunk k of a cache row that kv_row_addr bounds-checked.
             Some(a) => (unsafe { a.add((k << 4) as usize) }, 16),
@@ -195,8 +208,14 @@ unsafe fn convert_fp8_stage<K: DecodeKind>(raw_stage: u32, tile: u32) {
         // SAFETY: inside the raw stage and the tile (both sized by decode_tile).
         unsafe {
             let v = smem::ld_shared_v4(raw_stage + r * D_QK as u32 + (k << 4));
-            smem::st_shared_v4(tile + qk_off(r, 2 * k), fp8x8_to_half::<K::Mma>([v[0], v[1]]));
-            smem::st_shared_v4(tile + qk_off(r, 2 * k + 1), fp8x8_to_half::<K::Mma>([v[2], v[3]]));
+            smem::st_shared_v4(
+                tile + qk_off(r, 2 * k),
+                fp8x8_to_half::<K::Mma>([v[0], v[1]]),
+            );
+            smem::st_shared_v4(
+                tile + qk_off(r, 2 * k + 1),
+                fp8x8_to_half::<K::Mma>([v[2], v[3]]),
+            );
         }
         c += THREADS;
     }
@@ -204,7 +223,13 @@ unsafe fn convert_fp8_stage<K: DecodeKind>(raw_stage: u32, tile: u32) {
 
 /// S (16 rows x 64/CS tokens) = Q[rows of rg] . K[tokens of ch]^T over all 576 dims.
 #[inline(always)]
-unsafe fn qk_tile_gemm<H: Half16, L: Layout>(q_smem: u32, kv: u32, rg: u32, ch: u32, lane: u32) -> [[f32; 4]; 4] {
+unsafe fn qk_tile_gemm<H: Half16, L: Layout>(
+    q_smem: u32,
+    kv: u32,
+    rg: u32,
+    ch: u32,
+    lane: u32,
+) -> [[f32; 4]; 4] {
     let mut s = [[0.0f32; 4]; 4];
     let a_row = rg * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
     let a_half = lane / 16;
@@ -248,7 +273,14 @@ unsafe fn qk_tile_gemm<H: Half16, L: Layout>(q_smem: u32, kv: u32, rg: u32, ch: 
 /// `ch*64/CS + 8*(np/4) + ((2*(np%4) + l/16) ^ (row % 8))`: four per-lane column offsets plus
 /// a constant 128 bytes per `np / 4`, so the addresses fold into immediates.
 #[inline(always)]
-unsafe fn pv_tile_gemm<H: Half16, L: Layout>(o: &mut [[f32; 4]; O_TILES_MAX], p_smem: u32, kv: u32, rg: u32, ch: u32, lane: u32) {
+unsafe fn pv_tile_gemm<H: Half16, L: Layout>(
+    o: &mut [[f32; 4]; O_TILES_MAX],
+    p_smem: u32,
+    kv: u32,
+    rg: u32,
+    ch: u32,
+    lane: u32,
+) {
     let a_row = rg * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
     let a_half = lane / 16;
     let v_row = (lane % 8) + ((lane / 8) % 2) * 8;
@@ -304,7 +336,12 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
         return;
     }
     // SAFETY: b < batch entries of seq_lens and num_splits.
-    let (len_raw, nsplit_raw) = unsafe { (*p.seq_lens.ptr().add(b as usize), *p.num_splits.ptr().add(b as usize)) };
+    let (len_raw, nsplit_raw) = unsafe {
+        (
+            *p.seq_lens.ptr().add(b as usize),
+            *p.num_splits.ptr().add(b as usize),
+        )
+    };
     // 0 splits: a sequence the schedule skipped (no KV); nothing is computed or written.
     if nsplit_raw <= 0 {
         return;
@@ -416,10 +453,21 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
         // A row with nothing visible yet keeps max -inf; use 0 as its reference so that
         // exp2(-inf - ref) is 0 and never NaN.
         let m_ref = [
-            if m_new[0] == f32::NEG_INFINITY { 0.0 } else { m_new[0] },
-            if m_new[1] == f32::NEG_INFINITY { 0.0 } else { m_new[1] },
+            if m_new[0] == f32::NEG_INFINITY {
+                0.0
+            } else {
+                m_new[0]
+            },
+            if m_new[1] == f32::NEG_INFINITY {
+                0.0
+            } else {
+                m_new[1]
+            },
         ];
-        let alpha = [sync::ex2(m_run[0] - m_ref[0]), sync::ex2(m_run[1] - m_ref[1])];
+        let alpha = [
+            sync::ex2(m_run[0] - m_ref[0]),
+            sync::ex2(m_run[1] - m_ref[1]),
+        ];
         m_run = m_new;
         l_run[0] *= alpha[0];
         l_run[1] *= alpha[1];
@@ -473,7 +521,10 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
             smem::st_shared_f32(red + (ch * L::BM + rg * 16 + g + 8) * 4, l1);
         }
         sync::bar_sync();
-        [red_sum::<L>(red, rg * 16 + g), red_sum::<L>(red, rg * 16 + g + 8)]
+        [
+            red_sum::<L>(red, rg * 16 + g),
+            red_sum::<L>(red, rg * 16 + g + 8),
+        ]
     };
     // SAFETY: the host sized out/lse and the workspace for these indices (validated).
     unsafe { write_rows::<K, L>(&p, &o, l_tot, m_run, b, row_a, split, nsplit, ch, c4) };

@@ -101,7 +101,7 @@ pub unsafe fn decode_reference<K: DecodeKind>(p: DecodeParams) {
                 dot += sync::shfl_xor_f32(dot, off);
                 off /= 2;
             }
-            if tid % 32 == 0 {
+            if tid.is_multiple_of(32) {
                 smem::st_shared_f32(slot + warp * 4, dot);
             }
             sync::bar_sync();
@@ -128,13 +128,20 @@ pub unsafe fn decode_reference<K: DecodeKind>(p: DecodeParams) {
         j += 1;
     }
 
-    let (inv, lse) = if l > 0.0 { (1.0 / l, (m + sync::lg2(l)) * LN2) } else { (0.0, f32::NEG_INFINITY) };
+    let (inv, lse) = if l > 0.0 {
+        (1.0 / l, (m + sync::lg2(l)) * LN2)
+    } else {
+        (0.0, f32::NEG_INFINITY)
+    };
     let scale = inv * p.value_scale * p.output_scale;
     let o_off = b as u64 * p.out_stride_b + t as u64 * p.out_stride_s + h as u64 * p.out_stride_h;
     // SAFETY: dims 4 tid .. +4 of a validated out row; 8-byte aligned.
     unsafe {
         let dst = (p.out.ptr() as *mut u16).add(o_off as usize + 4 * tid) as *mut [u32; 2];
-        *dst = [K::Mma::pack2(acc[0] * scale, acc[1] * scale), K::Mma::pack2(acc[2] * scale, acc[3] * scale)];
+        *dst = [
+            K::Mma::pack2(acc[0] * scale, acc[1] * scale),
+            K::Mma::pack2(acc[2] * scale, acc[3] * scale),
+        ];
         if tid == 0 {
             *p.lse.ptr().add((b * rows + row) as usize) = lse;
         }

@@ -24,8 +24,8 @@ pub mod elem;
 pub mod paged;
 pub mod schedule;
 
-use elem::{Bf16, Fp16};
 use decode::DecodeKind;
+use elem::{Bf16, Fp16};
 use mla_abi::{AppendParams, CombineParams, DecodeParams, GatherParams, ScheduleParams};
 use paged::RowFormat;
 
@@ -79,10 +79,42 @@ macro_rules! decode_kernel {
     };
 }
 
-decode_kernel!(mla_decode_mma_bf16, mla_decode_mma16_bf16, mla_decode_ref_bf16, DecodeBf16, Bf16, false, false);
-decode_kernel!(mla_decode_mma_fp16, mla_decode_mma16_fp16, mla_decode_ref_fp16, DecodeFp16, Fp16, false, false);
-decode_kernel!(mla_decode_mma_fp8kv_bf16q, mla_decode_mma16_fp8kv_bf16q, mla_decode_ref_fp8kv_bf16q, DecodeFp8KvBf16Q, Bf16, false, true);
-decode_kernel!(mla_decode_mma_fp8, mla_decode_mma16_fp8, mla_decode_ref_fp8, DecodeFp8, Bf16, true, true);
+decode_kernel!(
+    mla_decode_mma_bf16,
+    mla_decode_mma16_bf16,
+    mla_decode_ref_bf16,
+    DecodeBf16,
+    Bf16,
+    false,
+    false
+);
+decode_kernel!(
+    mla_decode_mma_fp16,
+    mla_decode_mma16_fp16,
+    mla_decode_ref_fp16,
+    DecodeFp16,
+    Fp16,
+    false,
+    false
+);
+decode_kernel!(
+    mla_decode_mma_fp8kv_bf16q,
+    mla_decode_mma16_fp8kv_bf16q,
+    mla_decode_ref_fp8kv_bf16q,
+    DecodeFp8KvBf16Q,
+    Bf16,
+    false,
+    true
+);
+decode_kernel!(
+    mla_decode_mma_fp8,
+    mla_decode_mma16_fp8,
+    mla_decode_ref_fp8,
+    DecodeFp8,
+    Bf16,
+    true,
+    true
+);
 
 macro_rules! paged_kernel {
     ($name:ident, $body:ident, $params:ty, $fmt:expr) => {
@@ -97,11 +129,21 @@ macro_rules! paged_kernel {
 
 paged_kernel!(mla_append_bf16, append, AppendParams, RowFormat::Half);
 paged_kernel!(mla_append_fp16, append, AppendParams, RowFormat::Half);
-paged_kernel!(mla_append_fp8_from_bf16, append, AppendParams, RowFormat::Bf16ToFp8);
+paged_kernel!(
+    mla_append_fp8_from_bf16,
+    append,
+    AppendParams,
+    RowFormat::Bf16ToFp8
+);
 paged_kernel!(mla_gather_bf16, gather, GatherParams, RowFormat::Half);
 paged_kernel!(mla_gather_fp16, gather, GatherParams, RowFormat::Half);
 paged_kernel!(mla_gather_fp8, gather, GatherParams, RowFormat::Fp8);
-paged_kernel!(mla_gather_fp8_to_bf16, gather, GatherParams, RowFormat::Fp8ToBf16);
+paged_kernel!(
+    mla_gather_fp8_to_bf16,
+    gather,
+    GatherParams,
+    RowFormat::Fp8ToBf16
+);
 
 /// `mla_schedule`: see [`schedule`].
 #[unsafe(no_mangle)]

@@ -88,10 +88,21 @@ unsafe fn move_8(fmt: RowFormat, src: *const u8, dst: *mut u8, scale: f32) {
 
 /// Page id of position `pos` of sequence `b`, if it is a valid page.
 #[inline(always)]
-unsafe fn page_of(table: *const i32, stride: u32, shift: u32, num_pages: u32, b: u32, pos: u32) -> Option<u64> {
+unsafe fn page_of(
+    table: *const i32,
+    stride: u32,
+    shift: u32,
+    num_pages: u32,
+    b: u32,
+    pos: u32,
+) -> Option<u64> {
     // SAFETY: the caller keeps pos < max_pages << shift, so the slot is inside row b.
     let page = unsafe { *table.add(b as usize * stride as usize + (pos >> shift) as usize) };
-    if page < 0 || page as u32 >= num_pages { None } else { Some(page as u64) }
+    if page < 0 || page as u32 >= num_pages {
+        None
+    } else {
+        Some(page as u64)
+    }
 }
 
 /// # Safety
@@ -113,10 +124,20 @@ pub unsafe fn append(p: AppendParams, fmt: RowFormat) {
         return;
     }
     // SAFETY: pos is inside the table row (checked above).
-    let Some(page) = (unsafe { page_of(p.page_table.ptr(), p.page_table_stride, p.page_shift, p.num_pages, b, pos) }) else {
+    let Some(page) = (unsafe {
+        page_of(
+            p.page_table.ptr(),
+            p.page_table_stride,
+            p.page_shift,
+            p.num_pages,
+            b,
+            pos,
+        )
+    }) else {
         return;
     };
-    let dst_off = (page * p.kv_stride_page + (pos & (p.page_size - 1)) as u64 * p.kv_stride_token) as usize;
+    let dst_off =
+        (page * p.kv_stride_page + (pos & (p.page_size - 1)) as u64 * p.kv_stride_token) as usize;
     let src_off = (b as u64 * p.new_stride_b + t as u64 * p.new_stride_s) as usize;
     // SAFETY: validated rows of new_kv and of the cache.
     unsafe {
@@ -143,11 +164,28 @@ pub unsafe fn gather(p: GatherParams, fmt: RowFormat) {
     }
     // SAFETY: j < len, inside the out row block and the table row.
     unsafe {
-        let dst = p.out.ptr().add((b as u64 * p.out_stride_b + j as u64 * D_QK as u64) as usize * fmt.dst_bytes());
-        match page_of(p.page_table.ptr(), p.page_table_stride, p.page_shift, p.num_pages, b, j) {
+        let dst = p
+            .out
+            .ptr()
+            .add((b as u64 * p.out_stride_b + j as u64 * D_QK as u64) as usize * fmt.dst_bytes());
+        match page_of(
+            p.page_table.ptr(),
+            p.page_table_stride,
+            p.page_shift,
+            p.num_pages,
+            b,
+            j,
+        ) {
             Some(page) => {
-                let off = (page * p.kv_stride_page + (j & (p.page_size - 1)) as u64 * p.kv_stride_token) as usize;
-                move_8(fmt, p.kv_cache.ptr().add(off * fmt.src_bytes()), dst, p.kv_scale);
+                let off = (page * p.kv_stride_page
+                    + (j & (p.page_size - 1)) as u64 * p.kv_stride_token)
+                    as usize;
+                move_8(
+                    fmt,
+                    p.kv_cache.ptr().add(off * fmt.src_bytes()),
+                    dst,
+                    p.kv_scale,
+                );
             }
             None => {
                 let i = arch::thread_idx_x() as usize;

@@ -58,7 +58,12 @@ pub unsafe fn schedule(p: ScheduleParams) {
     let total = total * p.tiles.max(1) as u64;
     let mut b = tid;
     while b < p.batch {
-        let s = schedule_splits(blocks_of(&p, b), total, p.target_ctas as u64, p.max_splits as u64);
+        let s = schedule_splits(
+            blocks_of(&p, b),
+            total,
+            p.target_ctas as u64,
+            p.max_splits as u64,
+        );
         // SAFETY: b < batch entries of num_splits.
         unsafe { *p.num_splits.ptr().add(b as usize) = s as i32 };
         b += threads;

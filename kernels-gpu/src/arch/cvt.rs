@@ -7,7 +7,9 @@ use core::arch::asm;
 pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
     let r: u32;
     // SAFETY: a pure conversion. PTX takes the high element first.
-    unsafe { asm!("cvt.rn.bf16x2.f32 {r}, {h}, {l};", r = out(reg32) r, h = in(reg32) hi, l = in(reg32) lo, options(nostack, pure, nomem)) }
+    unsafe {
+        asm!("cvt.rn.bf16x2.f32 {r}, {h}, {l};", r = out(reg32) r, h = in(reg32) hi, l = in(reg32) lo, options(nostack, pure, nomem))
+    }
     r
 }
 
@@ -16,7 +18,9 @@ pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
 pub fn pack_f16x2(lo: f32, hi: f32) -> u32 {
     let r: u32;
     // SAFETY: a pure conversion. PTX takes the high element first.
-    unsafe { asm!("cvt.rn.f16x2.f32 {r}, {h}, {l};", r = out(reg32) r, h = in(reg32) hi, l = in(reg32) lo, options(nostack, pure, nomem)) }
+    unsafe {
+        asm!("cvt.rn.f16x2.f32 {r}, {h}, {l};", r = out(reg32) r, h = in(reg32) hi, l = in(reg32) lo, options(nostack, pure, nomem))
+    }
     r
 }
 
@@ -31,7 +35,9 @@ pub fn bf16_to_f32(bits: u16) -> f32 {
 pub fn f16_to_f32(bits: u16) -> f32 {
     let r: f32;
     // SAFETY: a pure conversion.
-    unsafe { asm!("cvt.f32.f16 {r}, {h};", r = out(reg32) r, h = in(reg16) bits, options(nostack, pure, nomem)) }
+    unsafe {
+        asm!("cvt.f32.f16 {r}, {h};", r = out(reg32) r, h = in(reg16) bits, options(nostack, pure, nomem))
+    }
     r
 }
 
@@ -57,7 +63,7 @@ pub fn f32_to_e4m3_sat(x: f32) -> u32 {
     let bits = x.to_bits();
     let sign = (bits >> 24) & 0x80;
     let a = f32::from_bits(bits & 0x7fff_ffff);
-    if a != a {
+    if a.is_nan() {
         return 0x7f | sign;
     }
     if a >= 464.0 {
@@ -86,6 +92,8 @@ pub fn f32_to_e4m3_sat(x: f32) -> u32 {
 fn rne_to_int(x: f32) -> u32 {
     let r: u32;
     // SAFETY: a pure conversion.
-    unsafe { asm!("cvt.rni.u32.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(nostack, pure, nomem)) }
+    unsafe {
+        asm!("cvt.rni.u32.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(nostack, pure, nomem))
+    }
     r
 }

@@ -21,7 +21,9 @@ pub fn smem_base() -> u32 {
 #[inline(always)]
 pub unsafe fn st_shared_u32(addr: u32, v: u32) {
     // SAFETY: the caller guarantees the address is valid.
-    unsafe { asm!("st.shared.b32 [{a}], {v};", a = in(reg32) addr, v = in(reg32) v, options(nostack)) }
+    unsafe {
+        asm!("st.shared.b32 [{a}], {v};", a = in(reg32) addr, v = in(reg32) v, options(nostack))
+    }
 }
 
 /// `st.shared.f32 [addr], v`.
@@ -31,7 +33,9 @@ pub unsafe fn st_shared_u32(addr: u32, v: u32) {
 #[inline(always)]
 pub unsafe fn st_shared_f32(addr: u32, v: f32) {
     // SAFETY: the caller guarantees the address is valid.
-    unsafe { asm!("st.shared.f32 [{a}], {v};", a = in(reg32) addr, v = in(reg32) v, options(nostack)) }
+    unsafe {
+        asm!("st.shared.f32 [{a}], {v};", a = in(reg32) addr, v = in(reg32) v, options(nostack))
+    }
 }
 
 /// `ld.shared.f32`.
@@ -42,7 +46,9 @@ pub unsafe fn st_shared_f32(addr: u32, v: f32) {
 pub unsafe fn ld_shared_f32(addr: u32) -> f32 {
     let r: f32;
     // SAFETY: the caller guarantees the address is valid.
-    unsafe { asm!("ld.shared.f32 {r}, [{a}];", r = out(reg32) r, a = in(reg32) addr, options(nostack, readonly)) }
+    unsafe {
+        asm!("ld.shared.f32 {r}, [{a}];", r = out(reg32) r, a = in(reg32) addr, options(nostack, readonly))
+    }
     r
 }
 
@@ -53,7 +59,9 @@ pub unsafe fn ld_shared_f32(addr: u32) -> f32 {
 #[inline(always)]
 pub unsafe fn st_shared_u64(addr: u32, v: u64) {
     // SAFETY: the caller guarantees the address is valid.
-    unsafe { asm!("st.shared.u64 [{a}], {v};", a = in(reg32) addr, v = in(reg64) v, options(nostack)) }
+    unsafe {
+        asm!("st.shared.u64 [{a}], {v};", a = in(reg32) addr, v = in(reg64) v, options(nostack))
+    }
 }
 
 /// `ld.shared.u64`.
@@ -64,7 +72,9 @@ pub unsafe fn st_shared_u64(addr: u32, v: u64) {
 pub unsafe fn ld_shared_u64(addr: u32) -> u64 {
     let r: u64;
     // SAFETY: the caller guarantees the address is valid.
-    unsafe { asm!("ld.shared.u64 {r}, [{a}];", r = out(reg64) r, a = in(reg32) addr, options(nostack, readonly)) }
+    unsafe {
+        asm!("ld.shared.u64 {r}, [{a}];", r = out(reg64) r, a = in(reg32) addr, options(nostack, readonly))
+    }
     r
 }
 

@@ -53,7 +53,9 @@ pub unsafe fn shfl_xor_u64(v: u64, xor_mask: u32) -> u64 {
 pub fn ex2(x: f32) -> f32 {
     let r: f32;
     // SAFETY: a pure arithmetic instruction.
-    unsafe { asm!("ex2.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(nostack, pure, nomem)) }
+    unsafe {
+        asm!("ex2.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(nostack, pure, nomem))
+    }
     r
 }
 
@@ -62,7 +64,9 @@ pub fn ex2(x: f32) -> f32 {
 pub fn lg2(x: f32) -> f32 {
     let r: f32;
     // SAFETY: a pure arithmetic instruction.
-    unsafe { asm!("lg2.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(nostack, pure, nomem)) }
+    unsafe {
+        asm!("lg2.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(nostack, pure, nomem))
+    }
     r
 }
 
@@ -71,7 +75,9 @@ pub fn lg2(x: f32) -> f32 {
 pub fn rcp(x: f32) -> f32 {
     let r: f32;
     // SAFETY: a pure arithmetic instruction.
-    unsafe { asm!("rcp.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(nostack, pure, nomem)) }
+    unsafe {
+        asm!("rcp.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(nostack, pure, nomem))
+    }
     r
 }
 
@@ -80,6 +86,8 @@ pub fn rcp(x: f32) -> f32 {
 pub fn fmax(a: f32, b: f32) -> f32 {
     let r: f32;
     // SAFETY: a pure arithmetic instruction.
-    unsafe { asm!("max.f32 {r}, {a}, {b};", r = out(reg32) r, a = in(reg32) a, b = in(reg32) b, options(nostack, pure, nomem)) }
+    unsafe {
+        asm!("max.f32 {r}, {a}, {b};", r = out(reg32) r, a = in(reg32) a, b = in(reg32) b, options(nostack, pure, nomem))
+    }
     r
 }
