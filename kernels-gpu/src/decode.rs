@@ -192,8 +192,8 @@ unsafe fn issue_kv_block<K: DecodeKind>(p: &DecodeParams, b: u32, len: u32, kb: 
 fn fp8x8_to_half<H: Half16>(raw: [u32; 2]) -> [u32; 4] {
     let mut o = [0u32; 4];
     unroll!(i in [0, 1, 2, 3] {
-        let w = raw[i / 2] >> (16 * (i % 2));
-        o[i] = H::pack2(cvt::e4m3_to_f32(w & 0xff), cvt::e4m3_to_f32((w >> 8) & 0xff));
+        let (lo, hi) = cvt::e4m3x2_to_f32x2(raw[i / 2] >> (16 * (i % 2)));
+        o[i] = H::pack2(lo, hi);
     });
     o
 }

@@ -74,11 +74,8 @@ unsafe fn move_8(fmt: RowFormat, src: *const u8, dst: *mut u8, scale: f32) {
                 let v = *(s as *const [u32; 2]);
                 let mut w = [0u32; 4];
                 unroll!(k in [0, 1, 2, 3] {
-                    let word = v[k / 2] >> (16 * (k % 2));
-                    w[k] = Bf16::pack2(
-                        cvt::e4m3_to_f32(word & 0xff) * scale,
-                        cvt::e4m3_to_f32((word >> 8) & 0xff) * scale,
-                    );
+                    let (lo, hi) = cvt::e4m3x2_to_f32x2(v[k / 2] >> (16 * (k % 2)));
+                    w[k] = Bf16::pack2(lo * scale, hi * scale);
                 });
                 smem::st_global_v4(d, w);
             }

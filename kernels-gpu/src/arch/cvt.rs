@@ -57,6 +57,35 @@ pub fn e4m3_to_f32(byte: u32) -> f32 {
     f32::from_bits(v.to_bits() | sign)
 }
 
+/// `cvt.rn.f16x2.e4m3x2` (sm_89+): two fp8 e4m3 values (low byte first) to two fp16 values
+/// (low half first), exactly (every e4m3 value, NaN included, is an fp16 value).
+#[cfg(mla_hw_fp8)]
+#[inline(always)]
+pub fn e4m3x2_to_f16x2(pair: u16) -> u32 {
+    let r: u32;
+    // SAFETY: a pure conversion.
+    unsafe {
+        asm!("cvt.rn.f16x2.e4m3x2 {r}, {a};", r = out(reg32) r, a = in(reg16) pair, options(nostack, pure, nomem))
+    }
+    r
+}
+
+/// Two fp8 e4m3 values (low byte first) as two f32 values, exactly: through the hardware
+/// conversion where the arch has one and the build asked for it (`mla_hw_fp8`: build.rs with
+/// `MLA_HW_FP8=1`, sm_90a / sm_100a), else [`e4m3_to_f32`] twice.
+#[inline(always)]
+pub fn e4m3x2_to_f32x2(pair: u32) -> (f32, f32) {
+    #[cfg(mla_hw_fp8)]
+    {
+        let h = e4m3x2_to_f16x2((pair & 0xffff) as u16);
+        (f16_to_f32(h as u16), f16_to_f32((h >> 16) as u16))
+    }
+    #[cfg(not(mla_hw_fp8))]
+    {
+        (e4m3_to_f32(pair & 0xff), e4m3_to_f32((pair >> 8) & 0xff))
+    }
+}
+
 /// f32 to fp8 e4m3, round to nearest even, saturating to +-448; NaN stays NaN.
 #[inline(always)]
 pub fn f32_to_e4m3_sat(x: f32) -> u32 {
