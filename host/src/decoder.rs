@@ -338,3 +338,11 @@ impl DecodePlan {
         Ok(())
     }
 }
+
+// A runtime is shared between threads (one module, many streams); a plan moves to the
+// thread that runs it.
+const _: fn() = || {
+    fn shared<T: Send + Sync>() {}
+    shared::<Runtime>();
+    shared::<DecodePlan>();
+};
