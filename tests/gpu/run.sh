@@ -3,6 +3,8 @@
 # staged ./stage here. Logs go to ./stage/logs (and, on the device machine, as
 # $OUT/logs.tgz plus the bench tables); the summary is printed last.
 # Each test runs under a timeout so that one hang cannot eat the whole call.
+# Switches: MLA_TESTS=0 (skip the tests and the demo), MLA_SANITIZE=0, MLA_BENCH=1 (mla bench),
+# MLA_PEERS=1 (the peers' harness with our plugin; needs `stage.sh --peers`).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 logs=stage/logs
@@ -30,6 +32,7 @@ plan=(
   "matrix     test-gpu_decode   case_matrix             ${MLA_MATRIX_TIMEOUT:-300}"
 )
 export MLA_TRACE=1
+[[ "${MLA_TESTS:-1}" == 1 ]] || plan=()
 for entry in "${plan[@]}"; do
   read -r name bin filter tmo <<<"$entry"
   filter=${filter//\'/}
@@ -41,10 +44,12 @@ for entry in "${plan[@]}"; do
   summary+=("$(printf '%-11s rc=%-3d %4ss  %s' "$name" "$rc" "$(( $(date +%s) - start ))" "$line")")
   grep -E "SKIPPED|FAIL|panicked|checked|failures|rel L2|vs 1:|chunk|GPU runs" "$logs/$name.log" | tail -8
 done
-stage/bin/mla demo --seed "${MLA_SEED:0:9}" >"$logs/demo.log" 2>&1
-summary+=("$(printf '%-11s rc=%-3d  %s' demo "$?" "$(tail -1 "$logs/demo.log")")")
-cat "$logs/demo.log"
-if [[ "${MLA_SANITIZE:-1}" == 1 ]] && command -v compute-sanitizer >/dev/null; then
+if [[ "${MLA_TESTS:-1}" == 1 ]]; then
+  stage/bin/mla demo --seed "${MLA_SEED:0:9}" >"$logs/demo.log" 2>&1
+  summary+=("$(printf '%-11s rc=%-3d  %s' demo "$?" "$(tail -1 "$logs/demo.log")")")
+  cat "$logs/demo.log"
+fi
+if [[ "${MLA_TESTS:-1}" == 1 && "${MLA_SANITIZE:-1}" == 1 ]] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     MLA_GPU_MATRIX=quick timeout 150 compute-sanitizer --tool "$tool" --print-limit 20 \
       stage/bin/test-gpu_decode --test-threads=1 case_matrix >"$logs/sanitizer-$tool.log" 2>&1
