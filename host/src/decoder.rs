@@ -17,7 +17,7 @@ use mla_abi::{ScheduleParams, names, ref_tile, schedule_tile};
 
 use crate::autotune::{Autotuner, DeviceKey, ShapeKey};
 use crate::error::{MlaError, Result};
-use crate::gate::{Backend, Geometry, Registry, is_available};
+use crate::gate::{Backend, Geometry, Registry, is_available, is_supported};
 use crate::launch::{DecodeWorkspace, LaunchShape, check_workspace, decode_params, launch};
 use crate::module::Runtime;
 use crate::plan::{ScheduleConfig, WorkspaceCapacity};
@@ -261,6 +261,11 @@ impl DecodePlan {
     ) -> Result<DecodeShape> {
         let shape = validate_decode(req)?;
         self.check_request(&shape)?;
+        is_supported(self.backend, rt.device(), &shape).map_err(|d| MlaError::Unsupported {
+            what: "decode request",
+            got: format!("{shape:?}"),
+            why: d.to_string(),
+        })?;
         check_workspace(&shape, self.ws.capacity())?;
         if self.backend == Backend::Reference {
             let p = decode_params(req, &shape, &self.ws);
