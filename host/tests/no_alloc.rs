@@ -1,5 +1,5 @@
-//! The per-step host work of `DecodePlan::run` is validation plus launches; validation of a
-//! valid request must not allocate (serving loops call it every step, also under graph
+//! The per-step host work of `DecodePlan::run` is validation, the backend check and the
+//! launches; validating and checking a valid request must not allocate (serving loops call it every step, also under graph
 //! capture). A counting global allocator checks it.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -29,7 +29,7 @@ unsafe impl GlobalAlloc for Counting {
 static GLOBAL: Counting = Counting;
 
 #[test]
-fn validating_a_valid_request_allocates_nothing() {
+fn validating_and_gating_a_valid_request_allocates_nothing() {
     let base = 0x7000_0000_0000u64;
     let gb = 1u64 << 32;
     for (dq, dkv, dout) in [
@@ -53,14 +53,28 @@ fn validating_a_valid_request_allocates_nothing() {
             scales,
             host: HostMirror::default(),
         };
+        let device = mla_host::DeviceInfo {
+            ordinal: 0,
+            name: "NVIDIA H200".into(),
+            compute_capability: (9, 0),
+            sm_count: 132,
+            smem_per_block_optin: 232_448,
+            smem_per_sm: 233_472,
+            l2_bytes: 60 << 20,
+            driver_version: 13000,
+        };
         let before = ALLOCS.load(Ordering::SeqCst);
         let shape = validate_decode(&req);
+        let supported = shape.as_ref().map(|s| {
+            mla_host::gate::is_supported(mla_host::gate::Backend::Sm90a, &device, s).is_ok()
+        });
         let after = ALLOCS.load(Ordering::SeqCst);
         assert!(shape.is_ok(), "{shape:?}");
+        assert_eq!(supported.ok(), Some(true));
         assert_eq!(
             after - before,
             0,
-            "validate_decode allocated {} times for {dq:?}/{dkv:?}",
+            "validate_decode + is_supported allocated {} times for {dq:?}/{dkv:?}",
             after - before
         );
     }
