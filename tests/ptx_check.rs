@@ -8,11 +8,22 @@ use std::process::Command;
 use mla::abi::names;
 use mla::images;
 
-const IMAGES: &[(&str, &str)] = &[
-    ("sm_80", images::PTX_SM_80),
-    ("sm_90a", images::PTX_SM_90A),
-    ("sm_100a", images::PTX_SM_100A),
+/// (ptxas arch, PTX, holds the primitive test kernels too).
+const IMAGES: &[(&str, &str, bool)] = &[
+    ("sm_80", images::PTX_SM_80, false),
+    ("sm_90a", images::PTX_SM_90A, false),
+    ("sm_100a", images::PTX_SM_100A, false),
+    ("sm_90a", images::PTX_PRIM_SM_90A, true),
 ];
+
+/// The kernels an image must hold, with their params sizes.
+fn expected(prim: bool) -> Vec<(&'static str, usize)> {
+    let mut v = names::ALL.to_vec();
+    if prim {
+        v.extend_from_slice(mla::abi::primitives::ALL);
+    }
+    v
+}
 
 /// `.entry NAME(` followed by `.param .align A .b8 NAME_param_0[SIZE]`.
 fn entry_param_sizes(ptx: &str) -> BTreeMap<String, usize> {
@@ -35,7 +46,7 @@ fn entry_param_sizes(ptx: &str) -> BTreeMap<String, usize> {
 
 #[test]
 fn ptx_is_self_contained_and_matches_the_abi() {
-    for &(tag, ptx) in IMAGES {
+    for &(tag, ptx, prim) in IMAGES {
         for l in ptx.lines().filter(|l| l.contains(".extern")) {
             assert!(
                 l.contains(".extern .shared"),
@@ -45,7 +56,8 @@ fn ptx_is_self_contained_and_matches_the_abi() {
         let target = format!(".target {tag}");
         assert!(ptx.contains(&target), "{tag}: PTX lacks `{target}`");
         let entries = entry_param_sizes(ptx);
-        for &(name, size) in names::ALL {
+        let want = expected(prim);
+        for &(name, size) in &want {
             assert_eq!(
                 entries.get(name),
                 Some(&size),
@@ -54,7 +66,7 @@ fn ptx_is_self_contained_and_matches_the_abi() {
         }
         assert_eq!(
             entries.len(),
-            names::ALL.len(),
+            want.len(),
             "{tag}: entries {:?}",
             entries.keys()
         );
@@ -129,21 +141,27 @@ fn ptxas_assembles_every_arch_without_spills() {
         "{:<8} {:<28} {:>5} {:>6} {:>7} {:>7}",
         "arch", "kernel", "regs", "stack", "spill-st", "spill-ld"
     );
-    for &(tag, ptx) in IMAGES {
-        let path = dir.join(format!("{tag}.ptx"));
+    for (i, &(tag, ptx, prim)) in IMAGES.iter().enumerate() {
+        let path = dir.join(format!("{i}-{tag}.ptx"));
         std::fs::write(&path, ptx).unwrap();
         let out = Command::new(&ptxas)
             .args([&format!("-arch={tag}"), "-v"])
             .arg(&path)
             .arg("-o")
-            .arg(dir.join(format!("{tag}.cubin")))
+            .arg(dir.join(format!("{i}-{tag}.cubin")))
             .output()
             .unwrap();
         let report = String::from_utf8_lossy(&out.stderr).to_string()
             + &String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "ptxas -arch={tag} failed:\n{report}");
         let res = parse_ptxas(&report);
-        for &(name, _) in names::ALL {
+        let want = expected(prim);
+        let listed: Vec<&str> = if prim {
+            mla::abi::primitives::ALL.iter().map(|k| k.0).collect()
+        } else {
+            want.iter().map(|k| k.0).collect()
+        };
+        for name in listed {
             let Some(r) = res.get(name) else {
                 failures.push(format!("{tag}: no ptxas report for {name}"));
                 continue;

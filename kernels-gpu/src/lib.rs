@@ -22,6 +22,8 @@ pub mod decode;
 pub mod decode_ref;
 pub mod elem;
 pub mod paged;
+#[cfg(mla_primitives)]
+pub mod primitives;
 pub mod schedule;
 
 use decode::DecodeKind;
@@ -150,4 +152,14 @@ paged_kernel!(
 pub unsafe extern "ptx-kernel" fn mla_schedule(p: ScheduleParams) {
     // SAFETY: launched by the host with one CTA and the documented shared memory.
     unsafe { schedule::schedule(p) }
+}
+
+/// `mla_prim_wgmma_m64n64k16_bf16`: see [`primitives`] (primitives image only).
+#[cfg(mla_primitives)]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mla_prim_wgmma_m64n64k16_bf16(
+    p: mla_abi::primitives::WgmmaPrimParams,
+) {
+    // SAFETY: launched by the primitive test with one warpgroup and 4 KB of shared memory.
+    unsafe { primitives::wgmma_m64n64k16(p) }
 }

@@ -442,6 +442,35 @@ pub struct ScheduleParams {
     pub _pad: u32,
 }
 
+/// The primitive test kernels of the separate primitives image (`mla_prim_sm_90a`): one tiny
+/// kernel per instruction family the product kernels do not exercise yet.
+pub mod primitives {
+    use super::DevPtr;
+
+    pub const WGMMA_M64N64K16_BF16: &str = "mla_prim_wgmma_m64n64k16_bf16";
+
+    /// Params of `mla_prim_wgmma_m64n64k16_bf16`: grid `(1)`, block 128, 4096 bytes of
+    /// dynamic shared memory; `d = a . b^T`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug)]
+    pub struct WgmmaPrimParams {
+        /// `[64, 16]` bf16, row-major.
+        pub a: DevPtr<u16>,
+        /// `[64, 16]` bf16, row-major.
+        pub b: DevPtr<u16>,
+        /// `[64, 64]` f32, row-major.
+        pub d: DevPtr<f32>,
+    }
+
+    pub const WGMMA_SMEM_BYTES: usize = 4096;
+
+    /// Every primitive kernel with the size of its params struct.
+    pub const ALL: &[(&str, usize)] = &[(
+        WGMMA_M64N64K16_BF16,
+        core::mem::size_of::<WgmmaPrimParams>(),
+    )];
+}
+
 const _: () = assert!(core::mem::size_of::<DevPtr<u8>>() == 8);
 const _: () = assert!(core::mem::size_of::<ScheduleParams>() == 2 * 8 + 6 * 4);
 const _: () = assert!(core::mem::size_of::<DecodeParams>() == 9 * 8 + 8 * 8 + 12 * 4);

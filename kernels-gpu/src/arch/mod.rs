@@ -11,6 +11,8 @@ pub mod ldmatrix;
 pub mod mma;
 pub mod smem;
 pub mod sync;
+#[cfg(mla_primitives)]
+pub mod wgmma;
 
 use core::arch::nvptx;
 

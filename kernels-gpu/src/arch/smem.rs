@@ -26,6 +26,19 @@ pub unsafe fn st_shared_u32(addr: u32, v: u32) {
     }
 }
 
+/// `st.shared.b16 [addr], v` (the low 16 bits of `v`).
+///
+/// # Safety
+/// `addr` is 2-byte aligned and inside the launch's dynamic shared memory.
+#[inline(always)]
+pub unsafe fn st_shared_u16(addr: u32, v: u32) {
+    let h = v as u16;
+    // SAFETY: the caller guarantees the address is valid.
+    unsafe {
+        asm!("st.shared.b16 [{a}], {v};", a = in(reg32) addr, v = in(reg16) h, options(nostack))
+    }
+}
+
 /// `st.shared.f32 [addr], v`.
 ///
 /// # Safety
