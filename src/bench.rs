@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr};
 use mla_abi::{D_QK, D_V, ElemType, MAX_SPLITS};
 
@@ -76,15 +75,6 @@ fn pooled(rng: &mut SplitMix64, dtype: ElemType, n: usize) -> (Vec<u8>, f32) {
         off = (off + take + 4099 * es) % (pool_bytes.len() - 4 * es) / es * es;
     }
     (out, scale)
-}
-
-/// A start and an end event with timing enabled.
-fn timing_events(rt: &Runtime) -> Result<(CudaEvent, CudaEvent), MlaError> {
-    let ctx = rt.context();
-    Ok((
-        ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
-        ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
-    ))
 }
 
 /// q, kv cache, page table, lengths, out, lse.
@@ -166,7 +156,7 @@ impl BenchCase {
             num_pages,
             pages_per_seq,
             max_splits: splits.iter().copied().max().unwrap_or(1),
-            events: timing_events(rt)?,
+            events: rt.timing_events()?,
         })
     }
 
@@ -246,7 +236,7 @@ pub fn copy_bandwidth(rt: &Runtime, stream: &Arc<CudaStream>) -> Result<f64, Mla
     let n = 1usize << 30;
     let src: CudaSlice<u8> = stream.alloc_zeros(n)?;
     let mut dst: CudaSlice<u8> = stream.alloc_zeros(n)?;
-    let (e0, e1) = timing_events(rt)?;
+    let (e0, e1) = rt.timing_events()?;
     stream.memcpy_dtod(&src, &mut dst)?;
     let mut best = f64::MAX;
     for _ in 0..5 {

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
-use cudarc::driver::sys::{CUevent_flags, CUstream, CUstreamCaptureStatus};
+use cudarc::driver::sys::{CUstream, CUstreamCaptureStatus};
 use mla_abi::{ScheduleParams, names, ref_tile, schedule_tile};
 
 use crate::autotune::{Autotuner, DeviceKey, ShapeKey};
@@ -189,13 +189,9 @@ impl Runtime {
         let shape = validate_decode(sample)?;
         let device = DeviceKey::from(self.device());
         let key = ShapeKey::for_decode(&shape, config.max_seq_len);
-        let ctx = self.context().clone();
         tuner.choose_or_tune(&device, &key, |tactic| {
             let plan = self.plan_decode(stream, config, *tactic)?;
-            let (e0, e1) = (
-                ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
-                ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
-            );
+            let (e0, e1) = self.timing_events()?;
             plan.run(self, stream, sample)?;
             let mut times = Vec::with_capacity(reps.max(1));
             for _ in 0..reps.max(1) {

@@ -10,7 +10,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
 use mla_abi::{decode_tile, names};
 
@@ -284,6 +284,13 @@ impl Runtime {
             // exact arch (assembled by ptxas, never run here).
             Variant::Sm100a | Variant::Portable => crate::gate::Backend::Portable,
         }
+    }
+
+    /// A start and an end event with timing enabled (for CUDA-event timing: the tuner, the
+    /// benches).
+    pub fn timing_events(&self) -> Result<(CudaEvent, CudaEvent)> {
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        Ok((self.ctx.new_event(flags)?, self.ctx.new_event(flags)?))
     }
 
     /// A new stream on this runtime's context.

@@ -351,7 +351,7 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
         return;
     }
     // Lengths the page table cannot address are cut to what it can.
-    let len = (len_raw.max(0) as u32).min(p.max_pages.saturating_mul(p.page_size));
+    let len = mla_abi::clamp_len(len_raw, p.max_pages.saturating_mul(p.page_size));
     let rows = p.s_q * p.heads;
     let row0 = tile * L::BM;
     let blocks = len.div_ceil(BLOCK_N);

@@ -46,7 +46,7 @@ pub unsafe fn decode_reference<K: DecodeKind>(p: DecodeParams) {
     let (t, h) = (row / p.heads, row % p.heads);
     // SAFETY: b < batch entries.
     let len = unsafe { *p.seq_lens.ptr().add(b as usize) };
-    let len = (len.max(0) as u32).min(p.max_pages.saturating_mul(p.page_size));
+    let len = mla_abi::clamp_len(len, p.max_pages.saturating_mul(p.page_size));
     let visible = (len + t + 1).saturating_sub(p.s_q);
 
     let q_elem = if K::Q_FP8 { 1 } else { 2 };

@@ -155,7 +155,7 @@ pub unsafe fn gather(p: GatherParams, fmt: RowFormat) {
     }
     // SAFETY: b < batch entries.
     let len = unsafe { *p.seq_lens.ptr().add(b as usize) };
-    let len = (len.max(0) as u32).min(p.max_pages.saturating_mul(p.page_size));
+    let len = mla_abi::clamp_len(len, p.max_pages.saturating_mul(p.page_size));
     if j >= len {
         return;
     }

@@ -17,7 +17,7 @@ const BLOCK_N: u32 = decode_tile::BLOCK_N as u32;
 fn blocks_of(p: &ScheduleParams, b: u32) -> u64 {
     // SAFETY: b < batch entries of seq_lens (the caller's loop bound).
     let len = unsafe { *p.seq_lens.ptr().add(b as usize) };
-    ((len.max(0) as u32).min(p.max_len)).div_ceil(BLOCK_N) as u64
+    mla_abi::clamp_len(len, p.max_len).div_ceil(BLOCK_N) as u64
 }
 
 /// # Safety

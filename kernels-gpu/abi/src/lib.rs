@@ -160,6 +160,14 @@ pub const fn chunk_blocks(blocks: u32, splits: u32, split: u32) -> (u32, u32) {
     (first, if end < blocks { end } else { blocks })
 }
 
+/// The KV length a kernel works with: negative lengths count as 0 and lengths the page
+/// table cannot address are cut to `cap` (`max_pages * page_size`). The decode, reference,
+/// gather and schedule kernels and the schedule's host twin all clamp through this.
+pub const fn clamp_len(len: i32, cap: u32) -> u32 {
+    let l = if len < 0 { 0 } else { len as u32 };
+    if l < cap { l } else { cap }
+}
+
 /// Launch shape of the split-KV combine kernel.
 pub mod combine_tile {
     /// One CTA per query row; each thread owns `D_V / THREADS` output dims.
