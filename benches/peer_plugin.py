@@ -73,9 +73,14 @@ def _check(lib, status, what):
         raise RuntimeError(f"{what}: status {status}: {lib.mla_last_error().decode(errors='replace')}")
 
 
+# Tile forced by a wrapper plugin (peer_plugin_m16.py); None: MLA_TILE, else the library default.
+FORCE_TILE = None
+
+
 def _tile_for(rows):
-    """MLA_TILE=m16n64 uses the 16-row tile where it saves work (rows <= 16); default m64n64."""
-    return 1 if os.environ.get("MLA_TILE") == "m16n64" and rows <= 16 else 0
+    """The 16-row tile (1) where it saves work (rows <= 16) when asked for; else 0 (m64n64)."""
+    want = FORCE_TILE if FORCE_TILE is not None else os.environ.get("MLA_TILE")
+    return 1 if want == "m16n64" and rows <= 16 else 0
 
 
 def supports(B, L, H, s_q, page_size, causal):

@@ -10,5 +10,9 @@ out=${MLA_LOGS:-stage/logs}
 mkdir -p "$out"
 export MLA_LIB=${MLA_LIB:-$PWD/stage/lib/libmla.so}
 PYTHONUNBUFFERED=1 python3 stage/peers/bench_mla.py --plugin benches/peer_plugin.py \
-  --json "$out/peers.json" "$@" 2>&1 | tee "$out/peers.log" | tail -5
-python3 benches/ratios.py "$out/peers.json" | tee "$out/ratios.txt"
+  --plugin benches/peer_plugin_m16.py --json "$out/peers.json" "$@" 2>&1 | tee "$out/peers.log" | tail -5
+{
+  python3 benches/ratios.py "$out/peers.json"
+  echo "--- 16-row tile where H*s_q <= 16 (mla_rs_m16) ---"
+  python3 benches/ratios.py "$out/peers.json" --ours mla_rs_m16
+} | tee "$out/ratios.txt"

@@ -15,6 +15,12 @@ export MLA_SEED=${MLA_SEED:-$(date +%s%N | cut -c1-18)}
 echo "commit $(cat stage/COMMIT)  seed $MLA_SEED"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 summary=()
+# Logs go back after every step, so a call cut short still returns what ran.
+save() {
+  [[ -n "${OUT:-}" ]] || return 0
+  printf '%s\n' "${summary[@]}" >"$logs/summary.txt"
+  tar czf "$OUT/logs.tgz" -C stage logs 2>/dev/null
+}
 stage/bin/mla info >"$logs/info.log" 2>&1
 head -4 "$logs/info.log"
 
@@ -44,11 +50,33 @@ for entry in "${plan[@]}"; do
   [[ $rc == 124 ]] && line="TIMED OUT after ${tmo}s; last: $(tail -1 "$logs/$name.log" | cut -c1-150)"
   summary+=("$(printf '%-11s rc=%-3d %4ss  %s' "$name" "$rc" "$(( $(date +%s) - start ))" "$line")")
   grep -E "SKIPPED|FAIL|panicked|checked|failures|rel L2|vs 1:|chunk|GPU runs" "$logs/$name.log" | tail -8
+  save
 done
 if [[ "${MLA_TESTS:-1}" == 1 ]]; then
   stage/bin/mla demo --seed "${MLA_SEED:0:9}" >"$logs/demo.log" 2>&1
   summary+=("$(printf '%-11s rc=%-3d  %s' demo "$?" "$(tail -1 "$logs/demo.log")")")
   cat "$logs/demo.log"
+fi
+if [[ "${MLA_PEERS:-0}" == 1 && -d stage/peers ]]; then
+  timeout 420 bash benches/run_peers.sh >"$logs/peers-run.log" 2>&1
+  summary+=("$(printf '%-11s rc=%-3d  (ratios in ratios.txt)' peers "$?")")
+  save
+fi
+if [[ "${MLA_BENCH:-0}" == 1 ]]; then
+  timeout 240 stage/bin/mla bench --seed "${MLA_SEED:0:9}" --json "$logs/bench.json" >"$logs/bench.log" 2>&1
+  summary+=("$(printf '%-11s rc=%-3d  (table in bench.log)' bench "$?")")
+  save
+fi
+if [[ -x stage/bin/mla-hwfp8 ]]; then
+  # The same CLI built with MLA_HW_FP8=1 (hardware fp8 conversion): its demo checks every dtype
+  # against the oracle; its bench is the fp8 comparison.
+  timeout 60 stage/bin/mla-hwfp8 demo --seed "${MLA_SEED:0:9}" >"$logs/demo-hwfp8.log" 2>&1
+  summary+=("$(printf '%-11s rc=%-3d  %s' demo-hwfp8 "$?" "$(tail -1 "$logs/demo-hwfp8.log")")")
+  if [[ "${MLA_BENCH:-0}" == 1 ]]; then
+    timeout 240 stage/bin/mla-hwfp8 bench --seed "${MLA_SEED:0:9}" >"$logs/bench-hwfp8.log" 2>&1
+    summary+=("$(printf '%-11s rc=%-3d  (table in bench-hwfp8.log)' bench-hwfp8 "$?")")
+  fi
+  save
 fi
 if [[ "${MLA_TESTS:-1}" == 1 && "${MLA_SANITIZE:-1}" == 1 ]] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
@@ -59,20 +87,15 @@ if [[ "${MLA_TESTS:-1}" == 1 && "${MLA_SANITIZE:-1}" == 1 ]] && command -v compu
   done
   timeout 90 compute-sanitizer --tool memcheck stage/bin/test-gpu_paged --test-threads=1 >"$logs/sanitizer-paged.log" 2>&1
   summary+=("$(printf '%-11s rc=%-3d  %s' "memcheck-pg" "$?" "$(grep -E "ERROR SUMMARY" "$logs/sanitizer-paged.log" | tail -1)")")
-fi
-if [[ "${MLA_PEERS:-0}" == 1 && -d stage/peers ]]; then
-  timeout 420 bash benches/run_peers.sh >"$logs/peers-run.log" 2>&1
-  summary+=("$(printf '%-11s rc=%-3d  (ratios in ratios.txt)' peers "$?")")
-fi
-if [[ "${MLA_BENCH:-0}" == 1 ]]; then
-  timeout 240 stage/bin/mla bench --seed "${MLA_SEED:0:9}" --json "$logs/bench.json" >"$logs/bench.log" 2>&1
-  summary+=("$(printf '%-11s rc=%-3d  (table in bench.log)' bench "$?")")
+  timeout 120 compute-sanitizer --tool memcheck stage/bin/test-gpu_serving --test-threads=1 schedule >"$logs/sanitizer-serving.log" 2>&1
+  summary+=("$(printf '%-11s rc=%-3d  %s' "memcheck-sv" "$?" "$(grep -E "ERROR SUMMARY" "$logs/sanitizer-serving.log" | tail -1)")")
+  save
 fi
 echo "================ GPU suite summary (commit $(cat stage/COMMIT), seed $MLA_SEED) ================"
 printf '%s\n' "${summary[@]}"
 [[ -f "$logs/bench.log" ]] && cat "$logs/bench.log"
 [[ -f "$logs/ratios.txt" ]] && cat "$logs/ratios.txt"
 if [[ -n "${OUT:-}" ]]; then
-  tar czf "$OUT/logs.tgz" -C stage logs
-  for f in bench.log ratios.txt peers.json; do [[ -f "$logs/$f" ]] && cp "$logs/$f" "$OUT/"; done
+  save
+  for f in bench.log bench-hwfp8.log ratios.txt peers.json; do [[ -f "$logs/$f" ]] && cp "$logs/$f" "$OUT/"; done
 fi
