@@ -234,12 +234,7 @@ impl Runtime {
             })?;
             functions.insert(name, f);
         }
-        for name in [
-            names::DECODE_BF16,
-            names::DECODE_FP16,
-            names::DECODE_FP8KV_BF16Q,
-            names::DECODE_FP8,
-        ] {
+        for name in names::DECODE_TILED {
             let f = &functions[name];
             f.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

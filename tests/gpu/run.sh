@@ -3,7 +3,7 @@
 # staged ./stage here. Logs go to ./stage/logs (and, on the device machine, as
 # $OUT/logs.tgz plus the bench tables); the summary is printed last.
 # Each test runs under a timeout so that one hang cannot eat the whole call.
-# Switches: MLA_TESTS=0 (skip the tests and the demo), MLA_SANITIZE=0, MLA_BENCH=1 (mla bench),
+# Switches: MLA_TESTS=0 (skip the tests and the demo), MLA_ONLY="name ..." (only those tests), MLA_SANITIZE=0, MLA_BENCH=1 (mla bench),
 # MLA_PEERS=1 (the peers' harness with our plugin; needs `stage.sh --peers`).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -40,6 +40,14 @@ plan=(
 )
 export MLA_TRACE=1
 [[ "${MLA_TESTS:-1}" == 1 ]] || plan=()
+# MLA_ONLY="corners matrix": run only the named entries of the plan.
+if [[ -n "${MLA_ONLY:-}" ]]; then
+  kept=()
+  for entry in "${plan[@]}"; do
+    [[ " $MLA_ONLY " == *" ${entry%% *} "* ]] && kept+=("$entry")
+  done
+  plan=("${kept[@]}")
+fi
 for entry in "${plan[@]}"; do
   read -r name bin filter tmo <<<"$entry"
   filter=${filter//\'/}

@@ -237,6 +237,18 @@ pub mod names {
     pub const DECODE16_FP16: &str = "mla_decode_mma16_fp16";
     pub const DECODE16_FP8KV_BF16Q: &str = "mla_decode_mma16_fp8kv_bf16q";
     pub const DECODE16_FP8: &str = "mla_decode_mma16_fp8";
+    /// Every tiled decode kernel: each needs the opt-in dynamic shared memory size
+    /// (`decode_tile::SMEM_BYTES`) set at load.
+    pub const DECODE_TILED: [&str; 8] = [
+        DECODE_BF16,
+        DECODE_FP16,
+        DECODE_FP8KV_BF16Q,
+        DECODE_FP8,
+        DECODE16_BF16,
+        DECODE16_FP16,
+        DECODE16_FP8KV_BF16Q,
+        DECODE16_FP8,
+    ];
     pub const COMBINE_BF16: &str = "mla_combine_bf16";
     pub const COMBINE_FP16: &str = "mla_combine_fp16";
     pub const APPEND_BF16: &str = "mla_append_bf16";
