@@ -93,23 +93,41 @@ fn p_off(r: u32, k: u32) -> u32 {
     r * (BLOCK_N * 2) + ((k ^ (r & 7)) << 4)
 }
 
-/// Byte address of KV row `j` of sequence `b`, or `None` when it must not be read.
+/// The page holding KV row `j` of sequence `b`, or -1 when the row must not be read (past
+/// `len`, or a page id outside `0..num_pages`).
 #[inline(always)]
-fn kv_row_addr(p: &DecodeParams, b: u32, j: u32, len: u32, elem_bytes: u64) -> Option<*const u8> {
+fn kv_row_page(p: &DecodeParams, b: u32, j: u32, len: u32) -> i32 {
     if j >= len {
-        return None;
+        return -1;
     }
     let slot = b as usize * p.page_table_stride as usize + (j >> p.page_shift) as usize;
     // SAFETY: j < len <= max_pages * page_size (clamped by the caller), so the slot
     // is inside row b of the page table.
     let page = unsafe { *p.page_table.ptr().add(slot) };
     if page < 0 || page as u32 >= p.num_pages {
+        -1
+    } else {
+        page
+    }
+}
+
+/// Byte address of KV row `j` in `page` (from [`kv_row_page`]), or `None` when `page < 0`.
+#[inline(always)]
+fn kv_row_addr(p: &DecodeParams, page: i32, j: u32, elem_bytes: u64) -> Option<*const u8> {
+    if page < 0 {
         return None;
     }
     let off = page as u64 * p.kv_stride_page + (j & (p.page_size - 1)) as u64 * p.kv_stride_token;
-    // SAFETY: page < num_pages and the token offset < page_size: inside the cache.
+    // SAFETY: 0 <= page < num_pages (kv_row_page) and the token offset < page_size: inside
+    // the cache.
     Some(unsafe { p.kv_cache.ptr().add((off * elem_bytes) as usize) as *const u8 })
 }
+
+/// Threads per KV row when issuing a block: thread `t` copies row `t / KV_TPR`, chunks
+/// `t % KV_TPR + KV_TPR * i`, so it looks up one page per block.
+const KV_TPR: u32 = THREADS / BLOCK_N;
+const _: () = assert!(KV_TPR * BLOCK_N == THREADS && ROW_CHUNKS % KV_TPR == 0);
+const _: () = assert!(FP8_ROW_CHUNKS % KV_TPR == 0);
 
 /// Loads the CTA's `BM` query rows into the swizzled Q tile (zeros past the last row).
 #[inline(always)]
@@ -157,33 +175,42 @@ unsafe fn load_q_tile<K: DecodeKind, L: Layout>(p: &DecodeParams, b: u32, row0: 
     }
 }
 
-/// Issues the `cp.async` copies of KV block `kb` into a stage: the swizzled 16-bit tile, or
-/// for fp8 caches the raw staging buffer (rows of 576 bytes, unswizzled).
+/// Issues the `cp.async` copies of this thread's row of KV block `kb` into a stage: the
+/// swizzled 16-bit tile, or for fp8 caches the raw staging buffer (rows of 576 bytes,
+/// unswizzled). `page` is the row's page from [`kv_row_page`], looked up a block ahead so
+/// its latency is not on the issue path.
 #[inline(always)]
-unsafe fn issue_kv_block<K: DecodeKind>(p: &DecodeParams, b: u32, len: u32, kb: u32, stage: u32) {
-    let n0 = kb * BLOCK_N;
+unsafe fn issue_kv_row<K: DecodeKind>(p: &DecodeParams, page: i32, kb: u32, stage: u32) {
+    let r = arch::thread_idx_x() / KV_TPR;
+    let k0 = arch::thread_idx_x() % KV_TPR;
+    let j = kb * BLOCK_N + r;
     let (chunks_per_row, elem) = if K::KV_FP8 {
         (FP8_ROW_CHUNKS, 1)
     } else {
         (ROW_CHUNKS, 2)
     };
-    let mut c = arch::thread_idx_x();
-    while c < BLOCK_N * chunks_per_row {
-        let r = c / chunks_per_row;
-        let k = c % chunks_per_row;
+    let (src, n) = match kv_row_addr(p, page, j, elem) {
+        Some(a) => (a, 16),
+        None => (p.kv_cache.ptr() as *const u8, 0),
+    };
+    let mut k = k0;
+    while k < chunks_per_row {
         let dst = if K::KV_FP8 {
             stage + r * D_QK as u32 + (k << 4)
         } else {
             stage + qk_off(r, k)
         };
-        let (src, n) = match kv_row_addr(p, b, n0 + r, len, elem) {
-            // SAFETY: chunk k of a cache row that kv_row_addr bounds-checked.
-            Some(a) => (unsafe { a.add((k << 4) as usize) }, 16),
-            None => (p.kv_cache.ptr() as *const u8, 0),
+        // SAFETY: dst inside the stage; when n == 16, src + 16k is chunk k of a cache row
+        // that kv_row_page bounds-checked; unread when n == 0.
+        unsafe {
+            let s = if n == 16 {
+                src.add((k << 4) as usize)
+            } else {
+                src
+            };
+            cp_async::cp_async_cg_16(dst, s, n)
         };
-        // SAFETY: dst inside the stage; src valid when n == 16, unread when n == 0.
-        unsafe { cp_async::cp_async_cg_16(dst, src, n) };
-        c += THREADS;
+        k += KV_TPR;
     }
 }
 
@@ -250,19 +277,26 @@ unsafe fn qk_tile_gemm<H: Half16, L: Layout>(
             }
         }
     } else {
-        // One 8-token tile: ldmatrix.x4 gives the four 8-dim chunks of two k-steps.
+        // One 8-token tile: ldmatrix.x4 gives the four 8-dim chunks of two k-steps. Four
+        // accumulators (one per k-step mod 4) keep the dependent MMA chain 9 deep, not 36.
         let b_row = ch * 8 + (lane % 8);
         let b_chunk = lane / 8;
-        for kp in 0..(D_QK / 32) as u32 {
-            // SAFETY: as above.
-            unsafe {
-                let a0 = ldmatrix::ldmatrix_x4(q_smem + qk_off(a_row, kp * 4 + a_half));
-                let a1 = ldmatrix::ldmatrix_x4(q_smem + qk_off(a_row, kp * 4 + 2 + a_half));
-                let b = ldmatrix::ldmatrix_x4(kv + qk_off(b_row, kp * 4 + b_chunk));
-                H::mma(&mut s[0], a0, [b[0], b[1]]);
-                H::mma(&mut s[0], a1, [b[2], b[3]]);
-            }
+        for kq in 0..(D_QK / 64) as u32 {
+            unroll!(h in [0, 1] {
+                let kp = 2 * kq + h as u32;
+                // SAFETY: as above.
+                unsafe {
+                    let a0 = ldmatrix::ldmatrix_x4(q_smem + qk_off(a_row, kp * 4 + a_half));
+                    let a1 = ldmatrix::ldmatrix_x4(q_smem + qk_off(a_row, kp * 4 + 2 + a_half));
+                    let b = ldmatrix::ldmatrix_x4(kv + qk_off(b_row, kp * 4 + b_chunk));
+                    H::mma(&mut s[2 * h], a0, [b[0], b[1]]);
+                    H::mma(&mut s[2 * h + 1], a1, [b[2], b[3]]);
+                }
+            });
         }
+        unroll!(e in [0, 1, 2, 3] {
+            s[0][e] = (s[0][e] + s[1][e]) + (s[2][e] + s[3][e]);
+        });
     }
     s
 }
@@ -364,6 +398,8 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
     let ch = warp / L::RG;
     let g = lane / 4;
     let c4 = lane % 4;
+    // The KV row this thread copies in every block.
+    let kv_r = tid / KV_TPR;
 
     let base = smem::smem_base();
     let q_smem = base + T::SMEM_Q as u32;
@@ -387,10 +423,17 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
     unsafe {
         load_q_tile::<K, L>(&p, b, row0, q_smem);
         if kb0 < kb1 {
-            issue_kv_block::<K>(&p, b, len, kb0, stage_of(0));
+            let page = kv_row_page(&p, b, kb0 * BLOCK_N + kv_r, len);
+            issue_kv_row::<K>(&p, page, kb0, stage_of(0));
         }
         cp_async::cp_async_commit_group();
     }
+    // This thread's KV row's page in the next block, loaded one block ahead.
+    let mut next_page = if kb0 + 1 < kb1 {
+        kv_row_page(&p, b, (kb0 + 1) * BLOCK_N + kv_r, len)
+    } else {
+        -1
+    };
 
     let mut o = [[0.0f32; 4]; O_TILES_MAX];
     let mut m_run = [f32::NEG_INFINITY; 2];
@@ -402,7 +445,10 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
         // SAFETY: see above.
         unsafe {
             if kb + 1 < kb1 {
-                issue_kv_block::<K>(&p, b, len, kb + 1, stage_of(stage ^ 1));
+                issue_kv_row::<K>(&p, next_page, kb + 1, stage_of(stage ^ 1));
+                if kb + 2 < kb1 {
+                    next_page = kv_row_page(&p, b, (kb + 2) * BLOCK_N + kv_r, len);
+                }
             }
             cp_async::cp_async_commit_group();
             cp_async::cp_async_wait_group::<1>();

@@ -12,6 +12,8 @@ rm -rf "$logs"
 mkdir -p "$logs"
 export MLA_LOGS=$PWD/$logs
 export MLA_SEED=${MLA_SEED:-$(date +%s%N | cut -c1-18)}
+# The peers' bench stops starting shapes 540 s after this (its --deadline-s auto rule).
+export PEERS_T0=${PEERS_T0:-$(date +%s)}
 echo "commit $(cat stage/COMMIT)  seed $MLA_SEED"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 summary=()
@@ -65,30 +67,30 @@ if [[ "${MLA_TESTS:-1}" == 1 ]]; then
   summary+=("$(printf '%-11s rc=%-3d  %s' demo "$?" "$(tail -1 "$logs/demo.log")")")
   cat "$logs/demo.log"
 fi
-if [[ "${MLA_PEERS:-0}" == 1 && -d stage/peers ]]; then
-  timeout 420 bash benches/run_peers.sh >"$logs/peers-run.log" 2>&1
-  summary+=("$(printf '%-11s rc=%-3d  (ratios in ratios.txt)' peers "$?")")
-  save
-fi
 if [[ "${MLA_BENCH:-0}" == 1 ]]; then
   timeout 240 stage/bin/mla bench --seed "${MLA_SEED:0:9}" --json "$logs/bench.json" >"$logs/bench.log" 2>&1
   summary+=("$(printf '%-11s rc=%-3d  (table in bench.log)' bench "$?")")
   save
 fi
-if [[ -x stage/bin/mla-hwfp8 ]]; then
-  # The same CLI built with MLA_HW_FP8=1 (hardware fp8 conversion): its demo checks every dtype
-  # against the oracle; its bench is the fp8 comparison.
-  timeout 60 stage/bin/mla-hwfp8 demo --seed "${MLA_SEED:0:9}" >"$logs/demo-hwfp8.log" 2>&1
-  summary+=("$(printf '%-11s rc=%-3d  %s' demo-hwfp8 "$?" "$(tail -1 "$logs/demo-hwfp8.log")")")
+if [[ -x stage/bin/mla-swfp8 ]]; then
+  # The same CLI built with MLA_HW_FP8=0 (software fp8 decode): its demo checks every dtype
+  # against the oracle; its bench is the fp8 A/B against the hardware conversion.
+  timeout 60 stage/bin/mla-swfp8 demo --seed "${MLA_SEED:0:9}" >"$logs/demo-swfp8.log" 2>&1
+  summary+=("$(printf '%-11s rc=%-3d  %s' demo-swfp8 "$?" "$(tail -1 "$logs/demo-swfp8.log")")")
   if [[ "${MLA_BENCH:-0}" == 1 ]]; then
-    timeout 240 stage/bin/mla-hwfp8 bench --seed "${MLA_SEED:0:9}" >"$logs/bench-hwfp8.log" 2>&1
-    summary+=("$(printf '%-11s rc=%-3d  (table in bench-hwfp8.log)' bench-hwfp8 "$?")")
+    timeout 240 stage/bin/mla-swfp8 bench --seed "${MLA_SEED:0:9}" >"$logs/bench-swfp8.log" 2>&1
+    summary+=("$(printf '%-11s rc=%-3d  (table in bench-swfp8.log)' bench-swfp8 "$?")")
   fi
+  save
+fi
+if [[ "${MLA_PEERS:-0}" == 1 && -d stage/peers ]]; then
+  timeout 420 bash benches/run_peers.sh >"$logs/peers-run.log" 2>&1
+  summary+=("$(printf '%-11s rc=%-3d  (ratios in ratios.txt)' peers "$?")")
   save
 fi
 if [[ "${MLA_TESTS:-1}" == 1 && "${MLA_SANITIZE:-1}" == 1 ]] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
-    MLA_GPU_MATRIX=quick timeout 150 compute-sanitizer --tool "$tool" --print-limit 20 \
+    MLA_GPU_MATRIX=$([[ $tool == racecheck ]] && echo sparse || echo quick) timeout 150 compute-sanitizer --tool "$tool" --print-limit 20 \
       stage/bin/test-gpu_decode --test-threads=1 case_matrix >"$logs/sanitizer-$tool.log" 2>&1
     rc=$?
     summary+=("$(printf '%-11s rc=%-3d  %s' "$tool" "$rc" "$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$logs/sanitizer-$tool.log" | tail -1)")")
@@ -105,5 +107,5 @@ printf '%s\n' "${summary[@]}"
 [[ -f "$logs/ratios.txt" ]] && cat "$logs/ratios.txt"
 if [[ -n "${OUT:-}" ]]; then
   save
-  for f in bench.log bench-hwfp8.log ratios.txt peers.json; do [[ -f "$logs/$f" ]] && cp "$logs/$f" "$OUT/"; done
+  for f in bench.log bench-swfp8.log ratios.txt peers.json; do [[ -f "$logs/$f" ]] && cp "$logs/$f" "$OUT/"; done
 fi

@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # Builds the release test binaries and the `mla` CLI, and stages them with the PTX (and,
-# when given --peers, the peers' benchmark kit; when given --hwfp8, the CLI built with
-# MLA_HW_FP8=1 as stage/bin/mla-hwfp8) in ./stage, which git ignores. The GPU
+# when given --peers, the peers' benchmark kit; when given --swfp8, the CLI built with
+# MLA_HW_FP8=0 (software fp8 decode) as stage/bin/mla-swfp8) in ./stage, which git ignores. The GPU
 # machine has no Rust: pass `stage` in the device call's carry and run
 #   bash tests/gpu/run.sh
 # there from the repo root.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 with_peers=0
-with_hwfp8=0
+with_swfp8=0
 for arg in "$@"; do
   case "$arg" in
     --peers) with_peers=1 ;;
-    --hwfp8) with_hwfp8=1 ;;
-    *) echo "usage: $0 [--peers] [--hwfp8]" >&2; exit 2 ;;
+    --swfp8) with_swfp8=1 ;;
+    *) echo "usage: $0 [--peers] [--swfp8]" >&2; exit 2 ;;
   esac
 done
 
@@ -36,9 +36,9 @@ for line in sys.stdin:
         shutil.copy(exe, dst)
         print("staged", dst)
 '
-if [[ $with_hwfp8 == 1 ]]; then
-  CARGO_TARGET_DIR=target/hwfp8 MLA_HW_FP8=1 cargo build --release --bin mla
-  cp target/hwfp8/release/mla stage/bin/mla-hwfp8
+if [[ $with_swfp8 == 1 ]]; then
+  CARGO_TARGET_DIR=target/swfp8 MLA_HW_FP8=0 cargo build --release --bin mla
+  cp target/swfp8/release/mla stage/bin/mla-swfp8
 fi
 strip stage/bin/* stage/lib/* 2>/dev/null || true
 out_dir=$(dirname "$(ls -t target/release/build/mla-*/out/mla_sm_90a.ptx | head -1)")

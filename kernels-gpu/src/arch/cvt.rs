@@ -72,7 +72,7 @@ pub fn e4m3x2_to_f16x2(pair: u16) -> u32 {
 
 /// Two fp8 e4m3 values (low byte first) as two f32 values, exactly: through the hardware
 /// conversion where the arch has one and the build asked for it (`mla_hw_fp8`: build.rs with
-/// `MLA_HW_FP8=1`, sm_90a / sm_100a), else [`e4m3_to_f32`] twice.
+/// sm_90a / sm_100a unless `MLA_HW_FP8=0`), else [`e4m3_to_f32`] twice.
 #[inline(always)]
 pub fn e4m3x2_to_f32x2(pair: u32) -> (f32, f32) {
     #[cfg(mla_hw_fp8)]
