@@ -78,9 +78,14 @@ FORCE_TILE = None
 
 
 def _tile_for(rows):
-    """The 16-row tile (1) where it saves work (rows <= 16) when asked for; else 0 (m64n64)."""
+    """C ABI tile: 0 = the library's default for the shape; with "m16n64" asked for, the 16-row
+    tile (1) up to 32 rows (two row tiles); with "m64n64", the 64-row tile (2)."""
     want = FORCE_TILE if FORCE_TILE is not None else os.environ.get("MLA_TILE")
-    return 1 if want == "m16n64" and rows <= 16 else 0
+    if want == "m16n64" and rows <= 32:
+        return 1
+    if want == "m64n64":
+        return 2
+    return 0
 
 
 def supports(B, L, H, s_q, page_size, causal):

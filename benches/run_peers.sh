@@ -10,10 +10,10 @@ out=${MLA_LOGS:-stage/logs}
 mkdir -p "$out"
 export MLA_LIB=${MLA_LIB:-$PWD/stage/lib/libmla.so}
 PYTHONUNBUFFERED=1 python3 stage/peers/bench_mla.py --plugin benches/peer_plugin.py \
-  --plugin benches/peer_plugin_m16.py \
-  --peers "${MLA_PEER_LIST:-flashmla_bf16,flashmla_fp8,flashinfer,mla_rs,mla_rs_fp8,mla_rs_m16,mla_rs_m16_fp8}" --json "$out/peers.json" "$@" 2>&1 | tee "$out/peers.log" | tail -5
+  --plugin benches/peer_plugin_m64.py \
+  --peers "${MLA_PEER_LIST:-flashmla_bf16,flashmla_fp8,flashinfer,mla_rs,mla_rs_fp8,mla_rs_m64,mla_rs_m64_fp8}" --json "$out/peers.json" "$@" 2>&1 | tee "$out/peers.log" | tail -5
 {
   python3 benches/ratios.py "$out/peers.json"
-  echo "--- 16-row tile where H*s_q <= 16 (mla_rs_m16) ---"
-  python3 benches/ratios.py "$out/peers.json" --ours mla_rs_m16
+  echo "--- 64-row tile everywhere (mla_rs_m64) ---"
+  python3 benches/ratios.py "$out/peers.json" --ours mla_rs_m64
 } | tee "$out/ratios.txt"

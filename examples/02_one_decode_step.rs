@@ -35,7 +35,7 @@ fn main() -> Result<(), MlaError> {
         page_size: 64,
         max_seq_len: host.max_pages * 64,
     };
-    let plan = rt.plan_decode(&stream, config, Tactic::default())?;
+    let plan = rt.plan_decode(&stream, config, Tactic::default_for(config.rows()))?;
     // ... and run every step: validation, then launches on this stream only.
     dev.poison_outputs(&stream)?;
     let shape = plan.run(&rt, &stream, &dev.request(&stream, &host))?;

@@ -82,7 +82,7 @@ fn main() -> Result<(), MlaError> {
         page_size: PAGE,
         max_seq_len: MAX_PAGES * PAGE,
     };
-    let plan = rt.plan_decode(&stream, config, Tactic::default())?;
+    let plan = rt.plan_decode(&stream, config, Tactic::default_for(config.rows()))?;
 
     let mut graph = None;
     for step in 0..STEPS {

@@ -249,16 +249,16 @@ pub fn copy_bandwidth(rt: &Runtime, stream: &Arc<CudaStream>) -> Result<f64, Mla
     Ok(2.0 * n as f64 / (best * 1e-3) * 1e-9)
 }
 
-/// The default grid: the peers' reference shapes at page 64, bf16 and fp8 KV; the H = 16
-/// shapes with both tiles.
+/// The default grid: the peers' reference shapes at page 64, bf16 and fp8 KV, plus H = 16
+/// with S_q = 2; shapes of up to 32 rows (`H * S_q`) with both tiles.
 pub fn default_shapes() -> Vec<BenchShape> {
     let mut v = Vec::new();
     for dtypes in [DecodeDtypes::Bf16, DecodeDtypes::Fp8KvBf16Q] {
-        for (heads, s_q) in [(16, 1), (128, 1), (128, 2)] {
+        for (heads, s_q) in [(16, 1), (16, 2), (128, 1), (128, 2)] {
             for (batch, len) in [(1, 4096), (8, 4096), (64, 4096), (128, 4096), (64, 16384)] {
                 for tile in Tile::ALL {
-                    // The 16-row tile only where it saves MMA work.
-                    if tile == Tile::M64N64 || heads * s_q <= 16 {
+                    // The 16-row tile only where it saves MMA work (one or two row tiles).
+                    if tile == Tile::M64N64 || heads * s_q <= 32 {
                         v.push(BenchShape {
                             dtypes,
                             tile,

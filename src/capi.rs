@@ -116,8 +116,8 @@ pub struct MlaPlanConfig {
     pub kv_dtype: u32,
     /// 0: the default tactic; otherwise waves (1..=4) of the split schedule.
     pub waves: u32,
-    /// 0: the 64-row tile (default); 1: the 16-row tile (for `s_q * heads <= 16`; not yet
-    /// run on a GPU).
+    /// 0: the default tile for the shape (`Tile::default_for`: 16 rows when
+    /// `s_q * heads <= 16`, else 64); 1: the 16-row tile; 2: the 64-row tile.
     pub tile: u32,
 }
 
@@ -206,14 +206,21 @@ pub unsafe extern "C" fn mla_plan_create(
             page_size: cfg.page_size as usize,
             max_seq_len: cfg.max_seq_len as usize,
         };
-        let mut tactic = Tactic::default();
+        let mut tactic = Tactic::default_for(config.rows());
         if cfg.waves != 0 {
             tactic.waves = cfg.waves;
         }
         tactic.tile = match cfg.tile {
-            0 => crate::tactic::Tile::M64N64,
+            0 => tactic.tile,
             1 => crate::tactic::Tile::M16N64,
-            other => return Err(MlaError::shape("tile", "0 (m64n64) or 1 (m16n64)", other)),
+            2 => crate::tactic::Tile::M64N64,
+            other => {
+                return Err(MlaError::shape(
+                    "tile",
+                    "0 (shape default), 1 (m16n64) or 2 (m64n64)",
+                    other,
+                ));
+            }
         };
         let stream = rt.new_stream()?;
         let plan = rt.plan_decode(&stream, config, tactic)?;

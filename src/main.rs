@@ -196,22 +196,33 @@ fn bench(seed: u64, json: Option<&String>) -> Result<bool, MlaError> {
     );
     println!("d2d copy: {copy:.0} GB/s (read + write); L2 flushed before every call; median of 20");
     println!(
-        "{:<12} {:>4} {:>6} {:>4} {:>4} {:>7} {:>10} {:>9} {:>8} {:>7}",
-        "dtypes", "B", "L", "H", "S_q", "splits", "us", "GB/s", "TFLOP/s", "%copy"
+        "{:<12} {:>7} {:>4} {:>6} {:>4} {:>4} {:>7} {:>10} {:>9} {:>8} {:>7}",
+        "dtypes", "tile", "B", "L", "H", "S_q", "splits", "us", "GB/s", "TFLOP/s", "%copy"
     );
     let mut rows = Vec::new();
     for s in mla::bench::default_shapes() {
         let r = mla::bench::time_shape(&rt, &stream, s, &mut rng, 20)?;
+        // The peers' naming: `mla_rs` with the shape's default tile, `mla_rs_m64` /
+        // `mla_rs_m16` with the other one; `_fp8` for fp8 KV.
+        let fp8 = s.dtypes.kv() == mla::abi::ElemType::Fp8E4m3;
+        let mut peer = String::from("mla_rs");
+        if s.tile != mla::tactic::Tile::default_for(s.heads * s.s_q) {
+            peer.push_str(&s.tile.name()[..4].replace('m', "_m"));
+        }
+        if fp8 {
+            peer.push_str("_fp8");
+        }
         rows.push(serde_json::json!({
-            "peer": if s.dtypes.kv() == mla::abi::ElemType::Fp8E4m3 { "mla_rs_fp8" } else { "mla_rs" },
+            "peer": peer, "tile": s.tile.name(),
             "B": s.batch, "L": s.len, "H": s.heads, "s_q": s.s_q, "page_size": mla::bench::PAGE,
-            "kv_dtype": if s.dtypes.kv() == mla::abi::ElemType::Fp8E4m3 { "fp8" } else { "bf16" },
+            "kv_dtype": if fp8 { "fp8" } else { "bf16" },
             "causal": s.s_q > 1, "us": r.us, "gbps": r.gbps, "tflops": r.tflops,
             "bytes": mla::bench::bytes(&s), "flops": mla::bench::flops(&s), "timing": "events",
         }));
         println!(
-            "{:<12} {:>4} {:>6} {:>4} {:>4} {:>7} {:>10.1} {:>9.0} {:>8.1} {:>6.1}%",
+            "{:<12} {:>7} {:>4} {:>6} {:>4} {:>4} {:>7} {:>10.1} {:>9.0} {:>8.1} {:>6.1}%",
             s.dtypes.name(),
+            s.tile.name(),
             s.batch,
             s.len,
             s.heads,

@@ -34,7 +34,7 @@ typedef struct MlaPlanConfig {
   uint32_t max_batch, heads, s_q, page_size, max_seq_len;
   uint32_t q_dtype, kv_dtype;
   uint32_t waves; /* 0: default tactic */
-  uint32_t tile;  /* 0: 64-row tile (default); 1: 16-row tile, for s_q * heads <= 16 */
+  uint32_t tile;  /* 0: the shape's default (16-row tile when s_q * heads <= 16, else 64-row); 1: 16-row; 2: 64-row */
 } MlaPlanConfig;
 
 typedef struct MlaDecodeArgs {

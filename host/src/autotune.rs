@@ -445,35 +445,34 @@ impl Autotuner {
     }
 
     /// The tactic to use without measuring: the cached winner when the mode is `On` and one
-    /// is cached, else [`Tactic::default`].
+    /// is cached, else [`Tactic::default_for`] the shape's rows.
     pub fn choose(&self, device: &DeviceKey, shape: &ShapeKey) -> Tactic {
+        let default = Tactic::default_for(shape.heads * shape.s_q);
         match self.mode {
-            TuneMode::Off => Tactic::default(),
-            TuneMode::On => self
-                .cache
-                .get(device, shape)
-                .map_or_else(Tactic::default, |(t, _)| t),
+            TuneMode::Off => default,
+            TuneMode::On => self.cache.get(device, shape).map_or(default, |(t, _)| t),
         }
     }
 
-    /// Times every [`Tactic::candidates`] entry with `time_us` (microseconds; the caller
+    /// Times every [`Tactic::candidates_for`] entry of the shape's rows with `time_us` (microseconds; the caller
     /// launches and times real kernels), caches the fastest and returns it. A candidate
     /// whose timing fails, or is not a finite time `>= 0`, is skipped and logged to stderr;
     /// if all fail, the first error is returned and nothing is cached. Ties keep the
-    /// earlier candidate. With the mode `Off` it returns [`Tactic::default`] and never calls
-    /// `time_us`.
+    /// earlier candidate. With the mode `Off` it returns [`Tactic::default_for`] the shape's
+    /// rows and never calls `time_us`.
     pub fn tune(
         &mut self,
         device: &DeviceKey,
         shape: &ShapeKey,
         mut time_us: impl FnMut(&Tactic) -> Result<f64, MlaError>,
     ) -> Result<Tactic, MlaError> {
+        let rows = shape.heads * shape.s_q;
         if self.mode == TuneMode::Off {
-            return Ok(Tactic::default());
+            return Ok(Tactic::default_for(rows));
         }
         let mut best: Option<(Tactic, f64)> = None;
         let mut first_err = None;
-        for tactic in Tactic::candidates() {
+        for tactic in Tactic::candidates_for(rows) {
             let timed = time_us(&tactic).and_then(|us| check_time(us).map(|()| us));
             match timed {
                 Ok(us) => {

@@ -38,6 +38,13 @@ pub struct DecodeConfig {
     pub max_seq_len: usize,
 }
 
+impl DecodeConfig {
+    /// Query rows per sequence, `s_q * heads` (what the tile choice depends on).
+    pub fn rows(&self) -> usize {
+        self.s_q * self.heads
+    }
+}
+
 /// A decode planned for one batch-shape bucket. One plan per stream at a time: its
 /// workspace holds the partials of the run in flight.
 pub struct DecodePlan {

@@ -130,6 +130,19 @@ impl std::fmt::Debug for DecodeWorkspace {
     }
 }
 
+/// Launches on streams cudarc does not know (`run_raw`, the C ABI, graphs) may still be
+/// using the buffers when the workspace is dropped, and cudarc frees them in the order of
+/// its own stream only: wait for the whole context first. Dropping a plan is not on the
+/// per-step path. (Found on the H200: a Python caller dropped a plan right after launching
+/// on torch's stream; the freed pool memory was unmapped under the running decode.)
+impl Drop for DecodeWorkspace {
+    fn drop(&mut self) {
+        if let Err(e) = self._partial_o.context().synchronize() {
+            log::warn!("mla: synchronizing before freeing a decode workspace failed: {e:?}");
+        }
+    }
+}
+
 impl DecodeWorkspace {
     pub(crate) fn ptrs(&self) -> WorkspacePtrs {
         self.ptrs

@@ -36,13 +36,24 @@ pub enum Tile {
     /// step, `mma.sync` on every arch (4 row groups x 2 column halves of warps).
     M64N64,
     /// `decode_tile::BLOCK_M_SMALL` = 16 query rows x 64 tokens (1 row group x 8 column
-    /// splits): a quarter of the MMA work of `M64N64` when `s_q * heads <= 16`.
-    /// Not yet run on a GPU: never chosen by default or by the tuner's candidates.
+    /// splits): a quarter of the MMA work of `M64N64` when `s_q * heads <= 16`; the default
+    /// there ([`Tile::default_for`]), and a tuner candidate up to 32 rows.
     M16N64,
 }
 
 impl Tile {
     pub const ALL: [Tile; 2] = [Tile::M64N64, Tile::M16N64];
+
+    /// The default tile for `rows = s_q * heads` query rows per sequence: the 16-row tile
+    /// when one tile holds them all (measured on the H200: 1.6x faster at H = 16, docs/PERF.md),
+    /// else the 64-row tile.
+    pub fn default_for(rows: usize) -> Tile {
+        if rows <= decode_tile::BLOCK_M_SMALL {
+            Tile::M16N64
+        } else {
+            Tile::M64N64
+        }
+    }
 
     /// The canonical name (`m64n64`, `m16n64`).
     pub fn name(self) -> &'static str {
@@ -122,13 +133,39 @@ impl Default for Tactic {
 }
 
 impl Tactic {
+    /// [`Tactic::default`] with the tile for `rows = s_q * heads` ([`Tile::default_for`]):
+    /// the deterministic choice for a shape when tuning is off.
+    pub fn default_for(rows: usize) -> Tactic {
+        Tactic {
+            tile: Tile::default_for(rows),
+            ..Tactic::default()
+        }
+    }
+
     /// The small, fixed set the autotuner measures, the default first (so a tie keeps it):
     /// waves {1, 2} x max_splits {64, 16}, then max_splits 1 (no split; waves do not matter
-    /// there, every sequence gets one chunk).
+    /// there, every sequence gets one chunk). 64-row tile only; see [`Tactic::candidates_for`].
     pub fn candidates() -> Vec<Tactic> {
-        let mut out = Vec::with_capacity(5);
-        // M16N64 joins the candidates once it has run on a GPU (see Tile::M16N64).
-        for tile in [Tile::M64N64] {
+        Self::candidates_with(&[Tile::M64N64])
+    }
+
+    /// The candidates for `rows = s_q * heads` query rows: [`Tactic::candidates`] per tile,
+    /// the shape's default tile first (so `candidates_for(rows)[0] == default_for(rows)`);
+    /// the 16-row tile joins for `rows <= 32` (two row tiles at most).
+    pub fn candidates_for(rows: usize) -> Vec<Tactic> {
+        let first = Tile::default_for(rows);
+        let mut tiles = vec![first];
+        for t in Tile::ALL {
+            if t != first && (t == Tile::M64N64 || rows <= 2 * decode_tile::BLOCK_M_SMALL) {
+                tiles.push(t);
+            }
+        }
+        Self::candidates_with(&tiles)
+    }
+
+    fn candidates_with(tiles: &[Tile]) -> Vec<Tactic> {
+        let mut out = Vec::with_capacity(5 * tiles.len());
+        for &tile in tiles {
             for waves in [1, 2] {
                 for max_splits in [MAX_SPLITS, 16] {
                     out.push(Tactic {

@@ -75,6 +75,37 @@ fn candidates_are_small_distinct_valid_and_default_first() {
 }
 
 #[test]
+fn shape_defaults_and_candidates_follow_the_rows() {
+    // One 16-row tile holds the rows: the small tile is the default and tried first.
+    for rows in [1, 8, 16] {
+        assert_eq!(Tile::default_for(rows), Tile::M16N64, "rows {rows}");
+        let c = Tactic::candidates_for(rows);
+        assert_eq!(c[0], Tactic::default_for(rows));
+        assert_eq!(c.len(), 10);
+        assert!(c[..5].iter().all(|t| t.tile == Tile::M16N64));
+        assert!(c[5..].iter().all(|t| t.tile == Tile::M64N64));
+    }
+    // 17..=32 rows: the 64-row tile by default, the 16-row tile (two row tiles) a candidate.
+    for rows in [17, 32] {
+        assert_eq!(Tactic::default_for(rows), Tactic::default());
+        let c = Tactic::candidates_for(rows);
+        assert_eq!(c[..5], Tactic::candidates()[..]);
+        assert!(c[5..].iter().all(|t| t.tile == Tile::M16N64));
+    }
+    // More rows: the 64-row tile only.
+    for rows in [33, 64, 256, 1024] {
+        assert_eq!(Tactic::default_for(rows), Tactic::default());
+        assert_eq!(Tactic::candidates_for(rows), Tactic::candidates());
+    }
+    // The tuner's untuned choice is the shape's default.
+    let mut key = shape();
+    key.heads = 16;
+    key.s_q = 1;
+    let off = Autotuner::new(TuneMode::Off);
+    assert_eq!(off.choose(&h200(), &key).tile, Tile::M16N64);
+}
+
+#[test]
 fn canonical_strings_round_trip() {
     let mut all = Tactic::candidates();
     all.push(Tactic::default());
