@@ -51,6 +51,9 @@ pub trait Layout {
     const S_TILES: usize = (BLOCK_N / Self::CS / 8) as usize;
     /// 8-dim output tiles per warp.
     const O_TILES: usize = D_V / Self::CS as usize / 8;
+    /// Streams 16-bit caches through the half-block ring (`decode_tile::SMEM_RING*`)
+    /// instead of two full stages; needs the small Q tile (16 rows) to fit.
+    const RING: bool = false;
 }
 
 /// 64 rows: 4 row groups x 2 column halves.
@@ -65,6 +68,7 @@ pub struct M16;
 impl Layout for M16 {
     const RG: u32 = 1;
     const CS: u32 = 8;
+    const RING: bool = true;
 }
 
 const _: () = assert!(M64::RG * M64::CS == T::WARPS as u32 && M64::BM == T::BLOCK_M as u32);
@@ -123,11 +127,17 @@ fn kv_row_addr(p: &DecodeParams, page: i32, j: u32, elem_bytes: u64) -> Option<*
     Some(unsafe { p.kv_cache.ptr().add((off * elem_bytes) as usize) as *const u8 })
 }
 
-/// Threads per KV row when issuing a block: thread `t` copies row `t / KV_TPR`, chunks
-/// `t % KV_TPR + KV_TPR * i`, so it looks up one page per block.
+/// Threads per KV row when issuing a full block (`BLOCK_N` rows) or a ring half-block
+/// (`HALF_N` rows): thread `t` copies row `t / TPR`, chunks `t % TPR + TPR * i`, so it looks
+/// up one page per issue.
 const KV_TPR: u32 = THREADS / BLOCK_N;
-const _: () = assert!(KV_TPR * BLOCK_N == THREADS && ROW_CHUNKS % KV_TPR == 0);
-const _: () = assert!(FP8_ROW_CHUNKS % KV_TPR == 0);
+const HALF_N: u32 = T::HALF_N as u32;
+const HALF_TPR: u32 = THREADS / HALF_N;
+const RING_SLOTS: u32 = T::RING_SLOTS as u32;
+const HALF_TILE_BYTES: u32 = T::HALF_TILE_BYTES as u32;
+const _: () = assert!(KV_TPR * BLOCK_N == THREADS && ROW_CHUNKS.is_multiple_of(KV_TPR));
+const _: () = assert!(FP8_ROW_CHUNKS.is_multiple_of(KV_TPR));
+const _: () = assert!(HALF_TPR * HALF_N == THREADS && ROW_CHUNKS.is_multiple_of(HALF_TPR));
 
 /// Loads the CTA's `BM` query rows into the swizzled Q tile (zeros past the last row).
 #[inline(always)]
@@ -175,15 +185,21 @@ unsafe fn load_q_tile<K: DecodeKind, L: Layout>(p: &DecodeParams, b: u32, row0: 
     }
 }
 
-/// Issues the `cp.async` copies of this thread's row of KV block `kb` into a stage: the
-/// swizzled 16-bit tile, or for fp8 caches the raw staging buffer (rows of 576 bytes,
-/// unswizzled). `page` is the row's page from [`kv_row_page`], looked up a block ahead so
-/// its latency is not on the issue path.
+/// Issues the `cp.async` copies of this thread's row of the KV rows starting at token `n0`
+/// (`THREADS / TPR` rows: a full block or a ring half-block) into a stage: the swizzled
+/// 16-bit tile, or for fp8 caches the raw staging buffer (rows of 576 bytes, unswizzled).
+/// `page` is the row's page from [`kv_row_page`], looked up one issue ahead so its latency
+/// is not on the issue path.
 #[inline(always)]
-unsafe fn issue_kv_row<K: DecodeKind>(p: &DecodeParams, page: i32, kb: u32, stage: u32) {
-    let r = arch::thread_idx_x() / KV_TPR;
-    let k0 = arch::thread_idx_x() % KV_TPR;
-    let j = kb * BLOCK_N + r;
+unsafe fn issue_kv_row<K: DecodeKind, const TPR: u32>(
+    p: &DecodeParams,
+    page: i32,
+    n0: u32,
+    stage: u32,
+) {
+    let r = arch::thread_idx_x() / TPR;
+    let k0 = arch::thread_idx_x() % TPR;
+    let j = n0 + r;
     let (chunks_per_row, elem) = if K::KV_FP8 {
         (FP8_ROW_CHUNKS, 1)
     } else {
@@ -210,7 +226,7 @@ unsafe fn issue_kv_row<K: DecodeKind>(p: &DecodeParams, page: i32, kb: u32, stag
             };
             cp_async::cp_async_cg_16(dst, s, n)
         };
-        k += KV_TPR;
+        k += TPR;
     }
 }
 
@@ -249,10 +265,13 @@ unsafe fn convert_fp8_stage<K: DecodeKind>(raw_stage: u32, tile: u32) {
 }
 
 /// S (16 rows x 64/CS tokens) = Q[rows of rg] . K[tokens of ch]^T over all 576 dims.
+/// `kv` holds the warp's tokens; with one 8-token tile per warp (`S_TILES == 1`) they start at
+/// row `tok_row` of `kv` (a ring slot holds 32 tokens, a stage all 64).
 #[inline(always)]
 unsafe fn qk_tile_gemm<H: Half16, L: Layout>(
     q_smem: u32,
     kv: u32,
+    tok_row: u32,
     rg: u32,
     ch: u32,
     lane: u32,
@@ -279,7 +298,7 @@ unsafe fn qk_tile_gemm<H: Half16, L: Layout>(
     } else {
         // One 8-token tile: ldmatrix.x4 gives the four 8-dim chunks of two k-steps. Four
         // accumulators (one per k-step mod 4) keep the dependent MMA chain 9 deep, not 36.
-        let b_row = ch * 8 + (lane % 8);
+        let b_row = tok_row + (lane % 8);
         let b_chunk = lane / 8;
         for kq in 0..(D_QK / 64) as u32 {
             unroll!(h in [0, 1] {
@@ -306,11 +325,16 @@ unsafe fn qk_tile_gemm<H: Half16, L: Layout>(
 /// V tile n-pair `np` (16 dims) of lane `l` sits in swizzled chunk
 /// `ch*64/CS + 8*(np/4) + ((2*(np%4) + l/16) ^ (row % 8))`: four per-lane column offsets plus
 /// a constant 128 bytes per `np / 4`, so the addresses fold into immediates.
+///
+/// Tokens 0..32 are rows of `kv`, tokens 32..64 rows of `kv + hi_delta` (wrapping): two
+/// ring slots, or with `hi_delta = 32 rows` the two halves of one stage.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn pv_tile_gemm<H: Half16, L: Layout>(
     o: &mut [[f32; 4]; O_TILES_MAX],
     p_smem: u32,
     kv: u32,
+    hi_delta: u32,
     rg: u32,
     ch: u32,
     lane: u32,
@@ -325,7 +349,9 @@ unsafe fn pv_tile_gemm<H: Half16, L: Layout>(
         // SAFETY: P rows < 64, chunks < 8; V rows < 64, chunks < 64 (of 72); converged.
         unsafe {
             let a = ldmatrix::ldmatrix_x4(p_smem + p_off(a_row, kk * 2 + a_half));
-            let vbase = kv + (kk * 16 + v_row) * ROW_BYTES;
+            // Branch-free, so the k-step loop keeps its shape.
+            let half = kv.wrapping_add((kk / (HALF_N / 16)).wrapping_mul(hi_delta));
+            let vbase = half + ((kk % (HALF_N / 16)) * 16 + v_row) * ROW_BYTES;
             unroll!(np in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
                 if np < L::O_TILES / 2 {
                     let v = ldmatrix::ldmatrix_x4_trans(vbase + vcol[np % 4] + (np as u32 / 4) * 128);
@@ -398,16 +424,20 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
     let ch = warp / L::RG;
     let g = lane / 4;
     let c4 = lane % 4;
-    // The KV row this thread copies in every block.
-    let kv_r = tid / KV_TPR;
+    // The ring (16-row tile, 16-bit cache) or two full stages.
+    let ring = L::RING && !K::KV_FP8;
+    // The KV row this thread copies in every block (ring: in every half-block).
+    let kv_r = if ring { tid / HALF_TPR } else { tid / KV_TPR };
 
     let base = smem::smem_base();
-    let q_smem = base + T::SMEM_Q as u32;
+    let q_smem = base + if ring { T::SMEM_RING_Q } else { T::SMEM_Q } as u32;
     let kv_tile = |s: u32| base + T::SMEM_KV as u32 + s * T::QK_TILE_BYTES as u32;
     let raw_stage = |s: u32| base + T::SMEM_FP8_STAGE as u32 + s * T::FP8_STAGE_BYTES as u32;
     let stage_of = |s: u32| if K::KV_FP8 { raw_stage(s) } else { kv_tile(s) };
-    let p_smem = base + T::SMEM_P as u32;
-    let red = base + T::SMEM_RED as u32;
+    // Ring slot of half-block `h` (counted from the chunk's first half-block).
+    let slot = |h: u32| base + T::SMEM_RING as u32 + (h % RING_SLOTS) * HALF_TILE_BYTES;
+    let p_smem = base + if ring { T::SMEM_RING_P } else { T::SMEM_P } as u32;
+    let red = base + if ring { T::SMEM_RING_RED } else { T::SMEM_RED } as u32;
 
     // Causal visibility of this thread's two rows (g and g + 8 of its row group).
     let row_a = row0 + rg * 16 + g;
@@ -418,21 +448,47 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
     let vis_r = [vis(row_a), vis(row_a + 8)];
     let scale_log2 = p.softmax_scale * LOG2E;
 
+    // Ring: half-blocks h = 0 .. 2 (kb1 - kb0) of the chunk, tokens kb0 * 64 + 32 h ..;
+    // one commit group per half-block, empty past the chunk.
+    let halves = 2 * (kb1 - kb0);
+    let half_n0 = |h: u32| kb0 * BLOCK_N + h * HALF_N;
+    let half_page = |h: u32| {
+        if h < halves {
+            kv_row_page(&p, b, half_n0(h) + kv_r, len)
+        } else {
+            -1
+        }
+    };
+
     // SAFETY (whole pipeline): every smem address below stays inside the regions of
     // decode_tile; every barrier is reached by all threads (loop bounds are CTA-uniform).
     unsafe {
         load_q_tile::<K, L>(&p, b, row0, q_smem);
-        if kb0 < kb1 {
-            let page = kv_row_page(&p, b, kb0 * BLOCK_N + kv_r, len);
-            issue_kv_row::<K>(&p, page, kb0, stage_of(0));
+        if ring {
+            // Half-blocks 0, 1, 2 (group 0 also holds Q).
+            unroll!(h in [0, 1, 2] {
+                let h = h as u32;
+                if h < halves {
+                    issue_kv_row::<K, HALF_TPR>(&p, half_page(h), half_n0(h), slot(h));
+                }
+                cp_async::cp_async_commit_group();
+            });
+        } else {
+            if kb0 < kb1 {
+                let page = kv_row_page(&p, b, kb0 * BLOCK_N + kv_r, len);
+                issue_kv_row::<K, KV_TPR>(&p, page, kb0 * BLOCK_N, stage_of(0));
+            }
+            cp_async::cp_async_commit_group();
         }
-        cp_async::cp_async_commit_group();
     }
-    // This thread's KV row's page in the next block, loaded one block ahead.
-    let mut next_page = if kb0 + 1 < kb1 {
-        kv_row_page(&p, b, (kb0 + 1) * BLOCK_N + kv_r, len)
+    // This thread's KV row's pages for the next issue, loaded one issue ahead: the next
+    // block, or (ring) the next two half-blocks.
+    let mut next_page = if ring {
+        [half_page(3), half_page(4)]
+    } else if kb0 + 1 < kb1 {
+        [kv_row_page(&p, b, (kb0 + 1) * BLOCK_N + kv_r, len), -1]
     } else {
-        -1
+        [-1, -1]
     };
 
     let mut o = [[0.0f32; 4]; O_TILES_MAX];
@@ -442,31 +498,67 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
     let mut kb = kb0;
     let mut stage = 0u32;
     while kb < kb1 {
+        let hb = 2 * (kb - kb0);
         // SAFETY: see above.
         unsafe {
-            if kb + 1 < kb1 {
-                issue_kv_row::<K>(&p, next_page, kb + 1, stage_of(stage ^ 1));
-                if kb + 2 < kb1 {
-                    next_page = kv_row_page(&p, b, (kb + 2) * BLOCK_N + kv_r, len);
+            if ring {
+                // Half-blocks hb + 3 and hb + 4 go to the slots block kb - 1 used (free since
+                // the last barrier of the previous iteration); then wait for hb and hb + 1,
+                // leaving three half-blocks in flight.
+                unroll!(i in [0, 1] {
+                    let h = hb + 3 + i as u32;
+                    if h < halves {
+                        issue_kv_row::<K, HALF_TPR>(&p, next_page[i], half_n0(h), slot(h));
+                    }
+                    cp_async::cp_async_commit_group();
+                });
+                next_page = [half_page(hb + 5), half_page(hb + 6)];
+                cp_async::cp_async_wait_group::<3>();
+            } else {
+                if kb + 1 < kb1 {
+                    issue_kv_row::<K, KV_TPR>(
+                        &p,
+                        next_page[0],
+                        (kb + 1) * BLOCK_N,
+                        stage_of(stage ^ 1),
+                    );
+                    if kb + 2 < kb1 {
+                        next_page[0] = kv_row_page(&p, b, (kb + 2) * BLOCK_N + kv_r, len);
+                    }
                 }
+                cp_async::cp_async_commit_group();
+                cp_async::cp_async_wait_group::<1>();
             }
-            cp_async::cp_async_commit_group();
-            cp_async::cp_async_wait_group::<1>();
             sync::bar_sync();
         }
-        let kv = if K::KV_FP8 {
-            // SAFETY: see above.
-            unsafe {
-                convert_fp8_stage::<K>(raw_stage(stage), kv_tile(0));
-                sync::bar_sync();
-            }
-            kv_tile(0)
+        // Where this block's tokens 0..32 and 32..64 are.
+        let (kv_lo, kv_hi) = if ring {
+            (slot(hb), slot(hb + 1))
         } else {
-            kv_tile(stage)
+            let kv = if K::KV_FP8 {
+                // SAFETY: see above.
+                unsafe {
+                    convert_fp8_stage::<K>(raw_stage(stage), kv_tile(0));
+                    sync::bar_sync();
+                }
+                kv_tile(0)
+            } else {
+                kv_tile(stage)
+            };
+            (kv, kv + HALF_N * ROW_BYTES)
+        };
+        // The warp's QK^T tokens: all 64 (row base 0 of kv_lo) with 4 tiles per warp, else
+        // 8 tokens at ch * 8, in the half that holds them.
+        let (kv_qk, tok_row) = if L::S_TILES >= 4 {
+            (kv_lo, 0)
+        } else if ch * 8 < HALF_N {
+            (kv_lo, ch * 8)
+        } else {
+            (kv_hi, ch * 8 - HALF_N)
         };
 
         // SAFETY: see above.
-        let mut s = unsafe { qk_tile_gemm::<K::Mma, L>(q_smem, kv, rg, ch, lane) };
+        let mut s = unsafe { qk_tile_gemm::<K::Mma, L>(q_smem, kv_qk, tok_row, rg, ch, lane) };
 
         // Mask, scale to log2 units, local row maxima.
         let n_base = kb * BLOCK_N + ch * (BLOCK_N / L::CS) + 2 * c4;
@@ -547,7 +639,15 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
         // SAFETY: see above.
         unsafe {
             sync::bar_sync();
-            pv_tile_gemm::<K::Mma, L>(&mut o, p_smem, kv, rg, ch, lane);
+            pv_tile_gemm::<K::Mma, L>(
+                &mut o,
+                p_smem,
+                kv_lo,
+                kv_hi.wrapping_sub(kv_lo),
+                rg,
+                ch,
+                lane,
+            );
             sync::bar_sync();
         }
         kb += 1;

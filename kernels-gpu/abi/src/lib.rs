@@ -144,6 +144,20 @@ pub mod decode_tile {
 
     const _: () = assert!(2 * FP8_STAGE_BYTES <= QK_TILE_BYTES);
     const _: () = assert!(SMEM_BYTES <= 227 * 1024);
+
+    /// The 16-row kernels with 16-bit caches stream KV through a ring of `RING_SLOTS`
+    /// half-blocks of `HALF_N` tokens: while one 64-token block (two slots) is computed,
+    /// three half-blocks (110 KB) are in flight, against one block (74 KB) with two full
+    /// stages. Their shared memory: the 16-row Q tile, the ring, the P tile, the exchange.
+    pub const HALF_N: usize = BLOCK_N / 2;
+    pub const RING_SLOTS: usize = 5;
+    pub const HALF_TILE_BYTES: usize = HALF_N * D_QK * 2;
+    pub const SMEM_RING_Q: usize = 0;
+    pub const SMEM_RING: usize = SMEM_RING_Q + BLOCK_M_SMALL * D_QK * 2;
+    pub const SMEM_RING_P: usize = SMEM_RING + RING_SLOTS * HALF_TILE_BYTES;
+    pub const SMEM_RING_RED: usize = SMEM_RING_P + P_TILE_BYTES;
+    pub const SMEM_RING_BYTES: usize = SMEM_RING_RED + RED_BYTES;
+    const _: () = assert!(SMEM_RING_BYTES <= SMEM_BYTES);
     const _: () = assert!(BLOCK_M == 16 * (WARPS / 2));
 }
 
