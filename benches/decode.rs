@@ -34,11 +34,12 @@ fn decode(c: &mut Criterion) {
         ] {
             let shape = BenchShape {
                 dtypes,
-                tile: mla::tactic::Tile::M64N64,
+                tile: mla::tactic::Tile::default_for(heads * s_q),
                 batch,
                 len,
                 heads,
                 s_q,
+                page: mla::bench::PAGE,
             };
             let mut case = BenchCase::new(&rt, &stream, shape, &mut rng).expect("bench case");
             group.throughput(Throughput::Bytes(bytes(&shape) as u64));

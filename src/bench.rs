@@ -16,7 +16,7 @@ use crate::{
     TensorView, numeric,
 };
 
-/// One timed shape (page size 64, uniform lengths, causal when `s_q > 1`).
+/// One timed shape (uniform lengths, causal when `s_q > 1`).
 #[derive(Clone, Copy, Debug)]
 pub struct BenchShape {
     pub dtypes: DecodeDtypes,
@@ -25,6 +25,8 @@ pub struct BenchShape {
     pub len: usize,
     pub heads: usize,
     pub s_q: usize,
+    /// Tokens per page ([`PAGE`] in the default grid).
+    pub page: usize,
 }
 
 /// One result row.
@@ -108,7 +110,7 @@ impl BenchCase {
         s: BenchShape,
         rng: &mut SplitMix64,
     ) -> Result<Self, MlaError> {
-        let pages_per_seq = s.len.div_ceil(PAGE);
+        let pages_per_seq = s.len.div_ceil(s.page);
         let num_pages = s.batch * pages_per_seq;
         let table: Vec<i32> = rng
             .permutation(num_pages)
@@ -116,7 +118,7 @@ impl BenchCase {
             .map(|&p| p as i32)
             .collect();
         let lens = vec![s.len as i32; s.batch];
-        let (kv_bytes, kv_scale) = pooled(rng, s.dtypes.kv(), num_pages * PAGE * D_QK);
+        let (kv_bytes, kv_scale) = pooled(rng, s.dtypes.kv(), num_pages * s.page * D_QK);
         let (q_bytes, q_scale) = pooled(rng, s.dtypes.q(), s.batch * s.s_q * s.heads * D_QK);
         let rows = s.s_q * s.heads;
         let mut ws = DecodeWorkspace::new(
@@ -172,7 +174,7 @@ impl BenchCase {
             kv_cache: TensorView::contiguous(
                 ptr(kv, stream),
                 s.dtypes.kv(),
-                [self.num_pages, PAGE, D_QK],
+                [self.num_pages, self.shape.page, D_QK],
             ),
             page_table: TensorView::contiguous(
                 ptr(table, stream),
@@ -266,9 +268,37 @@ pub fn default_shapes() -> Vec<BenchShape> {
                             len,
                             heads,
                             s_q,
+                            page: PAGE,
                         });
                     }
                 }
+            }
+        }
+    }
+    v
+}
+
+/// The secondary targets, each against its own baseline in the same grid: page sizes
+/// 16, 32, 64, 128 (B = 64, L = 4096; H = 16 and 128) and MTP S_q = 1, 2, 4 at page 64
+/// (B = 64, L = 4096; H = 16 and 128), bf16 and fp8 KV, each with the shape's default tile.
+pub fn extra_shapes() -> Vec<BenchShape> {
+    let mut v = Vec::new();
+    for dtypes in [DecodeDtypes::Bf16, DecodeDtypes::Fp8KvBf16Q] {
+        for heads in [16, 128] {
+            let shape = |s_q: usize, page: usize| BenchShape {
+                dtypes,
+                tile: Tile::default_for(heads * s_q),
+                batch: 64,
+                len: 4096,
+                heads,
+                s_q,
+                page,
+            };
+            for page in [16, 32, 64, 128] {
+                v.push(shape(1, page));
+            }
+            for s_q in [2, 4] {
+                v.push(shape(s_q, PAGE));
             }
         }
     }

@@ -13,8 +13,8 @@ use mla::harness::{self, CaseSpec, DeviceCase, HostCase, Splits};
 use mla::rng::SplitMix64;
 use mla::{DecodeDtypes, MlaError};
 
-const USAGE: &str =
-    "usage: mla <info|demo|bench> [--seed N] [--json FILE (bench: the peers' JSON schema)]";
+const USAGE: &str = "usage: mla <info|demo|bench> [--seed N] [--json FILE (bench: the peers' JSON schema)] \
+     [--grid default|extra (bench: extra = page sizes 16..128 and S_q 1, 2, 4)]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -27,12 +27,21 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("info") => info(),
         Some("demo") => demo(seed),
-        Some("bench") => bench(
-            seed,
-            args.iter()
-                .position(|a| a == "--json")
-                .and_then(|i| args.get(i + 1)),
-        ),
+        Some("bench") => {
+            let opt = |name: &str| {
+                args.iter()
+                    .position(|a| a == name)
+                    .and_then(|i| args.get(i + 1))
+            };
+            match opt("--grid").map(String::as_str) {
+                None | Some("default") => bench(seed, opt("--json"), mla::bench::default_shapes()),
+                Some("extra") => bench(seed, opt("--json"), mla::bench::extra_shapes()),
+                Some(other) => {
+                    eprintln!("--grid: expected default or extra, got {other:?}\n{USAGE}");
+                    return ExitCode::from(2);
+                }
+            }
+        }
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);
@@ -183,7 +192,11 @@ fn demo(seed: u64) -> Result<bool, MlaError> {
     Ok(all_ok)
 }
 
-fn bench(seed: u64, json: Option<&String>) -> Result<bool, MlaError> {
+fn bench(
+    seed: u64,
+    json: Option<&String>,
+    shapes: Vec<mla::bench::BenchShape>,
+) -> Result<bool, MlaError> {
     let rt = mla::load(0)?;
     let stream = rt.new_stream()?;
     let mut rng = SplitMix64::new(seed);
@@ -196,37 +209,39 @@ fn bench(seed: u64, json: Option<&String>) -> Result<bool, MlaError> {
     );
     println!("d2d copy: {copy:.0} GB/s (read + write); L2 flushed before every call; median of 20");
     println!(
-        "{:<12} {:>7} {:>4} {:>6} {:>4} {:>4} {:>7} {:>10} {:>9} {:>8} {:>7}",
-        "dtypes", "tile", "B", "L", "H", "S_q", "splits", "us", "GB/s", "TFLOP/s", "%copy"
+        "{:<12} {:>7} {:>4} {:>6} {:>4} {:>4} {:>4} {:>7} {:>10} {:>9} {:>8} {:>7}",
+        "dtypes", "tile", "B", "L", "H", "S_q", "page", "splits", "us", "GB/s", "TFLOP/s", "%copy"
     );
     let mut rows = Vec::new();
-    for s in mla::bench::default_shapes() {
+    for s in shapes {
         let r = mla::bench::time_shape(&rt, &stream, s, &mut rng, 20)?;
         // The peers' naming: `mla_rs` with the shape's default tile, `mla_rs_m64` /
         // `mla_rs_m16` with the other one; `_fp8` for fp8 KV.
         let fp8 = s.dtypes.kv() == mla::abi::ElemType::Fp8E4m3;
         let mut peer = String::from("mla_rs");
         if s.tile != mla::tactic::Tile::default_for(s.heads * s.s_q) {
-            peer.push_str(&s.tile.name()[..4].replace('m', "_m"));
+            peer.push('_');
+            peer.push_str(&s.tile.name()[..3]);
         }
         if fp8 {
             peer.push_str("_fp8");
         }
         rows.push(serde_json::json!({
             "peer": peer, "tile": s.tile.name(),
-            "B": s.batch, "L": s.len, "H": s.heads, "s_q": s.s_q, "page_size": mla::bench::PAGE,
+            "B": s.batch, "L": s.len, "H": s.heads, "s_q": s.s_q, "page_size": s.page,
             "kv_dtype": if fp8 { "fp8" } else { "bf16" },
             "causal": s.s_q > 1, "us": r.us, "gbps": r.gbps, "tflops": r.tflops,
             "bytes": mla::bench::bytes(&s), "flops": mla::bench::flops(&s), "timing": "events",
         }));
         println!(
-            "{:<12} {:>7} {:>4} {:>6} {:>4} {:>4} {:>7} {:>10.1} {:>9.0} {:>8.1} {:>6.1}%",
+            "{:<12} {:>7} {:>4} {:>6} {:>4} {:>4} {:>4} {:>7} {:>10.1} {:>9.0} {:>8.1} {:>6.1}%",
             s.dtypes.name(),
             s.tile.name(),
             s.batch,
             s.len,
             s.heads,
             s.s_q,
+            s.page,
             r.max_splits,
             r.us,
             r.gbps,

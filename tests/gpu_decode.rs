@@ -5,7 +5,7 @@
 //! before each launch, fills unused cache slots with NaN and unused table entries with
 //! invalid page ids, and checks every element of `out` and `lse`.
 //! `MLA_GPU_MATRIX=quick` (every 6th case) or `sparse` (every 24th) thins the matrix for
-//! compute-sanitizer.
+//! compute-sanitizer; `MLA_GPU_MATRIX_DTYPES=bf16,fp8` keeps only the named dtypes.
 
 mod common;
 
@@ -57,8 +57,16 @@ fn matrix() -> Vec<CaseSpec> {
         Ok("sparse") => 24,
         _ => 1,
     };
+    // MLA_GPU_MATRIX_DTYPES=fp8kv_bf16q,fp8: only those dtypes (to re-check one kernel family).
+    let only = std::env::var("MLA_GPU_MATRIX_DTYPES").ok();
     let mut out = Vec::new();
     for (di, &d) in DecodeDtypes::ALL.iter().enumerate() {
+        if only
+            .as_deref()
+            .is_some_and(|o| !o.split(',').any(|n| n == d.name()))
+        {
+            continue;
+        }
         for (pi, &p) in PAGE_SIZES.iter().enumerate() {
             for (hi, &h) in HEADS.iter().enumerate() {
                 for (si, &s) in S_QS.iter().enumerate() {

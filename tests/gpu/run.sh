@@ -3,8 +3,10 @@
 # staged ./stage here. Logs go to ./stage/logs (and, on the device machine, as
 # $OUT/logs.tgz plus the bench tables); the summary is printed last.
 # Each test runs under a timeout so that one hang cannot eat the whole call.
-# Switches: MLA_TESTS=0 (skip the tests and the demo), MLA_ONLY="name ..." (only those tests), MLA_SANITIZE=0, MLA_BENCH=1 (mla bench),
-# MLA_PEERS=1 (the peers' harness with our plugin; needs `stage.sh --peers`).
+# Switches: MLA_TESTS=0 (skip the tests, examples and demo), MLA_ONLY="name ..." (only those
+# tests; "examples" keeps the examples), MLA_SANITIZE=0, MLA_BENCH=1 (mla bench),
+# MLA_BENCH_EXTRA=1 (mla bench --grid extra: page sizes, S_q 1/2/4), MLA_PEERS=1 (the peers'
+# harness with our plugins; needs `stage.sh --peers`).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 logs=stage/logs
@@ -62,6 +64,17 @@ for entry in "${plan[@]}"; do
   grep -E "SKIPPED|FAIL|panicked|checked|failures|rel L2|vs 1:|chunk|GPU runs" "$logs/$name.log" | tail -8
   save
 done
+# The numbered examples (examples/*.rs): each must exit 0 (03 checks its graph-replayed loop
+# against the oracle).
+if [[ "${MLA_TESTS:-1}" == 1 && ( -z "${MLA_ONLY:-}" || " $MLA_ONLY " == *" examples "* ) ]]; then
+  for ex in stage/bin/example-*; do
+    [[ -x "$ex" ]] || continue
+    name=${ex#stage/bin/example-}
+    timeout 120 "$ex" >"$logs/example-$name.log" 2>&1
+    summary+=("$(printf '%-11s rc=%-3d  %s' "${name:0:11}" "$?" "$(tail -1 "$logs/example-$name.log" | cut -c1-120)")")
+  done
+  save
+fi
 if [[ "${MLA_TESTS:-1}" == 1 ]]; then
   stage/bin/mla demo --seed "${MLA_SEED:0:9}" >"$logs/demo.log" 2>&1
   summary+=("$(printf '%-11s rc=%-3d  %s' demo "$?" "$(tail -1 "$logs/demo.log")")")
@@ -70,6 +83,12 @@ fi
 if [[ "${MLA_BENCH:-0}" == 1 ]]; then
   timeout 240 stage/bin/mla bench --seed "${MLA_SEED:0:9}" --json "$logs/bench.json" >"$logs/bench.log" 2>&1
   summary+=("$(printf '%-11s rc=%-3d  (table in bench.log)' bench "$?")")
+  save
+fi
+if [[ "${MLA_BENCH_EXTRA:-0}" == 1 ]]; then
+  # Page sizes 16..128 and S_q 1, 2, 4 (the issue's secondary targets).
+  timeout 120 stage/bin/mla bench --grid extra --seed "${MLA_SEED:0:9}" --json "$logs/bench-extra.json" >"$logs/bench-extra.log" 2>&1
+  summary+=("$(printf '%-11s rc=%-3d  (table in bench-extra.log)' bench-extra "$?")")
   save
 fi
 if [[ -x stage/bin/mla-swfp8 ]]; then
@@ -104,8 +123,9 @@ fi
 echo "================ GPU suite summary (commit $(cat stage/COMMIT), seed $MLA_SEED) ================"
 printf '%s\n' "${summary[@]}"
 [[ -f "$logs/bench.log" ]] && cat "$logs/bench.log"
+[[ -f "$logs/bench-extra.log" ]] && cat "$logs/bench-extra.log"
 [[ -f "$logs/ratios.txt" ]] && cat "$logs/ratios.txt"
 if [[ -n "${OUT:-}" ]]; then
   save
-  for f in bench.log bench-swfp8.log ratios.txt peers.json; do [[ -f "$logs/$f" ]] && cp "$logs/$f" "$OUT/"; done
+  for f in bench.log bench-extra.log bench-swfp8.log ratios.txt peers.json; do [[ -f "$logs/$f" ]] && cp "$logs/$f" "$OUT/"; done
 fi

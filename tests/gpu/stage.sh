@@ -40,6 +40,12 @@ if [[ $with_swfp8 == 1 ]]; then
   CARGO_TARGET_DIR=target/swfp8 MLA_HW_FP8=0 cargo build --release --bin mla
   cp target/swfp8/release/mla stage/bin/mla-swfp8
 fi
+# The numbered examples (run by run.sh as part of the suite).
+cargo build --release --examples
+for ex in examples/*.rs; do
+  name=$(basename "$ex" .rs)
+  cp "target/release/examples/$name" "stage/bin/example-$name"
+done
 strip stage/bin/* stage/lib/* 2>/dev/null || true
 out_dir=$(dirname "$(ls -t target/release/build/mla-*/out/mla_sm_90a.ptx | head -1)")
 cp "$out_dir"/*.ptx "$out_dir"/*.cubin stage/ptx/ 2>/dev/null || true
