@@ -4,7 +4,8 @@
 # $OUT/logs.tgz plus the bench tables); the summary is printed last.
 # Each test runs under a timeout so that one hang cannot eat the whole call.
 # Switches: MLA_TESTS=0 (skip the tests, examples and demo), MLA_ONLY="name ..." (only those
-# tests; "examples" keeps the examples), MLA_SANITIZE=0, MLA_BENCH=1 (mla bench),
+# tests; "examples" keeps the examples), MLA_SANITIZE=0 (or =decode: the decode matrix only),
+# MLA_BENCH=1 (mla bench),
 # MLA_BENCH_EXTRA=1 (mla bench --grid extra: page sizes, S_q 1/2/4), MLA_PEERS=1 (the peers'
 # harness with our plugins; needs `stage.sh --peers`).
 set -uo pipefail
@@ -107,17 +108,19 @@ if [[ "${MLA_PEERS:-0}" == 1 && -d stage/peers ]]; then
   summary+=("$(printf '%-11s rc=%-3d  (ratios in ratios.txt)' peers "$?")")
   save
 fi
-if [[ "${MLA_TESTS:-1}" == 1 && "${MLA_SANITIZE:-1}" == 1 ]] && command -v compute-sanitizer >/dev/null; then
+if [[ "${MLA_TESTS:-1}" == 1 && "${MLA_SANITIZE:-1}" != 0 ]] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     MLA_GPU_MATRIX=$([[ $tool == racecheck ]] && echo sparse || echo quick) timeout 150 compute-sanitizer --tool "$tool" --print-limit 20 \
       stage/bin/test-gpu_decode --test-threads=1 case_matrix >"$logs/sanitizer-$tool.log" 2>&1
     rc=$?
     summary+=("$(printf '%-11s rc=%-3d  %s' "$tool" "$rc" "$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$logs/sanitizer-$tool.log" | tail -1)")")
   done
+  [[ "${MLA_SANITIZE:-1}" == decode ]] || {
   timeout 90 compute-sanitizer --tool memcheck stage/bin/test-gpu_paged --test-threads=1 >"$logs/sanitizer-paged.log" 2>&1
   summary+=("$(printf '%-11s rc=%-3d  %s' "memcheck-pg" "$?" "$(grep -E "ERROR SUMMARY" "$logs/sanitizer-paged.log" | tail -1)")")
   timeout 120 compute-sanitizer --tool memcheck stage/bin/test-gpu_serving --test-threads=1 schedule >"$logs/sanitizer-serving.log" 2>&1
   summary+=("$(printf '%-11s rc=%-3d  %s' "memcheck-sv" "$?" "$(grep -E "ERROR SUMMARY" "$logs/sanitizer-serving.log" | tail -1)")")
+  }
   save
 fi
 echo "================ GPU suite summary (commit $(cat stage/COMMIT), seed $MLA_SEED) ================"
