@@ -22,7 +22,7 @@
 //!   range are never read (zero-filled by `cp.async` with a source size of 0) and are masked;
 //!   a page id outside `0..num_pages` reads as zeros.
 
-use crate::arch::{self, cp_async, ldmatrix, smem, sync};
+use crate::arch::{self, cp_async, cvt, ldmatrix, smem, sync};
 use crate::elem::Half16;
 use mla_abi::{D_QK, D_V, DecodeParams, chunk_blocks, decode_tile as T};
 
@@ -77,21 +77,12 @@ const _: () = assert!(M64::O_TILES == O_TILES_MAX && M64::S_TILES == 4 && M16::S
 
 /// What a decode kernel instantiation computes with.
 pub trait DecodeKind {
-    /// The 16-bit type of the output, and of q and the cache where they are not fp8.
-    type Io: Half16;
-    /// The tensor-core operand type (Q, K, P, V in shared memory). fp8 caches compute in
-    /// fp16: every e4m3 value is one, the conversion is one instruction per pair on sm_89+,
-    /// and P gets 3 more mantissa bits than in bf16.
+    /// The tensor-core operand type (Q, K, P, V in shared memory) and the output type.
     type Mma: Half16;
     /// Queries are fp8 e4m3 (converted to `Mma` while loading).
     const Q_FP8: bool;
     /// The cache is fp8 e4m3 (converted to `Mma` after each stage lands).
     const KV_FP8: bool;
-    /// 16-bit queries of another type than `Mma` (bf16 q, fp16 MMA): converted while
-    /// loading, scaled by a power of two `2^-e` chosen per CTA so that the largest |q| is
-    /// below 2^15 (`e = 0` unless some |q| >= 2^15); `2^e` goes into the softmax scale.
-    /// Exact for every q in fp16's normal range.
-    const Q_RESCALE: bool;
 }
 
 /// Byte offset of 16-byte chunk `k` of row `r` in a swizzled tile of D_QK-wide rows.
@@ -144,104 +135,42 @@ const HALF_N: u32 = T::HALF_N as u32;
 const HALF_TPR: u32 = THREADS / HALF_N;
 const RING_SLOTS: u32 = T::RING_SLOTS as u32;
 const HALF_TILE_BYTES: u32 = T::HALF_TILE_BYTES as u32;
-const FP8_RING_SLOTS: u32 = T::FP8_RING_SLOTS as u32;
-const FP8_HALF_BYTES: u32 = T::FP8_HALF_BYTES as u32;
 const _: () = assert!(KV_TPR * BLOCK_N == THREADS && ROW_CHUNKS.is_multiple_of(KV_TPR));
 const _: () = assert!(FP8_ROW_CHUNKS.is_multiple_of(KV_TPR));
 const _: () = assert!(HALF_TPR * HALF_N == THREADS && ROW_CHUNKS.is_multiple_of(HALF_TPR));
 
-/// Loads the CTA's `BM` query rows into the swizzled Q tile (zeros past the last row) and
-/// returns the factor the softmax scale takes: `2^e` when `K::Q_RESCALE` stored `q * 2^-e`,
-/// else 1. With `K::Q_RESCALE` it uses `red` (8 words) and one CTA barrier.
+/// Loads the CTA's `BM` query rows into the swizzled Q tile (zeros past the last row).
 #[inline(always)]
-unsafe fn load_q_tile<K: DecodeKind, L: Layout>(
-    p: &DecodeParams,
-    b: u32,
-    row0: u32,
-    q_smem: u32,
-    red: u32,
-) -> f32 {
+unsafe fn load_q_tile<K: DecodeKind, L: Layout>(p: &DecodeParams, b: u32, row0: u32, q_smem: u32) {
     let rows = p.s_q * p.heads;
-    // Element offset of the q row of CTA row r, or None past the last row.
-    let row_off = |r: u32| {
-        let gr = row0 + r;
-        if gr < rows {
-            let (t, h) = (gr / p.heads, gr % p.heads);
-            Some(b as u64 * p.q_stride_b + t as u64 * p.q_stride_s + h as u64 * p.q_stride_h)
-        } else {
-            None
-        }
-    };
-    // SAFETY (both loops): a q chunk is read only for a row the host validated (16-byte
-    // chunks of 16-byte aligned rows; 8-byte chunks of fp8 rows); dst is inside the Q tile.
-    let chunk16 = |off: u64, k: u32| unsafe {
-        smem::ld_global_nc_v4(p.q.ptr().add(((off * 2) + 16 * k as u64) as usize) as *const u8)
-    };
-    let mut e = 0u32;
-    if K::Q_RESCALE {
-        // The largest |q| (as bf16 magnitude bits) over the CTA's rows.
-        let mut amax = 0.0f32;
-        let mut c = arch::thread_idx_x();
-        while c < L::BM * ROW_CHUNKS {
-            if let Some(off) = row_off(c / ROW_CHUNKS) {
-                let v = chunk16(off, c % ROW_CHUNKS);
-                unroll!(i in [0, 1, 2, 3] {
-                    let m = (v[i] & 0x7fff).max((v[i] >> 16) & 0x7fff);
-                    amax = sync::fmax(amax, m as f32);
-                });
-            }
-            c += THREADS;
-        }
-        // SAFETY: converged warps; every thread reaches the barrier; red holds >= 8 words.
-        unsafe {
-            unroll!(i in [0, 1, 2, 3, 4] {
-                amax = sync::fmax(amax, sync::shfl_xor_f32(amax, 1 << i));
-            });
-            if arch::thread_idx_x().is_multiple_of(32) {
-                smem::st_shared_f32(red + (arch::thread_idx_x() / 32) * 4, amax);
-            }
-            sync::bar_sync();
-            for w in 0..THREADS / 32 {
-                amax = sync::fmax(amax, smem::ld_shared_f32(red + w * 4));
-            }
-        }
-        // bf16 exponent field E: |q| < 2^(E - 126); keep |q| 2^-e < 2^15.
-        e = ((amax as u32) >> 7).saturating_sub(141);
-    }
-    let q_mul = f32::from_bits((127 - e) << 23);
     let mut c = arch::thread_idx_x();
     while c < L::BM * ROW_CHUNKS {
         let r = c / ROW_CHUNKS;
         let k = c % ROW_CHUNKS;
+        let gr = row0 + r;
         let dst = q_smem + qk_off(r, k);
-        let off = row_off(r);
-        if K::Q_FP8 || K::Q_RESCALE {
-            let v = match off {
-                Some(off) if K::Q_FP8 => {
-                    // 8 fp8 values -> 8 16-bit values (one 16-byte chunk).
+        let row_off = if gr < rows {
+            let (t, h) = (gr / p.heads, gr % p.heads);
+            Some(b as u64 * p.q_stride_b + t as u64 * p.q_stride_s + h as u64 * p.q_stride_h)
+        } else {
+            None
+        };
+        if K::Q_FP8 {
+            // 8 fp8 values -> 8 16-bit values (one 16-byte chunk).
+            let v = match row_off {
+                Some(off) => {
                     // SAFETY: row off + 8k .. +8 lies in the validated q row; 8-byte aligned.
                     let raw = unsafe {
                         *(p.q.ptr().add((off + 8 * k as u64) as usize) as *const [u32; 2])
                     };
                     fp8x8_to_half::<K::Mma>(raw)
                 }
-                Some(off) => {
-                    // 8 bf16 values, times 2^-e, to 8 Mma values.
-                    let v = chunk16(off, k);
-                    let mut o = [0u32; 4];
-                    unroll!(i in [0, 1, 2, 3] {
-                        let lo = f32::from_bits(v[i] << 16) * q_mul;
-                        let hi = f32::from_bits(v[i] & 0xffff_0000) * q_mul;
-                        o[i] = K::Mma::pack2(lo, hi);
-                    });
-                    o
-                }
                 None => [0; 4],
             };
             // SAFETY: dst is a 16-byte aligned address inside the Q tile.
             unsafe { smem::st_shared_v4(dst, v) };
         } else {
-            let (src, n) = match off {
+            let (src, n) = match row_off {
                 // SAFETY: 16-byte chunk k of a validated, 16-byte aligned q row.
                 Some(off) => (
                     unsafe { p.q.ptr().add(((off * 2) + 16 * k as u64) as usize) as *const u8 },
@@ -254,7 +183,6 @@ unsafe fn load_q_tile<K: DecodeKind, L: Layout>(
         }
         c += THREADS;
     }
-    f32::from_bits((127 + e) << 23)
 }
 
 /// Issues the `cp.async` copies of this thread's row of the KV rows starting at token `n0`
@@ -307,23 +235,22 @@ unsafe fn issue_kv_row<K: DecodeKind, const TPR: u32>(
 fn fp8x8_to_half<H: Half16>(raw: [u32; 2]) -> [u32; 4] {
     let mut o = [0u32; 4];
     unroll!(i in [0, 1, 2, 3] {
-        o[i] = H::from_e4m3x2(raw[i / 2] >> (16 * (i % 2)));
+        let (lo, hi) = cvt::e4m3x2_to_f32x2(raw[i / 2] >> (16 * (i % 2)));
+        o[i] = H::pack2(lo, hi);
     });
     o
 }
 
-/// Converts a landed raw fp8 block into the swizzled 16-bit KV tile: rows 0..32 from
-/// `raw_lo`, rows 32..64 from `raw_hi` (two ring slots, or the halves of one raw stage).
+/// Converts a landed raw fp8 stage into the swizzled 16-bit KV tile.
 #[inline(always)]
-unsafe fn convert_fp8_stage<K: DecodeKind>(raw_lo: u32, raw_hi: u32, tile: u32) {
+unsafe fn convert_fp8_stage<K: DecodeKind>(raw_stage: u32, tile: u32) {
     let mut c = arch::thread_idx_x();
     while c < BLOCK_N * FP8_ROW_CHUNKS {
         let r = c / FP8_ROW_CHUNKS;
         let k = c % FP8_ROW_CHUNKS;
-        let raw = if r < HALF_N { raw_lo } else { raw_hi };
-        // SAFETY: inside the raw rows and the tile (both sized by decode_tile).
+        // SAFETY: inside the raw stage and the tile (both sized by decode_tile).
         unsafe {
-            let v = smem::ld_shared_v4(raw + (r % HALF_N) * D_QK as u32 + (k << 4));
+            let v = smem::ld_shared_v4(raw_stage + r * D_QK as u32 + (k << 4));
             smem::st_shared_v4(
                 tile + qk_off(r, 2 * k),
                 fp8x8_to_half::<K::Mma>([v[0], v[1]]),
@@ -497,22 +424,8 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
     let ch = warp / L::RG;
     let g = lane / 4;
     let c4 = lane % 4;
-    // How KV streams through shared memory: the 16-row tile uses a ring of half-block
-    // slots (16-bit caches: the swizzled tiles themselves; fp8 caches: raw rows, converted
-    // per block into one 16-bit tile); the 64-row tile two full stages.
-    let ring = L::RING;
-    let ring_slots = if K::KV_FP8 {
-        FP8_RING_SLOTS
-    } else {
-        RING_SLOTS
-    };
-    let slot_bytes = if K::KV_FP8 {
-        FP8_HALF_BYTES
-    } else {
-        HALF_TILE_BYTES
-    };
-    // Half-blocks in flight while a block is computed; also how many the prologue issues.
-    let ahead = ring_slots - 2;
+    // The ring (16-row tile, 16-bit cache) or two full stages.
+    let ring = L::RING && !K::KV_FP8;
     // The KV row this thread copies in every block (ring: in every half-block).
     let kv_r = if ring { tid / HALF_TPR } else { tid / KV_TPR };
 
@@ -522,15 +435,7 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
     let raw_stage = |s: u32| base + T::SMEM_FP8_STAGE as u32 + s * T::FP8_STAGE_BYTES as u32;
     let stage_of = |s: u32| if K::KV_FP8 { raw_stage(s) } else { kv_tile(s) };
     // Ring slot of half-block `h` (counted from the chunk's first half-block).
-    let ring_base = base
-        + if K::KV_FP8 {
-            T::SMEM_FP8_RING
-        } else {
-            T::SMEM_RING
-        } as u32;
-    let slot = |h: u32| ring_base + (h % ring_slots) * slot_bytes;
-    // The converted 16-bit tile of the fp8 ring.
-    let fp8_ring_tile = base + T::SMEM_FP8_RING_TILE as u32;
+    let slot = |h: u32| base + T::SMEM_RING as u32 + (h % RING_SLOTS) * HALF_TILE_BYTES;
     let p_smem = base + if ring { T::SMEM_RING_P } else { T::SMEM_P } as u32;
     let red = base + if ring { T::SMEM_RING_RED } else { T::SMEM_RED } as u32;
 
@@ -541,6 +446,7 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
         (len + t + 1).saturating_sub(p.s_q)
     };
     let vis_r = [vis(row_a), vis(row_a + 8)];
+    let scale_log2 = p.softmax_scale * LOG2E;
 
     // Ring: half-blocks h = 0 .. 2 (kb1 - kb0) of the chunk, tokens kb0 * 64 + 32 h ..;
     // one commit group per half-block, empty past the chunk.
@@ -556,20 +462,16 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
 
     // SAFETY (whole pipeline): every smem address below stays inside the regions of
     // decode_tile; every barrier is reached by all threads (loop bounds are CTA-uniform).
-    let q_factor = unsafe { load_q_tile::<K, L>(&p, b, row0, q_smem, red) };
-    let scale_log2 = p.softmax_scale * LOG2E * q_factor;
-    // SAFETY: as above.
     unsafe {
+        load_q_tile::<K, L>(&p, b, row0, q_smem);
         if ring {
-            // Half-blocks 0 .. ahead (group 0 also holds a cp.async-loaded Q).
-            unroll!(h in [0, 1, 2, 3] {
+            // Half-blocks 0, 1, 2 (group 0 also holds Q).
+            unroll!(h in [0, 1, 2] {
                 let h = h as u32;
-                if h < ahead {
-                    if h < halves {
-                        issue_kv_row::<K, HALF_TPR>(&p, half_page(h), half_n0(h), slot(h));
-                    }
-                    cp_async::cp_async_commit_group();
+                if h < halves {
+                    issue_kv_row::<K, HALF_TPR>(&p, half_page(h), half_n0(h), slot(h));
                 }
+                cp_async::cp_async_commit_group();
             });
         } else {
             if kb0 < kb1 {
@@ -582,7 +484,7 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
     // This thread's KV row's pages for the next issue, loaded one issue ahead: the next
     // block, or (ring) the next two half-blocks.
     let mut next_page = if ring {
-        [half_page(ahead), half_page(ahead + 1)]
+        [half_page(3), half_page(4)]
     } else if kb0 + 1 < kb1 {
         [kv_row_page(&p, b, (kb0 + 1) * BLOCK_N + kv_r, len), -1]
     } else {
@@ -600,22 +502,18 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
         // SAFETY: see above.
         unsafe {
             if ring {
-                // Half-blocks hb + ahead and hb + ahead + 1 go to the slots block kb - 1
-                // used (free since the last barrier of the previous iteration); then wait
-                // for hb and hb + 1, leaving `ahead` half-blocks in flight.
+                // Half-blocks hb + 3 and hb + 4 go to the slots block kb - 1 used (free since
+                // the last barrier of the previous iteration); then wait for hb and hb + 1,
+                // leaving three half-blocks in flight.
                 unroll!(i in [0, 1] {
-                    let h = hb + ahead + i as u32;
+                    let h = hb + 3 + i as u32;
                     if h < halves {
                         issue_kv_row::<K, HALF_TPR>(&p, next_page[i], half_n0(h), slot(h));
                     }
                     cp_async::cp_async_commit_group();
                 });
-                next_page = [half_page(hb + ahead + 2), half_page(hb + ahead + 3)];
-                if K::KV_FP8 {
-                    cp_async::cp_async_wait_group::<{ T::FP8_RING_SLOTS as u32 - 2 }>();
-                } else {
-                    cp_async::cp_async_wait_group::<{ T::RING_SLOTS as u32 - 2 }>();
-                }
+                next_page = [half_page(hb + 5), half_page(hb + 6)];
+                cp_async::cp_async_wait_group::<3>();
             } else {
                 if kb + 1 < kb1 {
                     issue_kv_row::<K, KV_TPR>(
@@ -634,22 +532,16 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
             sync::bar_sync();
         }
         // Where this block's tokens 0..32 and 32..64 are.
-        let (kv_lo, kv_hi) = if ring && !K::KV_FP8 {
+        let (kv_lo, kv_hi) = if ring {
             (slot(hb), slot(hb + 1))
         } else {
             let kv = if K::KV_FP8 {
-                let (raw_lo, raw_hi, tile) = if ring {
-                    (slot(hb), slot(hb + 1), fp8_ring_tile)
-                } else {
-                    let r = raw_stage(stage);
-                    (r, r + HALF_N * D_QK as u32, kv_tile(0))
-                };
                 // SAFETY: see above.
                 unsafe {
-                    convert_fp8_stage::<K>(raw_lo, raw_hi, tile);
+                    convert_fp8_stage::<K>(raw_stage(stage), kv_tile(0));
                     sync::bar_sync();
                 }
-                tile
+                kv_tile(0)
             } else {
                 kv_tile(stage)
             };
@@ -850,7 +742,7 @@ unsafe fn write_rows<K: DecodeKind, L: Layout>(
                 let dst = unsafe { (p.out.ptr() as *mut u16).add(row_off as usize + dim0) };
                 unroll!(nt in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
                     if nt < L::O_TILES {
-                        let v = K::Io::pack2(o[nt][2 * half] * scale, o[nt][2 * half + 1] * scale);
+                        let v = K::Mma::pack2(o[nt][2 * half] * scale, o[nt][2 * half + 1] * scale);
                         // SAFETY: as above.
                         unsafe { *(dst.add(nt * 8) as *mut u32) = v };
                     }

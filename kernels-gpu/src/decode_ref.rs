@@ -26,7 +26,7 @@ unsafe fn elem<K: DecodeKind>(row: *const u8, i: usize, fp8: bool) -> f32 {
         if fp8 {
             cvt::e4m3_to_f32(*row.add(i) as u32)
         } else {
-            K::Io::to_f32(*(row as *const u16).add(i))
+            K::Mma::to_f32(*(row as *const u16).add(i))
         }
     }
 }
@@ -139,8 +139,8 @@ pub unsafe fn decode_reference<K: DecodeKind>(p: DecodeParams) {
     unsafe {
         let dst = (p.out.ptr() as *mut u16).add(o_off as usize + 4 * tid) as *mut [u32; 2];
         *dst = [
-            K::Io::pack2(acc[0] * scale, acc[1] * scale),
-            K::Io::pack2(acc[2] * scale, acc[3] * scale),
+            K::Mma::pack2(acc[0] * scale, acc[1] * scale),
+            K::Mma::pack2(acc[2] * scale, acc[3] * scale),
         ];
         if tid == 0 {
             *p.lse.ptr().add((b * rows + row) as usize) = lse;

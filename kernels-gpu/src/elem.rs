@@ -14,13 +14,6 @@ pub trait Half16 {
     /// # Safety
     /// All 32 lanes converged.
     unsafe fn mma(d: &mut [f32; 4], a: [u32; 4], b: [u32; 2]);
-    /// Two fp8 e4m3 values (the low 16 bits of `pair`, low byte first) as two of this type,
-    /// exactly (every e4m3 value is a bf16 and an fp16 value).
-    #[inline(always)]
-    fn from_e4m3x2(pair: u32) -> u32 {
-        let (lo, hi) = cvt::e4m3x2_to_f32x2(pair);
-        Self::pack2(lo, hi)
-    }
 }
 
 pub struct Bf16;
@@ -55,11 +48,5 @@ impl Half16 for Fp16 {
     unsafe fn mma(d: &mut [f32; 4], a: [u32; 4], b: [u32; 2]) {
         // SAFETY: forwarded from the caller.
         unsafe { mma::mma_m16n8k16_f16(d, a, b) }
-    }
-    /// One `cvt.rn.f16x2.e4m3x2` where the build has the hardware conversion.
-    #[cfg(mla_hw_fp8)]
-    #[inline(always)]
-    fn from_e4m3x2(pair: u32) -> u32 {
-        cvt::e4m3x2_to_f16x2((pair & 0xffff) as u16)
     }
 }

@@ -53,14 +53,12 @@ pub unsafe extern "ptx-kernel" fn mla_combine_fp16(p: CombineParams) {
 }
 
 macro_rules! decode_kernel {
-    ($name:ident, $name16:ident, $ref_name:ident, $kind:ident, $io:ty, $mma:ty, $q_fp8:expr, $kv_fp8:expr, $q_rescale:expr) => {
+    ($name:ident, $name16:ident, $ref_name:ident, $kind:ident, $mma:ty, $q_fp8:expr, $kv_fp8:expr) => {
         pub struct $kind;
         impl DecodeKind for $kind {
-            type Io = $io;
             type Mma = $mma;
             const Q_FP8: bool = $q_fp8;
             const KV_FP8: bool = $kv_fp8;
-            const Q_RESCALE: bool = $q_rescale;
         }
         /// A decode entry point: see [`decode`].
         #[unsafe(no_mangle)]
@@ -89,8 +87,6 @@ decode_kernel!(
     mla_decode_ref_bf16,
     DecodeBf16,
     Bf16,
-    Bf16,
-    false,
     false,
     false
 );
@@ -100,8 +96,6 @@ decode_kernel!(
     mla_decode_ref_fp16,
     DecodeFp16,
     Fp16,
-    Fp16,
-    false,
     false,
     false
 );
@@ -111,9 +105,7 @@ decode_kernel!(
     mla_decode_ref_fp8kv_bf16q,
     DecodeFp8KvBf16Q,
     Bf16,
-    Fp16,
     false,
-    true,
     true
 );
 decode_kernel!(
@@ -122,10 +114,8 @@ decode_kernel!(
     mla_decode_ref_fp8,
     DecodeFp8,
     Bf16,
-    Fp16,
     true,
-    true,
-    false
+    true
 );
 
 macro_rules! paged_kernel {

@@ -158,16 +158,6 @@ pub mod decode_tile {
     pub const SMEM_RING_RED: usize = SMEM_RING_P + P_TILE_BYTES;
     pub const SMEM_RING_BYTES: usize = SMEM_RING_RED + RED_BYTES;
     const _: () = assert!(SMEM_RING_BYTES <= SMEM_BYTES);
-
-    /// With fp8 caches the 16-row kernels ring raw rows instead: `FP8_RING_SLOTS` slots of
-    /// `HALF_N` fp8 rows (four half-blocks, 128 tokens, in flight while a block is
-    /// computed), each block converted into one 16-bit tile. Same Q, P and exchange offsets
-    /// as the 16-bit ring.
-    pub const FP8_RING_SLOTS: usize = 6;
-    pub const FP8_HALF_BYTES: usize = HALF_N * D_QK;
-    pub const SMEM_FP8_RING_TILE: usize = SMEM_RING;
-    pub const SMEM_FP8_RING: usize = SMEM_FP8_RING_TILE + QK_TILE_BYTES;
-    const _: () = assert!(SMEM_FP8_RING + FP8_RING_SLOTS * FP8_HALF_BYTES <= SMEM_RING_P);
     const _: () = assert!(BLOCK_M == 16 * (WARPS / 2));
 }
 
