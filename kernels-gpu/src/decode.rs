@@ -12,11 +12,16 @@
 //!   maxima and probabilities through shared memory. [`M64`] (4 x 2: 128 accumulators per
 //!   thread) is the default; [`M16`] (1 x 8: 32 accumulators) issues a quarter of the MMA
 //!   work for `s_q * heads <= 16` (the memory-bound TP8 shapes).
-//! - Shared memory (`decode_tile`): Q tile 64 x 576 16-bit (72 KB), two KV stages of
-//!   64 x 576 16-bit (144 KB; for fp8 caches one converted tile + two raw fp8 stages), the
-//!   P tile 64 x 64 16-bit (8 KB), 512 B of row-max / row-sum exchange. 16-byte chunks of
-//!   every row are XOR-swizzled by `row % 8` so `ldmatrix` is conflict-free.
-//! - Pipeline: `cp.async` prefetches block `i + 1` while block `i` is computed.
+//! - Shared memory (`decode_tile`), 64-row tile: Q tile 64 x 576 16-bit (72 KB), two KV
+//!   stages of 64 x 576 16-bit (144 KB; for fp8 caches one converted tile + two raw fp8
+//!   stages), the P tile 64 x 64 16-bit (8 KB), 512 B of row-max / row-sum exchange. 16-row
+//!   tile with 16-bit caches: Q 16 x 576 (18 KB), a ring of five 32-token slots (180 KB), P,
+//!   exchange (`SMEM_RING*`). 16-byte chunks of every row are XOR-swizzled by `row % 8` so
+//!   `ldmatrix` is conflict-free.
+//! - Pipeline: every thread copies one KV row per issue with `cp.async`, its page looked up
+//!   one issue ahead. Two stages: block `i + 1` is prefetched while block `i` is computed.
+//!   Ring: one commit group per half-block; three half-blocks are in flight while a block
+//!   (two slots) is computed.
 //! - Reads [`DecodeParams`]; writes `out` + `lse` when the sequence has one split, else the
 //!   partials (`partial_o`, `partial_lse`) for the combine kernel. Tokens past the visible
 //!   range are never read (zero-filled by `cp.async` with a source size of 0) and are masked;
