@@ -1,17 +1,25 @@
 //! Primitive test kernels on the GPU against a CPU loop (layer 2 of the test plan): the
 //! instructions the next kernels will use, checked alone before any kernel relies on them.
-//! `wgmma.mma_async m64n64k16` bf16 with both operands in shared memory (no-swizzle K-major
-//! descriptors): `d = a . b^T` against an f64 loop. Runs only on sm_90 (the image is sm_90a).
+//! Runs only on sm_90 (the image is sm_90a):
+//! - `wgmma.mma_async m64n64k16` bf16, both operands in shared memory, no-swizzle K-major;
+//! - the `wgmma` decode's layouts: 128-byte-swizzled K-major A and B over four k-steps;
+//!   an MN-major (transposed) B in two 8 KB slabs with A from shared memory and from
+//!   registers (m64n128k16), which also pins down which descriptor offset strides along K;
+//! - `cp.async.bulk` rows gathered by index into shared memory on an `mbarrier`.
 
 mod common;
 
 use std::ffi::c_void;
 
 use cudarc::driver::result;
-use cudarc::driver::{CudaContext, DevicePtr};
+use cudarc::driver::{CudaContext, CudaStream, DevicePtr};
 use cudarc::nvrtc::Ptx;
 use mla::abi::DevPtr;
-use mla::abi::primitives::{WGMMA_M64N64K16_BF16, WGMMA_SMEM_BYTES, WgmmaPrimParams};
+use mla::abi::primitives::{
+    BULK_COPY, BULK_MAX_ROW_BYTES, BULK_MAX_ROWS, BULK_SMEM_BYTES, BulkCopyParams,
+    WGMMA_LAYOUT_SMEM_BYTES, WGMMA_M64N64K16_BF16, WGMMA_RS_MN_B, WGMMA_SMEM_BYTES,
+    WGMMA_SW128_KMAJOR, WGMMA_SW128_MN_B, WgmmaLayoutParams, WgmmaPrimParams,
+};
 use mla::numeric;
 use mla::rng::SplitMix64;
 
@@ -94,4 +102,206 @@ fn wgmma_m64n64k16_bf16_matches_cpu() {
         worst.0,
         worst.1
     );
+}
+
+/// The primitives module on device 0 with its stream, or `None` after a loud skip.
+fn prim_module(
+    test: &str,
+) -> Option<(
+    std::sync::Arc<CudaStream>,
+    std::sync::Arc<cudarc::driver::CudaModule>,
+)> {
+    let (rt, _) = common::gpu(test)?;
+    if rt.device().compute_capability != (9, 0) {
+        common::loud(&format!(
+            "SKIPPED {test}: the primitives image is sm_90a only"
+        ));
+        return None;
+    }
+    let Some(cubin) = mla::images::CUBIN_PRIM_SM_90A else {
+        common::loud(&format!(
+            "SKIPPED {test}: built without ptxas (no primitives cubin)"
+        ));
+        return None;
+    };
+    let ctx = CudaContext::new(0).unwrap();
+    let stream = ctx.new_stream().unwrap();
+    let module = ctx.load_module(Ptx::from_binary(cubin.to_vec())).unwrap();
+    Some((stream, module))
+}
+
+/// Launches `name` on one CTA of 128 threads with `smem` bytes of dynamic shared memory.
+fn launch_one<P>(
+    stream: &CudaStream,
+    module: &std::sync::Arc<cudarc::driver::CudaModule>,
+    name: &str,
+    p: &P,
+    smem: usize,
+) {
+    let f = module.load_function(name).unwrap();
+    f.set_attribute(
+        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        smem as i32,
+    )
+    .unwrap();
+    let mut args = [p as *const P as *mut c_void];
+    // SAFETY: the params match the kernel's struct; the buffers hold the documented shapes.
+    unsafe {
+        result::launch_kernel(
+            f.cu_function(),
+            (1, 1, 1),
+            (128, 1, 1),
+            smem as u32,
+            stream.cu_stream(),
+            &mut args,
+        )
+    }
+    .unwrap();
+    stream.synchronize().unwrap();
+}
+
+fn bf16_values(rng: &mut SplitMix64, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|_| numeric::round_to(mla::abi::ElemType::Bf16, rng.normal()) as f32)
+        .collect()
+}
+
+fn bf16_bits(v: &[f32]) -> Vec<u16> {
+    v.iter().map(|&x| numeric::bf16_from_f32(x)).collect()
+}
+
+/// Largest |got - want| (NaN counts as infinite) and its index.
+fn worst(got: &[f32], want: &[f64]) -> (f64, usize) {
+    let mut w = (0.0f64, 0usize);
+    for (i, (&g, &r)) in got.iter().zip(want).enumerate() {
+        let e = (g as f64 - r).abs();
+        let e = if e.is_nan() { f64::INFINITY } else { e };
+        if e > w.0 {
+            w = (e, i);
+        }
+    }
+    w
+}
+
+/// Runs one layout kernel on fresh data and returns (max error, index) against the f64
+/// product: `a [64, 64] . b^T` for the K-major kernel (`b` is `[64 N, 64 K]`), else
+/// `a [64, 64] . b [64 K, 128 N]`.
+fn run_layout(
+    stream: &std::sync::Arc<CudaStream>,
+    module: &std::sync::Arc<cudarc::driver::CudaModule>,
+    name: &str,
+    rng: &mut SplitMix64,
+    lbo: u32,
+    sbo: u32,
+) -> (f64, usize) {
+    let kmajor = name == WGMMA_SW128_KMAJOR;
+    let n = if kmajor { 64 } else { 128 };
+    let a = bf16_values(rng, 64 * 64);
+    let b = bf16_values(rng, 64 * n);
+    let da = stream.clone_htod(&bf16_bits(&a)).unwrap();
+    let db = stream.clone_htod(&bf16_bits(&b)).unwrap();
+    let dd = stream.clone_htod(&vec![f32::NAN; 64 * n]).unwrap();
+    let p = WgmmaLayoutParams {
+        a: DevPtr::from_addr(da.device_ptr(stream).0),
+        b: DevPtr::from_addr(db.device_ptr(stream).0),
+        d: DevPtr::from_addr(dd.device_ptr(stream).0),
+        lbo,
+        sbo,
+    };
+    launch_one(stream, module, name, &p, WGMMA_LAYOUT_SMEM_BYTES);
+    let got: Vec<f32> = stream.clone_dtoh(&dd).unwrap();
+    let mut want = vec![0.0f64; 64 * n];
+    for i in 0..64 {
+        for j in 0..n {
+            want[i * n + j] = (0..64)
+                .map(|k| {
+                    let bv = if kmajor { b[j * 64 + k] } else { b[k * n + j] };
+                    a[i * 64 + k] as f64 * bv as f64
+                })
+                .sum();
+        }
+    }
+    worst(&got, &want)
+}
+
+#[test]
+fn wgmma_sw128_kmajor_matches_cpu() {
+    let test = "prim_wgmma_sw128_kmajor";
+    let seed = common::seed(test);
+    let Some((stream, module)) = prim_module(test) else {
+        return;
+    };
+    let mut rng = SplitMix64::new(seed);
+    let (err, at) = run_layout(&stream, &module, WGMMA_SW128_KMAJOR, &mut rng, 16, 1024);
+    eprintln!("[{test}] max |err| = {err:.3e} at {at} (seed {seed})");
+    // bf16 products are exact in f32; only the f32 accumulation order differs (K = 64).
+    assert!(
+        err < 1e-3,
+        "128-byte swizzled K-major wgmma off by {err} at {at}"
+    );
+}
+
+/// The MN-major B descriptor: the expected offsets (LBO = 8192, the next 64-column slab;
+/// SBO = 1024, the next 8 K-rows) must match; if not, the swapped pair is tried too and
+/// both results are printed, so a failure says which field strides along K.
+#[test]
+fn wgmma_mn_major_b_matches_cpu() {
+    let test = "prim_wgmma_mn_b";
+    let seed = common::seed(test);
+    let Some((stream, module)) = prim_module(test) else {
+        return;
+    };
+    let mut rng = SplitMix64::new(seed);
+    let mut failures = Vec::new();
+    for name in [WGMMA_SW128_MN_B, WGMMA_RS_MN_B] {
+        let (err, at) = run_layout(&stream, &module, name, &mut rng, 8192, 1024);
+        eprintln!("[{test}] {name} lbo=8192 sbo=1024: max |err| = {err:.3e} at {at}");
+        if err >= 1e-3 {
+            let (e2, at2) = run_layout(&stream, &module, name, &mut rng, 1024, 8192);
+            eprintln!("[{test}] {name} lbo=1024 sbo=8192 (swapped): max |err| = {e2:.3e} at {at2}");
+            failures.push(format!("{name}: off by {err} at {at} (swapped: {e2})"));
+        }
+    }
+    eprintln!("[{test}] seed {seed}");
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+#[test]
+fn bulk_copy_gathers_rows_exactly() {
+    let test = "prim_bulk_copy";
+    let seed = common::seed(test);
+    let Some((stream, module)) = prim_module(test) else {
+        return;
+    };
+    let mut rng = SplitMix64::new(seed);
+    let src_rows = 3 * BULK_MAX_ROWS;
+    for (rows, row_bytes) in [(BULK_MAX_ROWS, BULK_MAX_ROW_BYTES), (37, 576), (1, 16)] {
+        let src: Vec<u8> = (0..src_rows * row_bytes)
+            .map(|_| (rng.next_u64() >> 56) as u8)
+            .collect();
+        let idx: Vec<i32> = rng.permutation(src_rows)[..rows]
+            .iter()
+            .map(|&i| i as i32)
+            .collect();
+        let dsrc = stream.clone_htod(&src).unwrap();
+        let didx = stream.clone_htod(&idx).unwrap();
+        let ddst = stream.clone_htod(&vec![0xa5u8; rows * row_bytes]).unwrap();
+        let p = BulkCopyParams {
+            src: DevPtr::from_addr(dsrc.device_ptr(&stream).0),
+            idx: DevPtr::from_addr(didx.device_ptr(&stream).0),
+            dst: DevPtr::from_addr(ddst.device_ptr(&stream).0),
+            rows: rows as u32,
+            row_bytes: row_bytes as u32,
+        };
+        launch_one(&stream, &module, BULK_COPY, &p, BULK_SMEM_BYTES);
+        let got: Vec<u8> = stream.clone_dtoh(&ddst).unwrap();
+        let bad = (0..rows)
+            .filter(|&r| {
+                let s = idx[r] as usize * row_bytes;
+                got[r * row_bytes..(r + 1) * row_bytes] != src[s..s + row_bytes]
+            })
+            .count();
+        eprintln!("[{test}] {rows} rows of {row_bytes} B: {bad} rows differ (seed {seed})");
+        assert_eq!(bad, 0, "bulk copy of {rows} x {row_bytes} B");
+    }
 }

@@ -9,8 +9,8 @@
 //! core `(row group, k group)` at `(row group * 2 + k group) * 128`, so the descriptors have
 //! LBO = 128 B (next core in K) and SBO = 256 B (next core in M / N).
 
-use crate::arch::{self, smem, sync, wgmma};
-use mla_abi::primitives::WgmmaPrimParams;
+use crate::arch::{self, bulk, smem, sync, wgmma};
+use mla_abi::primitives::{BulkCopyParams, WgmmaLayoutParams, WgmmaPrimParams};
 
 /// Byte offset of element `(r, k)` of a `64 x 16` operand in the no-swizzle K-major layout.
 #[inline(always)]
@@ -60,4 +60,213 @@ pub unsafe fn wgmma_m64n64k16(p: WgmmaPrimParams) {
             unsafe { *p.d.ptr().add((row * 64 + col) as usize) = d[4 * j + e] };
         });
     });
+}
+
+/// Byte offset of element `(r, c)` (`c < 64`) of a tile of 128-byte rows in the 128-byte
+/// swizzle: 16-byte chunk `c / 8` of row `r` sits at chunk `(c / 8) ^ (r % 8)`. Eight rows
+/// make one 1024-byte atom; the tile must be 1024-byte aligned.
+#[inline(always)]
+fn sw128_off(r: u32, c: u32) -> u32 {
+    r * 128 + ((((c / 8) ^ (r % 8)) << 4) | ((c % 8) * 2))
+}
+
+/// The 1024-byte aligned start of the dynamic shared memory (the kernels ask for 1 KB of
+/// slack).
+#[inline(always)]
+fn aligned_base() -> u32 {
+    (smem::smem_base() + 1023) & !1023
+}
+
+/// Stores `rows x cols` bf16 of `src` (row-major) into the swizzled slabs at `tile`:
+/// element `(r, c)` at slab `c / 64` (`slab_bytes` apart), [`sw128_off`]`(r, c % 64)`.
+///
+/// # Safety
+/// `src` holds `rows * cols` values; the slabs fit in the dynamic shared memory.
+#[inline(always)]
+unsafe fn store_sw128(src: *const u16, rows: u32, cols: u32, tile: u32, slab_bytes: u32) {
+    let mut i = arch::thread_idx_x();
+    while i < rows * cols {
+        let (r, c) = (i / cols, i % cols);
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            let v = *src.add(i as usize) as u32;
+            smem::st_shared_u16(tile + (c / 64) * slab_bytes + sw128_off(r, c % 64), v);
+        }
+        i += 128;
+    }
+}
+
+/// Writes the m64nN accumulators of one warpgroup to `d` (`[64, N]` f32, row-major).
+///
+/// # Safety
+/// `d` holds `64 * N` values.
+#[inline(always)]
+unsafe fn store_acc<const R: usize>(d: *mut f32, acc: &[f32; R]) {
+    let n = (R * 2) as u32;
+    let tid = arch::thread_idx_x();
+    let (w, lane) = (tid / 32, tid % 32);
+    let (g, c) = (lane / 4, lane % 4);
+    // Fully unrolled: a runtime index into `acc` would put it in local memory.
+    unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+        if j < R / 4 {
+            unroll!(e in [0, 1, 2, 3] {
+                let row = 16 * w + g + 8 * (e as u32 / 2);
+                let col = 8 * j as u32 + 2 * c + (e as u32 % 2);
+                // SAFETY: row < 64, col < n.
+                unsafe { *d.add((row * n + col) as usize) = acc[4 * j + e] };
+            });
+        }
+    });
+}
+
+/// `mla_prim_wgmma_sw128_kmajor`: see `mla_abi::primitives`.
+///
+/// # Safety
+/// Launched with one CTA of 128 threads and `WGMMA_LAYOUT_SMEM_BYTES` of dynamic shared
+/// memory; the pointers hold the documented shapes.
+#[inline(always)]
+pub unsafe fn wgmma_sw128_kmajor(p: WgmmaLayoutParams) {
+    let ta = aligned_base();
+    let tb = ta + 8192;
+    // SAFETY: a and b hold 64 x 64 values; the tiles fit the 25 KB.
+    unsafe {
+        store_sw128(p.a.ptr(), 64, 64, ta, 8192);
+        store_sw128(p.b.ptr(), 64, 64, tb, 8192);
+    }
+    wgmma::fence_proxy_async_shared();
+    let mut d = [0.0f32; 32];
+    // SAFETY: all 128 threads (one warpgroup) run this straight-line code.
+    unsafe {
+        sync::bar_sync();
+        wgmma::wgmma_fence();
+        unroll!(kk in [0, 1, 2, 3] {
+            // K-major, 128-byte swizzle: 8-row atoms 1024 B apart (SBO), LBO unused (16);
+            // k-step kk starts 32 bytes further into each row.
+            let da = wgmma::smem_desc(ta + 32 * kk as u32, 16, 1024, wgmma::Swizzle::B128);
+            let db = wgmma::smem_desc(tb + 32 * kk as u32, 16, 1024, wgmma::Swizzle::B128);
+            wgmma::wgmma_m64n64k16_bf16(&mut d, da, db, kk > 0);
+        });
+        wgmma::wgmma_commit_group();
+        wgmma::wgmma_wait_group::<0>();
+        store_acc(p.d.ptr(), &d);
+    }
+}
+
+/// The B descriptor of k-step `kk` of an MN-major `[64 (K), 128 (N)]` operand in two 8 KB
+/// slabs: 16 K-rows of 128 bytes per step.
+#[inline(always)]
+fn mn_b_desc(tb: u32, kk: u32, p: &WgmmaLayoutParams) -> u64 {
+    wgmma::smem_desc(tb + kk * 16 * 128, p.lbo, p.sbo, wgmma::Swizzle::B128)
+}
+
+/// `mla_prim_wgmma_sw128_mn_b`: see `mla_abi::primitives`.
+///
+/// # Safety
+/// As [`wgmma_sw128_kmajor`].
+#[inline(always)]
+pub unsafe fn wgmma_sw128_mn_b(p: WgmmaLayoutParams) {
+    let ta = aligned_base();
+    let tb = ta + 8192;
+    // SAFETY: a holds 64 x 64 values, b 64 x 128; the tiles fit the 25 KB.
+    unsafe {
+        store_sw128(p.a.ptr(), 64, 64, ta, 8192);
+        store_sw128(p.b.ptr(), 64, 128, tb, 8192);
+    }
+    wgmma::fence_proxy_async_shared();
+    let mut d = [0.0f32; 64];
+    // SAFETY: all 128 threads (one warpgroup) run this straight-line code.
+    unsafe {
+        sync::bar_sync();
+        wgmma::wgmma_fence();
+        unroll!(kk in [0, 1, 2, 3] {
+            let da = wgmma::smem_desc(ta + 32 * kk as u32, 16, 1024, wgmma::Swizzle::B128);
+            wgmma::wgmma_m64n128k16_ss_bf16::<1>(&mut d, da, mn_b_desc(tb, kk as u32, &p), kk > 0);
+        });
+        wgmma::wgmma_commit_group();
+        wgmma::wgmma_wait_group::<0>();
+        store_acc(p.d.ptr(), &d);
+    }
+}
+
+/// `mla_prim_wgmma_rs_mn_b`: see `mla_abi::primitives`.
+///
+/// # Safety
+/// As [`wgmma_sw128_kmajor`].
+#[inline(always)]
+pub unsafe fn wgmma_rs_mn_b(p: WgmmaLayoutParams) {
+    let tb = aligned_base();
+    // SAFETY: b holds 64 x 128 values; the slabs fit the 25 KB.
+    unsafe { store_sw128(p.b.ptr(), 64, 128, tb, 8192) };
+    wgmma::fence_proxy_async_shared();
+    let tid = arch::thread_idx_x();
+    let (w, lane) = (tid / 32, tid % 32);
+    let (g, c) = (lane / 4, lane % 4);
+    // A fragment of k-step kk: (row, k) pairs as in mma.sync m16n8k16.
+    let frag = |kk: u32| -> [u32; 4] {
+        let at = |r: u32, k: u32| -> u32 {
+            // SAFETY: r < 64, k + 1 < 64: inside a.
+            unsafe {
+                let lo = *p.a.ptr().add((r * 64 + k) as usize) as u32;
+                let hi = *p.a.ptr().add((r * 64 + k + 1) as usize) as u32;
+                lo | (hi << 16)
+            }
+        };
+        let (r0, k0) = (16 * w + g, 16 * kk + 2 * c);
+        [
+            at(r0, k0),
+            at(r0 + 8, k0),
+            at(r0, k0 + 8),
+            at(r0 + 8, k0 + 8),
+        ]
+    };
+    let mut d = [0.0f32; 64];
+    // SAFETY: all 128 threads (one warpgroup) run this straight-line code.
+    unsafe {
+        sync::bar_sync();
+        wgmma::wgmma_fence();
+        unroll!(kk in [0, 1, 2, 3] {
+            wgmma::wgmma_m64n128k16_rs_bf16::<1>(&mut d, frag(kk as u32), mn_b_desc(tb, kk as u32, &p), kk > 0);
+        });
+        wgmma::wgmma_commit_group();
+        wgmma::wgmma_wait_group::<0>();
+        store_acc(p.d.ptr(), &d);
+    }
+}
+
+/// `mla_prim_bulk_copy`: see `mla_abi::primitives`.
+///
+/// # Safety
+/// Launched with one CTA of 128 threads and `BULK_SMEM_BYTES` of dynamic shared memory;
+/// `rows <= BULK_MAX_ROWS`, `row_bytes` a multiple of 16 `<= BULK_MAX_ROW_BYTES`, every
+/// `idx[r]` a valid row of `src`, `dst` holds `rows * row_bytes`.
+#[inline(always)]
+pub unsafe fn bulk_copy(p: BulkCopyParams) {
+    let tid = arch::thread_idx_x();
+    let bar = smem::smem_base();
+    let rows_smem = bar + 128;
+    // SAFETY: bar is the first 8 bytes of the dynamic shared memory; every thread reaches
+    // the barriers; the copies stay inside the rows region (documented bounds).
+    unsafe {
+        if tid == 0 {
+            bulk::mbarrier_init(bar, 1);
+            bulk::fence_mbarrier_init();
+        }
+        sync::bar_sync();
+        if tid == 0 {
+            bulk::mbarrier_arrive_expect_tx(bar, p.rows * p.row_bytes);
+            for r in 0..p.rows {
+                let src_row = *p.idx.ptr().add(r as usize) as usize;
+                let src = p.src.ptr().add(src_row * p.row_bytes as usize) as *const u8;
+                bulk::bulk_copy_g2s(rows_smem + r * p.row_bytes, src, p.row_bytes, bar);
+            }
+        }
+        bulk::mbarrier_wait_parity(bar, 0);
+        let chunks = p.rows * p.row_bytes / 16;
+        let mut i = tid;
+        while i < chunks {
+            let v = smem::ld_shared_v4(rows_smem + 16 * i);
+            smem::st_global_v4(p.dst.ptr().add(16 * i as usize), v);
+            i += 128;
+        }
+    }
 }

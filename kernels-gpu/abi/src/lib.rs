@@ -498,11 +498,78 @@ pub mod primitives {
 
     pub const WGMMA_SMEM_BYTES: usize = 4096;
 
+    /// The layouts the `wgmma` decode needs, each checked alone: 128-byte-swizzled tiles of
+    /// 64-element (128-byte) rows, 8-row atoms of 1024 bytes, every tile 1024-byte aligned.
+    ///
+    /// `mla_prim_wgmma_sw128_kmajor`: `d [64, 64] = a [64, 64] . b [64, 64]^T`, both operands
+    /// K-major (Q and K tiles), four k-steps at +32 bytes of the descriptors' start address.
+    pub const WGMMA_SW128_KMAJOR: &str = "mla_prim_wgmma_sw128_kmajor";
+    /// `mla_prim_wgmma_sw128_mn_b`: `d [64, 128] = a [64, 64] . b [64, 128]`, `a` K-major in
+    /// shared memory (P), `b` row-major by K (V: token rows of dims), stored MN-major as two
+    /// 64-column slabs of 8 KB, read with the transposed-B flag; B descriptor offsets `lbo`,
+    /// `sbo` from the params.
+    pub const WGMMA_SW128_MN_B: &str = "mla_prim_wgmma_sw128_mn_b";
+    /// `mla_prim_wgmma_rs_mn_b`: as `WGMMA_SW128_MN_B` with `a` from registers (P kept in
+    /// registers between QK^T and PV).
+    pub const WGMMA_RS_MN_B: &str = "mla_prim_wgmma_rs_mn_b";
+
+    /// Params of the three layout kernels: grid `(1)`, block 128, `WGMMA_LAYOUT_SMEM_BYTES`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug)]
+    pub struct WgmmaLayoutParams {
+        /// `[64, 64]` bf16, row-major (M x K).
+        pub a: DevPtr<u16>,
+        /// K-major kernel: `[64 (N), 64 (K)]`; MN-major kernels: `[64 (K), 128 (N)]`; bf16.
+        pub b: DevPtr<u16>,
+        /// K-major kernel: `[64, 64]`; MN-major kernels: `[64, 128]`; f32, row-major.
+        pub d: DevPtr<f32>,
+        /// B descriptor: leading / stride dimension byte offsets (MN-major kernels).
+        pub lbo: u32,
+        pub sbo: u32,
+    }
+
+    /// 1 KB of alignment slack + an 8 KB A tile + 16 KB for B.
+    pub const WGMMA_LAYOUT_SMEM_BYTES: usize = 1024 + 8192 + 16384;
+
+    /// `mla_prim_bulk_copy`: `cp.async.bulk` rows `idx[r]` of `src` (rows of `row_bytes`) into
+    /// shared memory row `r`, completed on an `mbarrier` (one arrival with the expected
+    /// bytes), then written back to `dst` row `r` with ordinary loads and stores.
+    pub const BULK_COPY: &str = "mla_prim_bulk_copy";
+
+    /// Params of `mla_prim_bulk_copy`: grid `(1)`, block 128, `BULK_SMEM_BYTES`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug)]
+    pub struct BulkCopyParams {
+        pub src: DevPtr<u8>,
+        /// `[rows]` row indices into `src`.
+        pub idx: DevPtr<i32>,
+        /// `[rows, row_bytes]`.
+        pub dst: DevPtr<u8>,
+        /// `1..=BULK_MAX_ROWS`.
+        pub rows: u32,
+        /// A multiple of 16, at most `BULK_MAX_ROW_BYTES`.
+        pub row_bytes: u32,
+    }
+
+    pub const BULK_MAX_ROWS: usize = 64;
+    pub const BULK_MAX_ROW_BYTES: usize = 1152;
+    /// 128 bytes for the mbarrier, then the rows.
+    pub const BULK_SMEM_BYTES: usize = 128 + BULK_MAX_ROWS * BULK_MAX_ROW_BYTES;
+
     /// Every primitive kernel with the size of its params struct.
-    pub const ALL: &[(&str, usize)] = &[(
-        WGMMA_M64N64K16_BF16,
-        core::mem::size_of::<WgmmaPrimParams>(),
-    )];
+    pub const ALL: &[(&str, usize)] = &[
+        (
+            WGMMA_M64N64K16_BF16,
+            core::mem::size_of::<WgmmaPrimParams>(),
+        ),
+        (
+            WGMMA_SW128_KMAJOR,
+            core::mem::size_of::<WgmmaLayoutParams>(),
+        ),
+        (WGMMA_SW128_MN_B, core::mem::size_of::<WgmmaLayoutParams>()),
+        (WGMMA_RS_MN_B, core::mem::size_of::<WgmmaLayoutParams>()),
+        (BULK_COPY, core::mem::size_of::<BulkCopyParams>()),
+    ];
 }
 
 const _: () = assert!(core::mem::size_of::<DevPtr<u8>>() == 8);

@@ -5,6 +5,8 @@
 //! `cp.async`, `ldmatrix` and `ld.shared` take); "generic pointer" means a 64-bit generic
 //! address (what plain Rust loads and stores use).
 
+#[cfg(mla_primitives)]
+pub mod bulk;
 pub mod cp_async;
 pub mod cvt;
 pub mod ldmatrix;

@@ -1,0 +1,83 @@
+//! `cp.async.bulk` global-to-shared copies completed on an `mbarrier` (sm_90+): the copy
+//! engine path a producer warp uses to feed shared-memory stages without every thread
+//! issuing 16-byte `cp.async`s.
+
+use core::arch::asm;
+
+/// `mbarrier.init.shared::cta.b64 [bar], count;`
+///
+/// # Safety
+/// `bar` is an 8-byte aligned shared address that no other thread uses until a barrier
+/// orders the initialisation before them.
+#[inline(always)]
+pub unsafe fn mbarrier_init(bar: u32, count: u32) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        asm!("mbarrier.init.shared::cta.b64 [{b}], {c};", b = in(reg32) bar, c = in(reg32) count, options(nostack))
+    }
+}
+
+/// `fence.mbarrier_init.release.cluster;`: makes this thread's mbarrier initialisations
+/// visible to the async proxy (the bulk-copy engine) before a CTA barrier publishes them.
+#[inline(always)]
+pub fn fence_mbarrier_init() {
+    // SAFETY: a fence has no operands.
+    unsafe { asm!("fence.mbarrier_init.release.cluster;", options(nostack)) }
+}
+
+/// `mbarrier.arrive.expect_tx.shared::cta.b64 _, [bar], bytes;`: one arrival that also
+/// raises the transaction count the phase waits for by `bytes`.
+///
+/// # Safety
+/// `bar` is an initialised mbarrier.
+#[inline(always)]
+pub unsafe fn mbarrier_arrive_expect_tx(bar: u32, bytes: u32) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        asm!("mbarrier.arrive.expect_tx.shared::cta.b64 _, [{b}], {n};",
+            b = in(reg32) bar, n = in(reg32) bytes, options(nostack))
+    }
+}
+
+/// Spins on `mbarrier.try_wait.parity.shared::cta.b64` until the phase with `parity` has
+/// completed.
+///
+/// # Safety
+/// `bar` is an initialised mbarrier.
+#[inline(always)]
+pub unsafe fn mbarrier_wait_parity(bar: u32, parity: u32) {
+    loop {
+        let done: u32;
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            asm!(
+                "{{",
+                ".reg .pred p;",
+                "mbarrier.try_wait.parity.shared::cta.b64 p, [{b}], {ph};",
+                "selp.u32 {d}, 1, 0, p;",
+                "}}",
+                b = in(reg32) bar, ph = in(reg32) parity, d = out(reg32) done, options(nostack)
+            )
+        }
+        if done != 0 {
+            break;
+        }
+    }
+}
+
+/// `cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [src], bytes,
+/// [bar];`: an asynchronous copy of `bytes` whose completion counts `bytes` transactions
+/// on `bar`.
+///
+/// # Safety
+/// `dst` and `src` are 16-byte aligned, `bytes` a multiple of 16, `src .. src + bytes`
+/// readable, `dst .. dst + bytes` inside this CTA's shared memory, `bar` an initialised
+/// mbarrier that expects the bytes.
+#[inline(always)]
+pub unsafe fn bulk_copy_g2s(dst: u32, src: *const u8, bytes: u32, bar: u32) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        asm!("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [{d}], [{s}], {n}, [{b}];",
+            d = in(reg32) dst, s = in(reg64) src, n = in(reg32) bytes, b = in(reg32) bar, options(nostack))
+    }
+}
