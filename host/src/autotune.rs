@@ -454,8 +454,9 @@ impl Autotuner {
         }
     }
 
-    /// Times every [`Tactic::candidates_for`] entry of the shape's rows with `time_us` (microseconds; the caller
-    /// launches and times real kernels), caches the fastest and returns it. A candidate
+    /// Times every [`Tactic::candidates_for`] entry of the shape's rows with `time_us`
+    /// (microseconds; the caller launches and times real kernels), caches the fastest and
+    /// returns it. A candidate
     /// whose timing fails, or is not a finite time `>= 0`, is skipped and logged to stderr;
     /// if all fail, the first error is returned and nothing is cached. Ties keep the
     /// earlier candidate. With the mode `Off` it returns [`Tactic::default_for`] the shape's
