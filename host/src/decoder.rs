@@ -20,7 +20,7 @@ use crate::error::{MlaError, Result};
 use crate::gate::{Backend, Geometry, Registry, is_available, is_supported};
 use crate::launch::{DecodeWorkspace, LaunchShape, check_workspace, decode_params, launch};
 use crate::module::Runtime;
-use crate::plan::{ScheduleConfig, WorkspaceCapacity};
+use crate::plan::{self, ScheduleConfig, WorkspaceCapacity};
 use crate::request::{DecodeDtypes, DecodeRequest, DecodeShape};
 use crate::tactic::Tactic;
 use crate::validate::validate_decode;
@@ -115,10 +115,18 @@ impl Runtime {
             }
         };
         let rows = config.s_q * config.heads;
+        let tiles = tactic.tile.row_tiles(rows);
+        let target_ctas = tactic.waves as usize * self.device().sm_count.max(1) as usize;
         let schedule = ScheduleConfig {
-            tiles: tactic.tile.row_tiles(rows),
-            target_ctas: tactic.waves as usize * self.device().sm_count.max(1) as usize,
-            max_splits: tactic.max_splits as usize,
+            tiles,
+            target_ctas,
+            // The tactic's bound, and the plan's: a grid sized for the batch, not for one
+            // sequence taking every CTA (plan::split_cap).
+            max_splits: (tactic.max_splits as usize).min(plan::split_cap(
+                target_ctas,
+                tiles,
+                config.max_batch,
+            )),
             max_len: config.max_seq_len,
         };
         let ws = DecodeWorkspace::new(

@@ -38,6 +38,28 @@ pub struct ScheduleConfig {
     pub max_len: usize,
 }
 
+/// How many times its even share of the CTA target one sequence may take in a planned
+/// decode (see [`split_cap`]).
+pub const SPLIT_HEADROOM: usize = 4;
+
+/// The largest split count a plan for `max_batch` sequences allows:
+/// `ceil(SPLIT_HEADROOM * target_ctas / (tiles * max_batch))`, within `1..=MAX_SPLITS`.
+///
+/// Why: a plan's decode grid is fixed (CUDA-graph safe) at this many CTAs per (sequence,
+/// row tile), and every CTA past its sequence's split count exits at once; but each such
+/// CTA still holds a whole SM (the decode's shared memory) while it starts and reads the
+/// split count. Sized by the worst case (`target_ctas / tiles`, up to 64) a 128-sequence
+/// plan launched 8064 empty CTAs, measured on the H200 as 21-56 us per step at B = 64-128
+/// (docs/PERF.md). The cap keeps full split freedom for small batches (up to 64 splits
+/// while `max_batch <= SPLIT_HEADROOM * target / (64 tiles)`, e.g. 8 sequences on 132 SMs)
+/// and still lets a sequence take 4x its even share in a large bucket that is a quarter
+/// full.
+pub fn split_cap(target_ctas: usize, tiles: usize, max_batch: usize) -> usize {
+    (SPLIT_HEADROOM * target_ctas)
+        .div_ceil(tiles.max(1) * max_batch.max(1))
+        .clamp(1, MAX_SPLITS as usize)
+}
+
 impl ScheduleConfig {
     /// The most splits any sequence can get: the decode grid's x dimension. A sequence's
     /// share `blocks_b * target / (total * tiles)` never exceeds `target / tiles`.
@@ -169,5 +191,31 @@ mod tests {
                 "{ctas} CTAs for {cfg:?}"
             );
         }
+    }
+
+    #[test]
+    fn split_cap_sizes_the_grid_by_the_batch() {
+        // 132 SMs, one wave, 16-row tile (1 row tile) or 128 heads x 2 (4 row tiles).
+        assert_eq!(split_cap(132, 1, 1), 64);
+        assert_eq!(split_cap(132, 1, 8), 64);
+        assert_eq!(split_cap(132, 1, 64), 9);
+        assert_eq!(split_cap(132, 1, 128), 5);
+        assert_eq!(split_cap(132, 4, 128), 2);
+        assert_eq!(split_cap(132, 4, 65535), 1);
+        assert_eq!(split_cap(0, 0, 0), 1);
+        // Empty CTAs of a 128-sequence plan: (cap - 1) * B instead of 63 * B.
+        let cfg = ScheduleConfig {
+            tiles: 1,
+            target_ctas: 132,
+            max_splits: split_cap(132, 1, 128),
+            max_len: 1 << 20,
+        };
+        assert_eq!(cfg.grid_splits(), 5);
+        // Uniform lengths at a quarter-full bucket still get their even share.
+        let s = schedule(&[4096; 32], &cfg);
+        assert!(s.iter().all(|&x| x == 4), "{s:?}");
+        // Within the cap the rule is unchanged: a full bucket gets one split each.
+        let s = schedule(&[4096; 128], &cfg);
+        assert!(s.iter().all(|&x| x == 1), "{s:?}");
     }
 }
