@@ -162,38 +162,43 @@ pub unsafe extern "ptx-kernel" fn mla_prim_wgmma_m64n64k16_bf16(
 ) {
     // SAFETY: launched by the primitive test with one warpgroup and 4 KB of shared memory.
     unsafe { primitives::wgmma_m64n64k16(p) }
-
-    macro_rules! prim_kernel {
-        ($name:ident, $body:ident, $params:ty) => {
-            /// A primitive test kernel: see [`primitives`] (primitives image only).
-            #[cfg(mla_primitives)]
-            #[unsafe(no_mangle)]
-            pub unsafe extern "ptx-kernel" fn $name(p: $params) {
-                // SAFETY: launched by the primitive tests with the documented grid, block and
-                // shared memory.
-                unsafe { primitives::$body(p) }
-            }
-        };
-    }
-
-    prim_kernel!(
-        mla_prim_wgmma_sw128_kmajor,
-        wgmma_sw128_kmajor,
-        mla_abi::primitives::WgmmaLayoutParams
-    );
-    prim_kernel!(
-        mla_prim_wgmma_sw128_mn_b,
-        wgmma_sw128_mn_b,
-        mla_abi::primitives::WgmmaLayoutParams
-    );
-    prim_kernel!(
-        mla_prim_wgmma_rs_mn_b,
-        wgmma_rs_mn_b,
-        mla_abi::primitives::WgmmaLayoutParams
-    );
-    prim_kernel!(
-        mla_prim_bulk_copy,
-        bulk_copy,
-        mla_abi::primitives::BulkCopyParams
-    );
 }
+
+macro_rules! prim_kernel {
+    ($name:ident, $body:ident, $params:ty) => {
+        /// A primitive test kernel: see [`primitives`] (primitives image only).
+        #[cfg(mla_primitives)]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: $params) {
+            // SAFETY: launched by the primitive tests with the documented grid, block and
+            // shared memory.
+            unsafe { primitives::$body(p) }
+        }
+    };
+}
+
+prim_kernel!(
+    mla_prim_wgmma_sw128_kmajor,
+    wgmma_sw128_kmajor,
+    mla_abi::primitives::WgmmaLayoutParams
+);
+prim_kernel!(
+    mla_prim_wgmma_sw128_mn_b,
+    wgmma_sw128_mn_b,
+    mla_abi::primitives::WgmmaLayoutParams
+);
+prim_kernel!(
+    mla_prim_wgmma_rs_mn_b,
+    wgmma_rs_mn_b,
+    mla_abi::primitives::WgmmaLayoutParams
+);
+prim_kernel!(
+    mla_prim_bulk_copy,
+    bulk_copy,
+    mla_abi::primitives::BulkCopyParams
+);
+prim_kernel!(
+    mla_prim_wgmma_decode_bf16,
+    wgmma_decode_bf16,
+    mla_abi::DecodeParams
+);

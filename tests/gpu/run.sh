@@ -32,7 +32,7 @@ head -4 "$logs/info.log"
 # name  binary  filter  timeout(s)
 plan=(
   "load       test-gpu_load     ''                      90"
-  "prims      test-gpu_primitives ''                    30"
+  "prims      test-gpu_primitives ''                    90"
   "paged      test-gpu_paged    ''                      90"
   "combine    test-gpu_combine  ''                      60"
   "capi       test-capi         ''                      30"

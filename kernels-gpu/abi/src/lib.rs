@@ -551,6 +551,14 @@ pub mod primitives {
         pub row_bytes: u32,
     }
 
+    /// `mla_prim_wgmma_decode_bf16`: a prototype `wgmma` decode on [`DecodeParams`](super::DecodeParams) (bf16,
+    /// one split per sequence): grid `(1, ceil(s_q * heads / 64), batch)`, block 256,
+    /// `WGMMA_DECODE_SMEM_BYTES`. See `kernels-gpu/src/primitives.rs`.
+    pub const WGMMA_DECODE_BF16: &str = "mla_prim_wgmma_decode_bf16";
+    /// 1 KB alignment slack + Q + two KV stages, each a 64 x 576 bf16 slab tile.
+    pub const WGMMA_DECODE_SMEM_BYTES: usize = 1024 + 3 * 9 * 8192;
+    const _: () = assert!(WGMMA_DECODE_SMEM_BYTES <= 227 * 1024);
+
     pub const BULK_MAX_ROWS: usize = 64;
     pub const BULK_MAX_ROW_BYTES: usize = 1152;
     /// 128 bytes for the mbarrier, then the rows.
@@ -569,6 +577,10 @@ pub mod primitives {
         (WGMMA_SW128_MN_B, core::mem::size_of::<WgmmaLayoutParams>()),
         (WGMMA_RS_MN_B, core::mem::size_of::<WgmmaLayoutParams>()),
         (BULK_COPY, core::mem::size_of::<BulkCopyParams>()),
+        (
+            WGMMA_DECODE_BF16,
+            core::mem::size_of::<super::DecodeParams>(),
+        ),
     ];
 }
 
