@@ -409,3 +409,124 @@ fn wgmma_decode_prototype_matches_oracle() {
     eprintln!("[{test}] {} failures (seed {seed})", failures.len());
     assert!(failures.is_empty(), "{failures:?}");
 }
+
+/// Times the prototype `wgmma` decode against the product 64-row kernel on B=64, L=4096,
+/// H=128, S_q=1, bf16, page 64 (one split each), the L2 flushed before every call, median of
+/// 10. Informational: prints both and their ratio; asserts only that the prototype's output
+/// is finite.
+#[test]
+fn wgmma_decode_prototype_speed() {
+    use mla::DecodeDtypes;
+    use mla::abi::primitives::{WGMMA_DECODE_BF16, WGMMA_DECODE_SMEM_BYTES};
+    use mla::abi::{D_QK, D_V, DecodeParams};
+    use mla::bench::{BenchShape, flops, time_shape};
+
+    let test = "prim_wgmma_decode_speed";
+    let seed = common::seed(test);
+    let Some((rt, _)) = common::gpu(test) else {
+        return;
+    };
+    let Some((stream, module)) = prim_module(test) else {
+        return;
+    };
+    let mut rng = SplitMix64::new(seed);
+    let (b, len, heads, page) = (64usize, 4096usize, 128usize, 64usize);
+    let shape = BenchShape {
+        dtypes: DecodeDtypes::Bf16,
+        tile: mla::tactic::Tile::M64N64,
+        batch: b,
+        len,
+        heads,
+        s_q: 1,
+        page,
+    };
+    let product = time_shape(&rt, &stream, shape, &mut rng, 10).unwrap();
+
+    // Inputs tiled from a pool of random bf16 values; pages in a random order.
+    let pool = bf16_bits(&bf16_values(&mut rng, 1 << 20));
+    let tiled = |n: usize| -> Vec<u16> { (0..n).map(|i| pool[(i * 7919) % pool.len()]).collect() };
+    let pages = b * len / page;
+    let table: Vec<i32> = rng.permutation(pages).iter().map(|&p| p as i32).collect();
+    let q = stream.clone_htod(&tiled(b * heads * D_QK)).unwrap();
+    let kv = stream.clone_htod(&tiled(pages * page * D_QK)).unwrap();
+    let dt = stream.clone_htod(&table).unwrap();
+    let dl = stream.clone_htod(&vec![len as i32; b]).unwrap();
+    let ones = stream.clone_htod(&vec![1i32; b]).unwrap();
+    let out = stream.clone_htod(&vec![0u16; b * heads * D_V]).unwrap();
+    let lse = stream.clone_htod(&vec![0f32; b * heads]).unwrap();
+    let mut flush = stream.alloc_zeros::<u8>(256 << 20).unwrap();
+    let p = DecodeParams {
+        q: DevPtr::from_addr(q.device_ptr(&stream).0),
+        kv_cache: DevPtr::from_addr(kv.device_ptr(&stream).0),
+        page_table: DevPtr::from_addr(dt.device_ptr(&stream).0),
+        seq_lens: DevPtr::from_addr(dl.device_ptr(&stream).0),
+        num_splits: DevPtr::from_addr(ones.device_ptr(&stream).0),
+        out: DevPtr::from_addr(out.device_ptr(&stream).0),
+        lse: DevPtr::from_addr(lse.device_ptr(&stream).0),
+        partial_o: DevPtr::from_addr(0),
+        partial_lse: DevPtr::from_addr(0),
+        q_stride_b: (heads * D_QK) as u64,
+        q_stride_s: (heads * D_QK) as u64,
+        q_stride_h: D_QK as u64,
+        kv_stride_page: (page * D_QK) as u64,
+        kv_stride_token: D_QK as u64,
+        out_stride_b: (heads * D_V) as u64,
+        out_stride_s: (heads * D_V) as u64,
+        out_stride_h: D_V as u64,
+        batch: b as u32,
+        s_q: 1,
+        heads: heads as u32,
+        page_size: page as u32,
+        page_shift: page.trailing_zeros(),
+        page_table_stride: (len / page) as u32,
+        num_pages: pages as u32,
+        max_splits: 1,
+        softmax_scale: 1.0 / (D_QK as f32).sqrt(),
+        value_scale: 1.0,
+        output_scale: 1.0,
+        max_pages: (len / page) as u32,
+    };
+    let f = module.load_function(WGMMA_DECODE_BF16).unwrap();
+    f.set_attribute(
+        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        WGMMA_DECODE_SMEM_BYTES as i32,
+    )
+    .unwrap();
+    let (e0, e1) = rt.timing_events().unwrap();
+    let mut times = Vec::new();
+    for rep in 0..13 {
+        stream.memset_zeros(&mut flush).unwrap();
+        let mut args = [&p as *const DecodeParams as *mut c_void];
+        e0.record(&stream).unwrap();
+        // SAFETY: the params match the kernel's struct; every buffer holds its shape.
+        unsafe {
+            result::launch_kernel(
+                f.cu_function(),
+                (1, (heads as u32).div_ceil(64), b as u32),
+                (256, 1, 1),
+                WGMMA_DECODE_SMEM_BYTES as u32,
+                stream.cu_stream(),
+                &mut args,
+            )
+        }
+        .unwrap();
+        e1.record(&stream).unwrap();
+        e1.synchronize().unwrap();
+        if rep >= 3 {
+            times.push(e0.elapsed_ms(&e1).unwrap() as f64 * 1e3);
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    let us = times[times.len() / 2];
+    let tflops = flops(&shape) / us * 1e-6;
+    let got: Vec<u16> = stream.clone_dtoh(&out).unwrap();
+    let finite = got.iter().all(|&v| numeric::bf16_to_f32(v).is_finite());
+    eprintln!(
+        "[{test}] B={b} L={len} H={heads} bf16: wgmma prototype {us:.1} us ({tflops:.1} TFLOP/s); \
+         product m64n64 {:.1} us ({:.1} TFLOP/s); prototype speed {:.2}x (seed {seed})",
+        product.us,
+        product.tflops,
+        product.us / us
+    );
+    assert!(finite, "the prototype wrote non-finite outputs");
+}
