@@ -312,8 +312,8 @@ fn bulk_copy_gathers_rows_exactly() {
 #[test]
 fn wgmma_decode_prototype_matches_oracle() {
     use mla::DecodeDtypes;
+    use mla::abi::DecodeParams;
     use mla::abi::primitives::{WGMMA_DECODE_BF16, WGMMA_DECODE_SMEM_BYTES};
-    use mla::abi::{D_QK, D_V, DecodeParams};
     use mla::harness::{self, CaseSpec, DeviceCase, HostCase};
 
     let test = "prim_wgmma_decode";
@@ -349,37 +349,25 @@ fn wgmma_decode_prototype_matches_oracle() {
         let b = spec.lens.len();
         let rows = spec.s_q * spec.heads;
         let ones = stream.clone_htod(&vec![1i32; b]).unwrap();
-        let p = DecodeParams {
-            q: DevPtr::from_addr(d.q.device_ptr(&stream).0),
-            kv_cache: DevPtr::from_addr(d.kv.device_ptr(&stream).0),
-            page_table: DevPtr::from_addr(d.table.device_ptr(&stream).0),
-            seq_lens: DevPtr::from_addr(d.lens.device_ptr(&stream).0),
-            num_splits: DevPtr::from_addr(ones.device_ptr(&stream).0),
-            out: DevPtr::from_addr(d.out.device_ptr(&stream).0),
-            lse: DevPtr::from_addr(d.lse.device_ptr(&stream).0),
-            partial_o: DevPtr::from_addr(0),
-            partial_lse: DevPtr::from_addr(0),
-            q_stride_b: (rows * D_QK) as u64,
-            q_stride_s: (spec.heads * D_QK) as u64,
-            q_stride_h: D_QK as u64,
-            kv_stride_page: (spec.page_size * D_QK) as u64,
-            kv_stride_token: D_QK as u64,
-            out_stride_b: (rows * D_V) as u64,
-            out_stride_s: (spec.heads * D_V) as u64,
-            out_stride_h: D_V as u64,
-            batch: b as u32,
-            s_q: spec.s_q as u32,
-            heads: spec.heads as u32,
-            page_size: spec.page_size as u32,
-            page_shift: spec.page_size.trailing_zeros(),
-            page_table_stride: h.max_pages as u32,
-            num_pages: h.num_pages as u32,
-            max_splits: 1,
-            softmax_scale: h.scales.softmax_scale,
-            value_scale: 1.0,
-            output_scale: h.scales.output_scale,
-            max_pages: h.max_pages as u32,
-        };
+        let p = contiguous_params(
+            [
+                d.q.device_ptr(&stream).0,
+                d.kv.device_ptr(&stream).0,
+                d.table.device_ptr(&stream).0,
+                d.lens.device_ptr(&stream).0,
+                ones.device_ptr(&stream).0,
+                d.out.device_ptr(&stream).0,
+                d.lse.device_ptr(&stream).0,
+            ],
+            b,
+            spec.s_q,
+            spec.heads,
+            spec.page_size,
+            h.num_pages,
+            h.max_pages,
+            h.scales.softmax_scale,
+            h.scales.output_scale,
+        );
         let mut args = [&p as *const DecodeParams as *mut c_void];
         // SAFETY: the params match the kernel's struct; every buffer holds its shape.
         unsafe {
@@ -455,37 +443,25 @@ fn wgmma_decode_prototype_speed() {
     let out = stream.clone_htod(&vec![0u16; b * heads * D_V]).unwrap();
     let lse = stream.clone_htod(&vec![0f32; b * heads]).unwrap();
     let mut flush = stream.alloc_zeros::<u8>(256 << 20).unwrap();
-    let p = DecodeParams {
-        q: DevPtr::from_addr(q.device_ptr(&stream).0),
-        kv_cache: DevPtr::from_addr(kv.device_ptr(&stream).0),
-        page_table: DevPtr::from_addr(dt.device_ptr(&stream).0),
-        seq_lens: DevPtr::from_addr(dl.device_ptr(&stream).0),
-        num_splits: DevPtr::from_addr(ones.device_ptr(&stream).0),
-        out: DevPtr::from_addr(out.device_ptr(&stream).0),
-        lse: DevPtr::from_addr(lse.device_ptr(&stream).0),
-        partial_o: DevPtr::from_addr(0),
-        partial_lse: DevPtr::from_addr(0),
-        q_stride_b: (heads * D_QK) as u64,
-        q_stride_s: (heads * D_QK) as u64,
-        q_stride_h: D_QK as u64,
-        kv_stride_page: (page * D_QK) as u64,
-        kv_stride_token: D_QK as u64,
-        out_stride_b: (heads * D_V) as u64,
-        out_stride_s: (heads * D_V) as u64,
-        out_stride_h: D_V as u64,
-        batch: b as u32,
-        s_q: 1,
-        heads: heads as u32,
-        page_size: page as u32,
-        page_shift: page.trailing_zeros(),
-        page_table_stride: (len / page) as u32,
-        num_pages: pages as u32,
-        max_splits: 1,
-        softmax_scale: 1.0 / (D_QK as f32).sqrt(),
-        value_scale: 1.0,
-        output_scale: 1.0,
-        max_pages: (len / page) as u32,
-    };
+    let p = contiguous_params(
+        [
+            q.device_ptr(&stream).0,
+            kv.device_ptr(&stream).0,
+            dt.device_ptr(&stream).0,
+            dl.device_ptr(&stream).0,
+            ones.device_ptr(&stream).0,
+            out.device_ptr(&stream).0,
+            lse.device_ptr(&stream).0,
+        ],
+        b,
+        1,
+        heads,
+        page,
+        pages,
+        len / page,
+        1.0 / (D_QK as f32).sqrt(),
+        1.0,
+    );
     let f = module.load_function(WGMMA_DECODE_BF16).unwrap();
     f.set_attribute(
         cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -529,4 +505,54 @@ fn wgmma_decode_prototype_speed() {
         product.us / us
     );
     assert!(finite, "the prototype wrote non-finite outputs");
+}
+
+/// Decode params for contiguous q `[b, s_q, heads, 576]`, out `[b, s_q, heads, 512]`, a cache
+/// of `num_pages` pages and a `[b, max_pages]` page table, one split per sequence.
+#[allow(clippy::too_many_arguments)]
+fn contiguous_params(
+    ptrs: [u64; 7],
+    b: usize,
+    s_q: usize,
+    heads: usize,
+    page: usize,
+    num_pages: usize,
+    max_pages: usize,
+    softmax_scale: f32,
+    output_scale: f32,
+) -> mla::abi::DecodeParams {
+    use mla::abi::{D_QK, D_V};
+    let rows = s_q * heads;
+    let [q, kv, table, lens, splits, out, lse] = ptrs;
+    mla::abi::DecodeParams {
+        q: DevPtr::from_addr(q),
+        kv_cache: DevPtr::from_addr(kv),
+        page_table: DevPtr::from_addr(table),
+        seq_lens: DevPtr::from_addr(lens),
+        num_splits: DevPtr::from_addr(splits),
+        out: DevPtr::from_addr(out),
+        lse: DevPtr::from_addr(lse),
+        partial_o: DevPtr::from_addr(0),
+        partial_lse: DevPtr::from_addr(0),
+        q_stride_b: (rows * D_QK) as u64,
+        q_stride_s: (heads * D_QK) as u64,
+        q_stride_h: D_QK as u64,
+        kv_stride_page: (page * D_QK) as u64,
+        kv_stride_token: D_QK as u64,
+        out_stride_b: (rows * D_V) as u64,
+        out_stride_s: (heads * D_V) as u64,
+        out_stride_h: D_V as u64,
+        batch: b as u32,
+        s_q: s_q as u32,
+        heads: heads as u32,
+        page_size: page as u32,
+        page_shift: page.trailing_zeros(),
+        page_table_stride: max_pages as u32,
+        num_pages: num_pages as u32,
+        max_splits: 1,
+        softmax_scale,
+        value_scale: 1.0,
+        output_scale,
+        max_pages: max_pages as u32,
+    }
 }
