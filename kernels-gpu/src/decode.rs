@@ -105,7 +105,7 @@ fn p_off(r: u32, k: u32) -> u32 {
 /// The page holding KV row `j` of sequence `b`, or -1 when the row must not be read (past
 /// `len`, or a page id outside `0..num_pages`).
 #[inline(always)]
-fn kv_row_page(p: &DecodeParams, b: u32, j: u32, len: u32) -> i32 {
+pub(crate) fn kv_row_page(p: &DecodeParams, b: u32, j: u32, len: u32) -> i32 {
     if j >= len {
         return -1;
     }
@@ -122,7 +122,12 @@ fn kv_row_page(p: &DecodeParams, b: u32, j: u32, len: u32) -> i32 {
 
 /// Byte address of KV row `j` in `page` (from [`kv_row_page`]), or `None` when `page < 0`.
 #[inline(always)]
-fn kv_row_addr(p: &DecodeParams, page: i32, j: u32, elem_bytes: u64) -> Option<*const u8> {
+pub(crate) fn kv_row_addr(
+    p: &DecodeParams,
+    page: i32,
+    j: u32,
+    elem_bytes: u64,
+) -> Option<*const u8> {
     if page < 0 {
         return None;
     }
@@ -370,7 +375,7 @@ unsafe fn pv_tile_gemm<H: Half16, L: Layout>(
 
 /// Row max over the quad (the 4 lanes sharing a row).
 #[inline(always)]
-unsafe fn quad_max(v: f32) -> f32 {
+pub(crate) unsafe fn quad_max(v: f32) -> f32 {
     // SAFETY: forwarded: the warp is converged.
     unsafe {
         let v = sync::fmax(v, sync::shfl_xor_f32(v, 1));
@@ -379,12 +384,34 @@ unsafe fn quad_max(v: f32) -> f32 {
 }
 
 #[inline(always)]
-unsafe fn quad_sum(v: f32) -> f32 {
+pub(crate) unsafe fn quad_sum(v: f32) -> f32 {
     // SAFETY: forwarded: the warp is converged.
     unsafe {
         let v = v + sync::shfl_xor_f32(v, 1);
         v + sync::shfl_xor_f32(v, 2)
     }
+}
+
+/// One online-softmax step for a thread's two rows: from the new running maxima `m_new`
+/// (log2 units) returns the exponent reference of each row and the factor `alpha` that the
+/// row's earlier sums and accumulators take, and updates `m_run` and `l_run`. A row with
+/// nothing visible yet keeps max -inf and uses 0 as its reference, so that exp2(-inf - ref)
+/// is 0 and never NaN.
+#[inline(always)]
+pub(crate) fn rescale_rows(
+    m_run: &mut [f32; 2],
+    l_run: &mut [f32; 2],
+    m_new: [f32; 2],
+) -> ([f32; 2], [f32; 2]) {
+    let m_ref = m_new.map(|m| if m == f32::NEG_INFINITY { 0.0 } else { m });
+    let alpha = [
+        sync::ex2(m_run[0] - m_ref[0]),
+        sync::ex2(m_run[1] - m_ref[1]),
+    ];
+    *m_run = m_new;
+    l_run[0] *= alpha[0];
+    l_run[1] *= alpha[1];
+    (m_ref, alpha)
 }
 
 /// The decode kernel body.
@@ -593,27 +620,7 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
                 sync::fmax(m_run[1], red_max::<L>(red, rg * 16 + g + 8)),
             ]
         };
-        // A row with nothing visible yet keeps max -inf; use 0 as its reference so that
-        // exp2(-inf - ref) is 0 and never NaN.
-        let m_ref = [
-            if m_new[0] == f32::NEG_INFINITY {
-                0.0
-            } else {
-                m_new[0]
-            },
-            if m_new[1] == f32::NEG_INFINITY {
-                0.0
-            } else {
-                m_new[1]
-            },
-        ];
-        let alpha = [
-            sync::ex2(m_run[0] - m_ref[0]),
-            sync::ex2(m_run[1] - m_ref[1]),
-        ];
-        m_run = m_new;
-        l_run[0] *= alpha[0];
-        l_run[1] *= alpha[1];
+        let (m_ref, alpha) = rescale_rows(&mut m_run, &mut l_run, m_new);
 
         // Probabilities: to the P tile as 16-bit, row sums in f32.
         unroll!(nt in [0, 1, 2, 3] {

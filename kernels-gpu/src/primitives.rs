@@ -10,6 +10,7 @@
 //! LBO = 128 B (next core in K) and SBO = 256 B (next core in M / N).
 
 use crate::arch::{self, bulk, cp_async, cvt, smem, sync, wgmma};
+use crate::decode;
 use mla_abi::DecodeParams;
 use mla_abi::primitives::{BulkCopyParams, WgmmaLayoutParams, WgmmaPrimParams};
 
@@ -329,29 +330,9 @@ pub unsafe fn wgmma_decode_bf16(p: DecodeParams) {
 
     // The KV row this thread copies (4 threads per row, 18 chunks each).
     let kv_r = tid / 4;
-    let page_of = |j: u32| -> i32 {
-        if j >= len {
-            return -1;
-        }
-        let slot = b as usize * p.page_table_stride as usize + (j >> p.page_shift) as usize;
-        // SAFETY: j < len <= max_pages * page_size: inside row b of the page table.
-        let page = unsafe { *p.page_table.ptr().add(slot) };
-        if page < 0 || page as u32 >= p.num_pages {
-            -1
-        } else {
-            page
-        }
-    };
+    let page_of = |j: u32| decode::kv_row_page(&p, b, j, len);
     let issue = |page: i32, kb: u32, stage: u32| {
-        let j = kb * 64 + kv_r;
-        let src = if page >= 0 {
-            let off =
-                page as u64 * p.kv_stride_page + (j & (p.page_size - 1)) as u64 * p.kv_stride_token;
-            // SAFETY: page < num_pages, token < page_size: inside the cache.
-            Some(unsafe { p.kv_cache.ptr().add((off * 2) as usize) as *const u8 })
-        } else {
-            None
-        };
+        let src = decode::kv_row_addr(&p, page, kb * 64 + kv_r, 2);
         let mut k = tid % 4;
         while k < 72 {
             let dst = kv_s(stage) + slab_off(kv_r, k);
@@ -448,31 +429,11 @@ pub unsafe fn wgmma_decode_bf16(p: DecodeParams) {
                     m_loc[e / 2] = sync::fmax(m_loc[e / 2], x);
                 });
             });
-            let mut m_new = [0.0f32; 2];
-            unroll!(h in [0, 1] {
-                let v = sync::fmax(m_loc[h], sync::shfl_xor_f32(m_loc[h], 1));
-                let v = sync::fmax(v, sync::shfl_xor_f32(v, 2));
-                m_new[h] = sync::fmax(m_run[h], v);
-            });
-            let m_ref = [
-                if m_new[0] == f32::NEG_INFINITY {
-                    0.0
-                } else {
-                    m_new[0]
-                },
-                if m_new[1] == f32::NEG_INFINITY {
-                    0.0
-                } else {
-                    m_new[1]
-                },
+            let m_new = [
+                sync::fmax(m_run[0], decode::quad_max(m_loc[0])),
+                sync::fmax(m_run[1], decode::quad_max(m_loc[1])),
             ];
-            let alpha = [
-                sync::ex2(m_run[0] - m_ref[0]),
-                sync::ex2(m_run[1] - m_ref[1]),
-            ];
-            m_run = m_new;
-            l_run[0] *= alpha[0];
-            l_run[1] *= alpha[1];
+            let (m_ref, alpha) = decode::rescale_rows(&mut m_run, &mut l_run, m_new);
             unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7] {
                 unroll!(e in [0, 1, 2, 3] {
                     let pe = sync::ex2(s[4 * j + e] - m_ref[e / 2]);
@@ -520,8 +481,7 @@ pub unsafe fn wgmma_decode_bf16(p: DecodeParams) {
     // SAFETY: converged warps; rows < `rows` of a validated out / lse.
     unsafe {
         unroll!(h in [0, 1] {
-            let v = l_run[h] + sync::shfl_xor_f32(l_run[h], 1);
-            let l = v + sync::shfl_xor_f32(v, 2);
+            let l = decode::quad_sum(l_run[h]);
             let gr = row_a + 8 * h as u32;
             if gr < rows {
                 let (inv, lse) = if l > 0.0 {
