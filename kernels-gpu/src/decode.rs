@@ -144,6 +144,9 @@ const KV_TPR: u32 = THREADS / BLOCK_N;
 const HALF_N: u32 = T::HALF_N as u32;
 const HALF_TPR: u32 = THREADS / HALF_N;
 const RING_SLOTS: u32 = T::RING_SLOTS as u32;
+/// Half-blocks in flight while a block (two slots) is computed; the prologue issues as many.
+const RING_AHEAD: u32 = RING_SLOTS - 2;
+const _: () = assert!(RING_AHEAD >= 1 && RING_AHEAD <= 4);
 const HALF_TILE_BYTES: u32 = T::HALF_TILE_BYTES as u32;
 const _: () = assert!(KV_TPR * BLOCK_N == THREADS && ROW_CHUNKS.is_multiple_of(KV_TPR));
 const _: () = assert!(FP8_ROW_CHUNKS.is_multiple_of(KV_TPR));
@@ -497,13 +500,15 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
     unsafe {
         load_q_tile::<K, L>(&p, b, row0, q_smem);
         if ring {
-            // Half-blocks 0, 1, 2 (group 0 also holds Q).
-            unroll!(h in [0, 1, 2] {
+            // Half-blocks 0 .. RING_AHEAD (group 0 also holds Q).
+            unroll!(h in [0, 1, 2, 3] {
                 let h = h as u32;
-                if h < halves {
-                    issue_kv_row::<K, HALF_TPR>(&p, half_page(h), half_n0(h), slot(h));
+                if h < RING_AHEAD {
+                    if h < halves {
+                        issue_kv_row::<K, HALF_TPR>(&p, half_page(h), half_n0(h), slot(h));
+                    }
+                    cp_async::cp_async_commit_group();
                 }
-                cp_async::cp_async_commit_group();
             });
         } else {
             if kb0 < kb1 {
@@ -516,7 +521,7 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
     // This thread's KV row's pages for the next issue, loaded one issue ahead: the next
     // block, or (ring) the next two half-blocks.
     let mut next_page = if ring {
-        [half_page(3), half_page(4)]
+        [half_page(RING_AHEAD), half_page(RING_AHEAD + 1)]
     } else if kb0 + 1 < kb1 {
         [kv_row_page(&p, b, (kb0 + 1) * BLOCK_N + kv_r, len), -1]
     } else {
@@ -534,18 +539,21 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
         // SAFETY: see above.
         unsafe {
             if ring {
-                // Half-blocks hb + 3 and hb + 4 go to the slots block kb - 1 used (free since
-                // the last barrier of the previous iteration); then wait for hb and hb + 1,
-                // leaving three half-blocks in flight.
+                // Half-blocks hb + RING_AHEAD and the next go to the slots block kb - 1 used
+                // (free since the last barrier of the previous iteration); then wait for hb
+                // and hb + 1, leaving RING_AHEAD half-blocks in flight.
                 unroll!(i in [0, 1] {
-                    let h = hb + 3 + i as u32;
+                    let h = hb + RING_AHEAD + i as u32;
                     if h < halves {
                         issue_kv_row::<K, HALF_TPR>(&p, next_page[i], half_n0(h), slot(h));
                     }
                     cp_async::cp_async_commit_group();
                 });
-                next_page = [half_page(hb + 5), half_page(hb + 6)];
-                cp_async::cp_async_wait_group::<3>();
+                next_page = [
+                    half_page(hb + RING_AHEAD + 2),
+                    half_page(hb + RING_AHEAD + 3),
+                ];
+                cp_async::cp_async_wait_group::<RING_AHEAD>();
             } else {
                 if kb + 1 < kb1 {
                     issue_kv_row::<K, KV_TPR>(
