@@ -114,9 +114,9 @@ impl Runtime {
                 b
             }
         };
-        let rows = config.s_q * config.heads;
+        let rows = config.rows();
         let tiles = tactic.tile.row_tiles(rows);
-        let target_ctas = tactic.waves as usize * self.device().sm_count.max(1) as usize;
+        let target_ctas = tactic.target_ctas(self.device().sm_count as usize);
         let schedule = ScheduleConfig {
             tiles,
             target_ctas,
