@@ -17,6 +17,7 @@ export MLA_LOGS=$PWD/$logs
 export MLA_SEED=${MLA_SEED:-$(date +%s%N | cut -c1-18)}
 # The peers' bench stops starting shapes 540 s after this (its --deadline-s auto rule).
 export PEERS_T0=${PEERS_T0:-$(date +%s)}
+[[ -f stage/bin.tgz ]] && tar xzf stage/bin.tgz -C stage && rm stage/bin.tgz
 echo "commit $(cat stage/COMMIT)  seed $MLA_SEED"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 summary=()
