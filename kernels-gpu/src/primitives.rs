@@ -253,7 +253,8 @@ pub unsafe fn bulk_copy(p: BulkCopyParams) {
             bulk::mbarrier_init(bar, 1);
             bulk::fence_mbarrier_init();
         }
-        sync::bar_sync();
+        // Unaligned: LLVM copies this barrier into both arms of the tid == 0 branch.
+        sync::bar_sync_unaligned();
         if tid == 0 {
             bulk::mbarrier_arrive_expect_tx(bar, p.rows * p.row_bytes);
             for r in 0..p.rows {
@@ -262,7 +263,10 @@ pub unsafe fn bulk_copy(p: BulkCopyParams) {
                 bulk::bulk_copy_g2s(rows_smem + r * p.row_bytes, src, p.row_bytes, bar);
             }
         }
-        bulk::mbarrier_wait_parity(bar, 0);
+        // A barrier that never completes traps (a launch error) rather than hanging.
+        if !bulk::mbarrier_wait_parity_bounded(bar, 0, 1 << 24) {
+            arch::trap();
+        }
         let chunks = p.rows * p.row_bytes / 16;
         let mut i = tid;
         while i < chunks {

@@ -33,7 +33,8 @@ head -4 "$logs/info.log"
 # name  binary  filter  timeout(s)
 plan=(
   "load       test-gpu_load     ''                      90"
-  "prims      test-gpu_primitives ''                    90"
+  "prims      test-gpu_primitives --skip=bulk_copy      150"
+  "prims-bulk test-gpu_primitives bulk_copy             30"
   "paged      test-gpu_paged    ''                      90"
   "combine    test-gpu_combine  ''                      60"
   "capi       test-capi         ''                      30"

@@ -65,6 +65,33 @@ pub unsafe fn mbarrier_wait_parity(bar: u32, parity: u32) {
     }
 }
 
+/// [`mbarrier_wait_parity`] that gives up after `max_polls` polls and returns false (a test
+/// kernel turns a barrier that never completes into an error instead of a hang).
+///
+/// # Safety
+/// `bar` is an initialised mbarrier.
+#[inline(always)]
+pub unsafe fn mbarrier_wait_parity_bounded(bar: u32, parity: u32, max_polls: u32) -> bool {
+    for _ in 0..max_polls {
+        let done: u32;
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            asm!(
+                "{{",
+                ".reg .pred p;",
+                "mbarrier.try_wait.parity.shared::cta.b64 p, [{b}], {ph};",
+                "selp.u32 {d}, 1, 0, p;",
+                "}}",
+                b = in(reg32) bar, ph = in(reg32) parity, d = out(reg32) done, options(nostack)
+            )
+        }
+        if done != 0 {
+            return true;
+        }
+    }
+    false
+}
+
 /// `cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [src], bytes,
 /// [bar];`: an asynchronous copy of `bytes` whose completion counts `bytes` transactions
 /// on `bar`.

@@ -18,6 +18,13 @@ pub mod wgmma;
 
 use core::arch::nvptx;
 
+/// `trap;`: aborts the kernel; the launch's stream reports an error.
+#[inline(always)]
+pub fn trap() -> ! {
+    // SAFETY: trap has no operands and does not return.
+    unsafe { core::arch::asm!("trap;", options(nostack, noreturn)) }
+}
+
 /// `%tid.x`.
 #[inline(always)]
 pub fn thread_idx_x() -> u32 {

@@ -12,6 +12,19 @@ pub unsafe fn bar_sync() {
     unsafe { asm!("bar.sync 0;", options(nostack)) }
 }
 
+/// `barrier.sync 0;` (not `.aligned`): a CTA-wide barrier that the threads of one warp may
+/// reach at different instructions. Use it after code that branches on the thread index:
+/// LLVM may copy a barrier into both arms of such a branch, and `bar.sync` (the `.aligned`
+/// form) executed that way by a split warp is undefined (a hang was seen on the H200).
+///
+/// # Safety
+/// Every thread of the CTA must reach a `barrier.sync 0` the same number of times.
+#[inline(always)]
+pub unsafe fn bar_sync_unaligned() {
+    // SAFETY: the caller guarantees every thread arrives.
+    unsafe { asm!("barrier.sync 0;", options(nostack)) }
+}
+
 /// `shfl.sync.bfly.b32` with the full mask: the value of lane `lane ^ xor_mask`.
 ///
 /// Not `pure`: a pure asm may be sunk into the branch that uses its result, where only
