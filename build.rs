@@ -33,6 +33,8 @@ struct Image {
     hw_fp8: bool,
     /// The primitive test kernels (`--cfg mla_primitives`) instead of a product image.
     primitives: bool,
+    /// The `wgmma` decode (`--cfg mla_wgmma`): sm_90a only (`wgmma` is not on sm_100a).
+    wgmma: bool,
 }
 
 const IMAGES: &[Image] = &[
@@ -42,6 +44,7 @@ const IMAGES: &[Image] = &[
         cubin: false,
         hw_fp8: false,
         primitives: false,
+        wgmma: false,
     },
     Image {
         tag: "sm_90a",
@@ -49,6 +52,7 @@ const IMAGES: &[Image] = &[
         cubin: true,
         hw_fp8: true,
         primitives: false,
+        wgmma: true,
     },
     Image {
         tag: "sm_100a",
@@ -56,6 +60,7 @@ const IMAGES: &[Image] = &[
         cubin: true,
         hw_fp8: true,
         primitives: false,
+        wgmma: false,
     },
     Image {
         tag: "prim_sm_90a",
@@ -63,6 +68,7 @@ const IMAGES: &[Image] = &[
         cubin: true,
         hw_fp8: false,
         primitives: true,
+        wgmma: true,
     },
 ];
 
@@ -196,6 +202,9 @@ fn compile_kernels(root: &Path, out: &Path, img: &Image, ptx_path: &Path) {
     }
     if img.primitives {
         flags.push("--cfg=mla_primitives".into());
+    }
+    if img.wgmma {
+        flags.push("--cfg=mla_wgmma".into());
     }
     let flags = flags.join("\x1f");
     let mut cmd = Command::new(cargo);

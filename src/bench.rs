@@ -252,15 +252,24 @@ pub fn copy_bandwidth(rt: &Runtime, stream: &Arc<CudaStream>) -> Result<f64, Mla
 }
 
 /// The default grid: the peers' reference shapes at page 64, bf16 and fp8 KV, plus H = 16
-/// with S_q = 2; shapes of up to 32 rows (`H * S_q`) with both tiles.
+/// with S_q = 2; shapes of up to 32 rows (`H * S_q`) with the 16- and 64-row tiles, more
+/// than 16 rows with the 64-row `mma.sync` and `wgmma` tiles.
 pub fn default_shapes() -> Vec<BenchShape> {
     let mut v = Vec::new();
     for dtypes in [DecodeDtypes::Bf16, DecodeDtypes::Fp8KvBf16Q] {
         for (heads, s_q) in [(16, 1), (16, 2), (128, 1), (128, 2)] {
             for (batch, len) in [(1, 4096), (8, 4096), (64, 4096), (128, 4096), (64, 16384)] {
                 for tile in Tile::ALL {
-                    // The 16-row tile only where it saves MMA work (one or two row tiles).
-                    if tile == Tile::M64N64 || heads * s_q <= 32 {
+                    // The 16-row tile only where it saves MMA work (one or two row tiles);
+                    // the wgmma tile where the 16-row tile is not the default (the bench
+                    // skips it where the image or dtypes lack it, Tile::check).
+                    let rows = heads * s_q;
+                    let wanted = match tile {
+                        Tile::M64N64 => true,
+                        Tile::M16N64 => rows <= 32,
+                        Tile::Wg64N64 => rows > 16,
+                    };
+                    if wanted {
                         v.push(BenchShape {
                             dtypes,
                             tile,
@@ -280,14 +289,15 @@ pub fn default_shapes() -> Vec<BenchShape> {
 
 /// The secondary targets, each against its own baseline in the same grid: page sizes
 /// 16, 32, 64, 128 (B = 64, L = 4096; H = 16 and 128) and MTP S_q = 1, 2, 4 at page 64
-/// (B = 64, L = 4096; H = 16 and 128), bf16 and fp8 KV, each with the shape's default tile.
-pub fn extra_shapes() -> Vec<BenchShape> {
+/// (B = 64, L = 4096; H = 16 and 128), bf16 and fp8 KV, each with the shape's default tile
+/// on `backend`.
+pub fn extra_shapes(backend: crate::gate::Backend) -> Vec<BenchShape> {
     let mut v = Vec::new();
     for dtypes in [DecodeDtypes::Bf16, DecodeDtypes::Fp8KvBf16Q] {
         for heads in [16, 128] {
             let shape = |s_q: usize, page: usize| BenchShape {
                 dtypes,
-                tile: Tile::default_for(heads * s_q),
+                tile: Tile::default_on(heads * s_q, backend, dtypes),
                 batch: 64,
                 len: 4096,
                 heads,

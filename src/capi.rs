@@ -116,8 +116,10 @@ pub struct MlaPlanConfig {
     pub kv_dtype: u32,
     /// 0: the default tactic; otherwise waves (1..=4) of the split schedule.
     pub waves: u32,
-    /// 0: the default tile for the shape (`Tile::default_for`: 16 rows when
-    /// `s_q * heads <= 16`, else 64); 1: the 16-row tile; 2: the 64-row tile.
+    /// 0: the default tile for the shape (`Tile::default_on`: 16 rows when
+    /// `s_q * heads <= 16`, else the `wgmma` tile on sm_90a for bf16, else the 64-row
+    /// tile); 1: the 16-row tile; 2: the 64-row `mma.sync` tile; 3: the `wgmma` tile
+    /// (sm_90a, bf16).
     pub tile: u32,
 }
 
@@ -206,7 +208,7 @@ pub unsafe extern "C" fn mla_plan_create(
             page_size: cfg.page_size as usize,
             max_seq_len: cfg.max_seq_len as usize,
         };
-        let mut tactic = Tactic::default_for(config.rows());
+        let mut tactic = Tactic::default_on(config.rows(), rt.backend(), config.dtypes);
         if cfg.waves != 0 {
             tactic.waves = cfg.waves;
         }
@@ -214,10 +216,11 @@ pub unsafe extern "C" fn mla_plan_create(
             0 => tactic.tile,
             1 => crate::tactic::Tile::M16N64,
             2 => crate::tactic::Tile::M64N64,
+            3 => crate::tactic::Tile::Wg64N64,
             other => {
                 return Err(MlaError::shape(
                     "tile",
-                    "0 (shape default), 1 (m16n64) or 2 (m64n64)",
+                    "0 (shape default), 1 (m16n64), 2 (m64n64) or 3 (wg64n64)",
                     other,
                 ));
             }

@@ -34,8 +34,8 @@ fn main() -> ExitCode {
                     .and_then(|i| args.get(i + 1))
             };
             match opt("--grid").map(String::as_str) {
-                None | Some("default") => bench(seed, opt("--json"), mla::bench::default_shapes()),
-                Some("extra") => bench(seed, opt("--json"), mla::bench::extra_shapes()),
+                None | Some("default") => bench(seed, opt("--json"), |_| mla::bench::default_shapes()),
+                Some("extra") => bench(seed, opt("--json"), mla::bench::extra_shapes),
                 Some(other) => {
                     eprintln!("--grid: expected default or extra, got {other:?}\n{USAGE}");
                     return ExitCode::from(2);
@@ -192,12 +192,35 @@ fn demo(seed: u64) -> Result<bool, MlaError> {
     Ok(all_ok)
 }
 
+/// Times `shapes(backend)` on the loaded runtime, skipping tiles its image or the shape's
+/// dtypes lack (`Tile::check`).
 fn bench(
     seed: u64,
     json: Option<&String>,
-    shapes: Vec<mla::bench::BenchShape>,
+    shapes: impl Fn(mla::gate::Backend) -> Vec<mla::bench::BenchShape>,
 ) -> Result<bool, MlaError> {
     let rt = mla::load(0)?;
+    let backend = rt.backend();
+    // MLA_BENCH_FILTER="bf16 wg64n64 B64 L4096 H128 S1": only shapes whose label holds it
+    // (for profiling one kernel under ncu).
+    let filter = std::env::var("MLA_BENCH_FILTER").unwrap_or_default();
+    let shapes: Vec<_> = shapes(backend)
+        .into_iter()
+        .filter(|s| s.tile.check(backend, s.dtypes).is_ok())
+        .filter(|s| {
+            let label = format!(
+                "{} {} B{} L{} H{} S{} P{}",
+                s.dtypes.name(),
+                s.tile.name(),
+                s.batch,
+                s.len,
+                s.heads,
+                s.s_q,
+                s.page
+            );
+            label.contains(&filter)
+        })
+        .collect();
     let stream = rt.new_stream()?;
     let mut rng = SplitMix64::new(seed);
     let copy = mla::bench::copy_bandwidth(&rt, &stream)?;
@@ -216,12 +239,12 @@ fn bench(
     for s in shapes {
         let r = mla::bench::time_shape(&rt, &stream, s, &mut rng, 20)?;
         // The peers' naming: `mla_rs` with the shape's default tile, `mla_rs_m64` /
-        // `mla_rs_m16` with the other one; `_fp8` for fp8 KV.
+        // `mla_rs_m16` / `mla_rs_wg64` with another one; `_fp8` for fp8 KV.
         let fp8 = s.dtypes.kv() == mla::abi::ElemType::Fp8E4m3;
         let mut peer = String::from("mla_rs");
-        if s.tile != mla::tactic::Tile::default_for(s.heads * s.s_q) {
+        if s.tile != mla::tactic::Tile::default_on(s.heads * s.s_q, backend, s.dtypes) {
             peer.push('_');
-            peer.push_str(&s.tile.name()[..3]);
+            peer.push_str(s.tile.name().split('n').next().unwrap_or_default());
         }
         if fp8 {
             peer.push_str("_fp8");

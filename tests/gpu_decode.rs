@@ -113,9 +113,14 @@ fn run_cases(test: &str, specs: &[CaseSpec], splits: &[Splits], seed: u64) -> (u
         for (h, refs) in &prepared {
             let mut d = DeviceCase::upload(&stream, h).expect("upload");
             let mut ws = harness::workspace_for(&stream, h).expect("workspace");
+            // Every tile this image runs for the dtypes (the wgmma tile: sm_90a, bf16).
+            let tiles: Vec<Tile> = Tile::ALL
+                .into_iter()
+                .filter(|t| t.check(rt.backend(), h.spec.dtypes).is_ok())
+                .collect();
             for (&sp, tile) in splits
                 .iter()
-                .flat_map(|sp| Tile::ALL.iter().map(move |&t| (sp, t)))
+                .flat_map(|sp| tiles.iter().map(move |&t| (sp, t)))
             {
                 let counts = sp.counts(&h.spec.lens, h.spec.s_q * h.spec.heads, sms);
                 if trace {
@@ -385,4 +390,25 @@ fn bad_requests_are_typed_errors() {
     assert!(matches!(e, MlaError::Misaligned { .. }), "{e}");
     assert!(ws.set_splits(&stream, &[MAX_SPLITS as i32 + 1]).is_err());
     assert!(ws.set_splits(&stream, &[-1]).is_err());
+    // The wgmma tile: fp16 is refused on every backend (and bf16 off sm_90a), as a typed
+    // error before any launch.
+    let h16 = HostCase::random(
+        &CaseSpec::new(DecodeDtypes::Fp16, 16, 16, 1, vec![100]),
+        &mut rng,
+    );
+    let d16 = DeviceCase::upload(&stream, &h16).unwrap();
+    let req16 = d16.request(&stream, &h16);
+    let e = rt
+        .decode_tiled(&stream, &req16, &ws, Tile::Wg64N64)
+        .unwrap_err();
+    assert!(matches!(e, MlaError::Unsupported { what: "tile", .. }), "{e}");
+    let req = d.request(&stream, &h);
+    let wg = rt.decode_tiled(&stream, &req, &ws, Tile::Wg64N64);
+    if rt.backend() == mla::gate::Backend::Sm90a {
+        wg.unwrap();
+        stream.synchronize().unwrap();
+    } else {
+        let e = wg.unwrap_err();
+        assert!(matches!(e, MlaError::Unsupported { what: "tile", .. }), "{e}");
+    }
 }

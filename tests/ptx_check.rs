@@ -17,8 +17,11 @@ const IMAGES: &[(&str, &str, bool)] = &[
 ];
 
 /// The kernels an image must hold, with their params sizes.
-fn expected(prim: bool) -> Vec<(&'static str, usize)> {
+fn expected(arch: &str, prim: bool) -> Vec<(&'static str, usize)> {
     let mut v = names::ALL.to_vec();
+    if arch == "sm_90a" {
+        v.extend_from_slice(names::SM90A_ONLY);
+    }
     if prim {
         v.extend_from_slice(mla::abi::primitives::ALL);
     }
@@ -56,7 +59,7 @@ fn ptx_is_self_contained_and_matches_the_abi() {
         let target = format!(".target {tag}");
         assert!(ptx.contains(&target), "{tag}: PTX lacks `{target}`");
         let entries = entry_param_sizes(ptx);
-        let want = expected(prim);
+        let want = expected(tag, prim);
         for &(name, size) in &want {
             assert_eq!(
                 entries.get(name),
@@ -155,7 +158,7 @@ fn ptxas_assembles_every_arch_without_spills() {
             + &String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "ptxas -arch={tag} failed:\n{report}");
         let res = parse_ptxas(&report);
-        let want = expected(prim);
+        let want = expected(tag, prim);
         let listed: Vec<&str> = if prim {
             mla::abi::primitives::ALL.iter().map(|k| k.0).collect()
         } else {

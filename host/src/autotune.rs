@@ -7,6 +7,7 @@
 //! policy, the keys and the file format are all tested on the CPU.
 
 use crate::error::MlaError;
+use crate::gate::Backend;
 use crate::module::DeviceInfo;
 use crate::request::{DecodeDtypes, DecodeShape};
 use crate::tactic::Tactic;
@@ -433,33 +434,43 @@ impl TuneMode {
 pub struct Autotuner {
     pub mode: TuneMode,
     pub cache: TuneCache,
+    /// The backend whose tiles the tuner picks from ([`Tactic::default_on`],
+    /// [`Tactic::candidates_on`]); [`Backend::Portable`] from [`Autotuner::new`].
+    pub backend: Backend,
 }
 
 impl Autotuner {
-    /// A tuner with an empty cache.
+    /// A tuner with an empty cache, choosing among the portable tiles.
     pub fn new(mode: TuneMode) -> Self {
+        Self::for_backend(mode, Backend::Portable)
+    }
+
+    /// A tuner with an empty cache for the plans of `backend` (`Runtime::backend`): on
+    /// sm_90a its default and candidates include the `wgmma` tile.
+    pub fn for_backend(mode: TuneMode, backend: Backend) -> Self {
         Autotuner {
             mode,
             cache: TuneCache::new(),
+            backend,
         }
     }
 
     /// The tactic to use without measuring: the cached winner when the mode is `On` and one
-    /// is cached, else [`Tactic::default_for`] the shape's rows.
+    /// is cached, else [`Tactic::default_on`] the shape's rows, this backend and dtypes.
     pub fn choose(&self, device: &DeviceKey, shape: &ShapeKey) -> Tactic {
-        let default = Tactic::default_for(shape.heads * shape.s_q);
+        let default = Tactic::default_on(shape.heads * shape.s_q, self.backend, shape.dtypes);
         match self.mode {
             TuneMode::Off => default,
             TuneMode::On => self.cache.get(device, shape).map_or(default, |(t, _)| t),
         }
     }
 
-    /// Times every [`Tactic::candidates_for`] entry of the shape's rows with `time_us`
+    /// Times every [`Tactic::candidates_on`] entry of the shape's rows with `time_us`
     /// (microseconds; the caller launches and times real kernels), caches the fastest and
     /// returns it. A candidate
     /// whose timing fails, or is not a finite time `>= 0`, is skipped and logged to stderr;
     /// if all fail, the first error is returned and nothing is cached. Ties keep the
-    /// earlier candidate. With the mode `Off` it returns [`Tactic::default_for`] the shape's
+    /// earlier candidate. With the mode `Off` it returns [`Tactic::default_on`] the shape's
     /// rows and never calls `time_us`.
     pub fn tune(
         &mut self,
@@ -469,11 +480,11 @@ impl Autotuner {
     ) -> Result<Tactic, MlaError> {
         let rows = shape.heads * shape.s_q;
         if self.mode == TuneMode::Off {
-            return Ok(Tactic::default_for(rows));
+            return Ok(Tactic::default_on(rows, self.backend, shape.dtypes));
         }
         let mut best: Option<(Tactic, f64)> = None;
         let mut first_err = None;
-        for tactic in Tactic::candidates_for(rows) {
+        for tactic in Tactic::candidates_on(rows, self.backend, shape.dtypes) {
             let timed = time_us(&tactic).and_then(|us| check_time(us).map(|()| us));
             match timed {
                 Ok(us) => {

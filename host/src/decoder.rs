@@ -114,6 +114,7 @@ impl Runtime {
                 b
             }
         };
+        tactic.tile.check(backend, config.dtypes)?;
         let rows = config.rows();
         let tiles = tactic.tile.row_tiles(rows);
         let target_ctas = tactic.target_ctas(self.device().sm_count as usize);

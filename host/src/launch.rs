@@ -309,6 +309,7 @@ impl Runtime {
         tile: Tile,
     ) -> Result<DecodeShape> {
         let shape = validate_decode(req)?;
+        tile.check(self.backend(), shape.dtypes)?;
         check_workspace(&shape, ws.capacity)?;
         if ws.splits_len != shape.batch {
             return Err(MlaError::shape(
@@ -356,7 +357,7 @@ impl Runtime {
                 shape.batch as u32,
             ),
             block: decode_tile::THREADS as u32,
-            smem: decode_tile::SMEM_BYTES as u32,
+            smem: tile.smem_bytes() as u32,
         };
         // SAFETY: forwarded from the caller.
         unsafe { launch(self, kernel, grid, stream, &p)? };

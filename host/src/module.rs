@@ -234,11 +234,27 @@ impl Runtime {
             })?;
             functions.insert(name, f);
         }
-        for name in names::DECODE_TILED {
+        if variant == Variant::Sm90a {
+            for &(name, _) in names::SM90A_ONLY {
+                let f = module.load_function(name).map_err(|e| MlaError::Load {
+                    variant: variant.name().into(),
+                    detail: format!("symbol {name}: {e:?}"),
+                })?;
+                functions.insert(name, f);
+            }
+        }
+        let mut smem: Vec<(&'static str, usize)> = names::DECODE_TILED
+            .iter()
+            .map(|&n| (n, decode_tile::SMEM_BYTES))
+            .collect();
+        if variant == Variant::Sm90a {
+            smem.push((names::DECODE_WG_BF16, decode_tile::WG_SMEM_BYTES));
+        }
+        for (name, bytes) in smem {
             let f = &functions[name];
             f.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                decode_tile::SMEM_BYTES as i32,
+                bytes as i32,
             )
             .map_err(|source| MlaError::Launch {
                 kernel: name,
@@ -305,7 +321,12 @@ impl Runtime {
     pub fn kernel_resources(&self) -> Result<Vec<KernelResources>> {
         use CUfunction_attribute::*;
         let mut out = Vec::new();
-        for &(name, _) in names::ALL {
+        let extra = if self.variant == Variant::Sm90a {
+            names::SM90A_ONLY
+        } else {
+            &[]
+        };
+        for &(name, _) in names::ALL.iter().chain(extra) {
             let f = self.function(name)?;
             let attr = |a| {
                 f.get_attribute(a).map_err(|source| MlaError::Launch {

@@ -5,7 +5,9 @@
 //! and the autotune cache all print and parse exactly that string, so a cached winner can
 //! always be matched back to the launch it describes.
 
+use crate::DecodeDtypes;
 use crate::error::MlaError;
+use crate::gate::Backend;
 use crate::plan;
 use mla_abi::{MAX_SPLITS, decode_tile};
 use std::fmt;
@@ -39,10 +41,52 @@ pub enum Tile {
     /// splits): a quarter of the MMA work of `M64N64` when `s_q * heads <= 16`; the default
     /// there ([`Tile::default_for`]), and a tuner candidate up to 32 rows.
     M16N64,
+    /// 64 rows x 64 tokens with `wgmma` (two warpgroups, accumulators in registers): sm_90a
+    /// image and bf16 only ([`Tile::check`]); the default there for more than 16 rows
+    /// ([`Tile::default_on`]).
+    Wg64N64,
 }
 
 impl Tile {
-    pub const ALL: [Tile; 2] = [Tile::M64N64, Tile::M16N64];
+    pub const ALL: [Tile; 3] = [Tile::M64N64, Tile::M16N64, Tile::Wg64N64];
+
+    /// The default tile for `rows` query rows on `backend` with `dtypes`: the `wgmma` tile
+    /// where it runs (sm_90a, bf16) and the rows fill more than a 16-row tile, else
+    /// [`Tile::default_for`].
+    pub fn default_on(rows: usize, backend: Backend, dtypes: DecodeDtypes) -> Tile {
+        let portable = Tile::default_for(rows);
+        if portable == Tile::M64N64 && Tile::Wg64N64.check(backend, dtypes).is_ok() {
+            Tile::Wg64N64
+        } else {
+            portable
+        }
+    }
+
+    /// Whether `backend`'s image has this tile for `dtypes`: the `wgmma` tile needs the sm_90a
+    /// image (`wgmma` is sm_90a only; the sm_100a image does not have it) and bf16.
+    pub fn check(self, backend: Backend, dtypes: DecodeDtypes) -> Result<(), MlaError> {
+        if self != Tile::Wg64N64 {
+            return Ok(());
+        }
+        if backend != Backend::Sm90a && backend != Backend::Reference {
+            return Err(MlaError::Unsupported {
+                what: "tile",
+                got: self.name().into(),
+                why: format!(
+                    "needs the sm90a backend (wgmma), this plan runs on {}",
+                    backend.name()
+                ),
+            });
+        }
+        if dtypes != DecodeDtypes::Bf16 {
+            return Err(MlaError::Unsupported {
+                what: "tile",
+                got: self.name().into(),
+                why: format!("bf16 Q and cache only, got {dtypes:?}"),
+            });
+        }
+        Ok(())
+    }
 
     /// The default tile for `rows = s_q * heads` query rows per sequence: the 16-row tile
     /// when one tile holds them all (measured on the H200: 1.6x faster at H = 16, docs/PERF.md),
@@ -60,13 +104,14 @@ impl Tile {
         match self {
             Tile::M64N64 => "m64n64",
             Tile::M16N64 => "m16n64",
+            Tile::Wg64N64 => "wg64n64",
         }
     }
 
     /// Query rows per CTA.
     pub fn block_m(self) -> usize {
         match self {
-            Tile::M64N64 => decode_tile::BLOCK_M,
+            Tile::M64N64 | Tile::Wg64N64 => decode_tile::BLOCK_M,
             Tile::M16N64 => decode_tile::BLOCK_M_SMALL,
         }
     }
@@ -86,6 +131,16 @@ impl Tile {
             (Tile::M16N64, Fp16) => DECODE16_FP16,
             (Tile::M16N64, Fp8KvBf16Q) => DECODE16_FP8KV_BF16Q,
             (Tile::M16N64, Fp8) => DECODE16_FP8,
+            // Only bf16 passes Tile::check; the symbol is in the sm_90a image only.
+            (Tile::Wg64N64, _) => DECODE_WG_BF16,
+        }
+    }
+
+    /// Dynamic shared memory of this tile's kernel.
+    pub fn smem_bytes(self) -> usize {
+        match self {
+            Tile::M64N64 | Tile::M16N64 => decode_tile::SMEM_BYTES,
+            Tile::Wg64N64 => decode_tile::WG_SMEM_BYTES,
         }
     }
 
@@ -142,6 +197,27 @@ impl Tactic {
         }
     }
 
+    /// [`Tactic::default`] with [`Tile::default_on`]: the deterministic choice for a shape on
+    /// `backend` when tuning is off.
+    pub fn default_on(rows: usize, backend: Backend, dtypes: DecodeDtypes) -> Tactic {
+        Tactic {
+            tile: Tile::default_on(rows, backend, dtypes),
+            ..Tactic::default()
+        }
+    }
+
+    /// [`Tactic::candidates_for`] with the `wgmma` tile where `backend` runs it for `dtypes`
+    /// and rows are more than 16 (first: it is [`Tile::default_on`] there).
+    pub fn candidates_on(rows: usize, backend: Backend, dtypes: DecodeDtypes) -> Vec<Tactic> {
+        let portable = Self::candidates_for(rows);
+        if Tile::default_on(rows, backend, dtypes) != Tile::Wg64N64 {
+            return portable;
+        }
+        let mut out = Self::candidates_with(&[Tile::Wg64N64]);
+        out.extend(portable);
+        out
+    }
+
     /// The small, fixed set the autotuner measures, the default first (so a tie keeps it):
     /// waves {1, 2} x max_splits {64, 16}, then max_splits 1 (no split; waves do not matter
     /// there, every sequence gets one chunk). 64-row tile only; see [`Tactic::candidates_for`].
@@ -155,7 +231,7 @@ impl Tactic {
     pub fn candidates_for(rows: usize) -> Vec<Tactic> {
         let first = Tile::default_for(rows);
         let mut tiles = vec![first];
-        for t in Tile::ALL {
+        for t in [Tile::M64N64, Tile::M16N64] {
             if t != first && (t == Tile::M64N64 || rows <= 2 * decode_tile::BLOCK_M_SMALL) {
                 tiles.push(t);
             }

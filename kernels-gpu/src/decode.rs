@@ -729,7 +729,7 @@ unsafe fn red_sum<L: Layout>(red: u32, r: u32) -> f32 {
 /// sequence has one split, else to the workspace partials.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn write_rows<K: DecodeKind, L: Layout>(
+pub(crate) unsafe fn write_rows<K: DecodeKind, L: Layout>(
     p: &DecodeParams,
     o: &[[f32; 4]; O_TILES_MAX],
     l_tot: [f32; 2],

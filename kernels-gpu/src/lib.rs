@@ -20,6 +20,8 @@ pub mod arch;
 pub mod combine;
 pub mod decode;
 pub mod decode_ref;
+#[cfg(mla_wgmma)]
+pub mod decode_wg;
 pub mod elem;
 pub mod paged;
 #[cfg(mla_primitives)]
@@ -147,6 +149,14 @@ paged_kernel!(
     RowFormat::Fp8ToBf16
 );
 
+/// `mla_decode_wg_bf16`: see [`decode_wg`] (sm_90a image only).
+#[cfg(mla_wgmma)]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mla_decode_wg_bf16(p: DecodeParams) {
+    // SAFETY: launched by the host with the documented grid on validated bf16 params.
+    unsafe { decode_wg::decode_wg_bf16(p) }
+}
+
 /// `mla_schedule`: see [`schedule`].
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mla_schedule(p: ScheduleParams) {
@@ -197,8 +207,4 @@ prim_kernel!(
     bulk_copy,
     mla_abi::primitives::BulkCopyParams
 );
-prim_kernel!(
-    mla_prim_wgmma_decode_bf16,
-    wgmma_decode_bf16,
-    mla_abi::DecodeParams
-);
+

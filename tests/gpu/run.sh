@@ -105,6 +105,20 @@ if [[ -x stage/bin/mla-swfp8 ]]; then
   fi
   save
 fi
+# MLA_NCU="bf16 wg64n64 B64 L4096 H128 S1": Nsight Compute on one decode launch of that
+# `mla bench` shape (MLA_NCU_KERNEL: kernel-name regex, default the decode kernels).
+if [[ -n "${MLA_NCU:-}" ]]; then
+  ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  IFS=',' read -ra ncu_shapes <<<"$MLA_NCU"
+  for i in "${!ncu_shapes[@]}"; do
+    MLA_BENCH_FILTER="${ncu_shapes[$i]}" timeout 150 "$ncu_bin" --kernel-name "regex:${MLA_NCU_KERNEL:-mla_decode_(wg|mma)}" \
+      --launch-skip 3 --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
+      --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy \
+      --section LaunchStats stage/bin/mla bench >"$logs/ncu-$i.log" 2>&1
+    summary+=("$(printf '%-11s rc=%-3d  %s' "ncu-$i" "$?" "${ncu_shapes[$i]} (ncu-$i.log)")")
+  done
+  save
+fi
 if [[ "${MLA_PEERS:-0}" == 1 && -d stage/peers ]]; then
   timeout 420 bash benches/run_peers.sh >"$logs/peers-run.log" 2>&1
   summary+=("$(printf '%-11s rc=%-3d  (ratios in ratios.txt)' peers "$?")")

@@ -158,6 +158,15 @@ pub mod decode_tile {
     pub const SMEM_RING_RED: usize = SMEM_RING_P + P_TILE_BYTES;
     pub const SMEM_RING_BYTES: usize = SMEM_RING_RED + RED_BYTES;
     const _: () = assert!(SMEM_RING_BYTES <= SMEM_BYTES);
+
+    /// The `wgmma` decode (sm_90a only, `names::DECODE_WG_BF16`): the same grid, block and
+    /// params as the 64-row tile; Q and two KV stages as 128-byte-swizzled slab tiles (nine
+    /// 64-dim slabs of 64 x 128 bytes each), after up to 1 KB of alignment slack (the
+    /// swizzle atoms must be 1024-byte aligned).
+    pub const WG_SLAB_BYTES: usize = BLOCK_N * 128;
+    pub const WG_SMEM_BYTES: usize = 1024 + 3 * QK_TILE_BYTES;
+    const _: () = assert!(QK_TILE_BYTES == 9 * WG_SLAB_BYTES);
+    const _: () = assert!(WG_SMEM_BYTES <= 227 * 1024);
     const _: () = assert!(BLOCK_M == 16 * (WARPS / 2));
 }
 
@@ -263,6 +272,12 @@ pub mod names {
         DECODE16_FP8KV_BF16Q,
         DECODE16_FP8,
     ];
+    /// The `wgmma` decode (bf16, 64-row tile): only in the sm_90a image, so it is not in
+    /// [`ALL`] but in [`SM90A_ONLY`].
+    pub const DECODE_WG_BF16: &str = "mla_decode_wg_bf16";
+    /// Symbols only the sm_90a image has (with their params sizes), resolved only there.
+    pub const SM90A_ONLY: &[(&str, usize)] =
+        &[(DECODE_WG_BF16, core::mem::size_of::<super::DecodeParams>())];
     pub const COMBINE_BF16: &str = "mla_combine_bf16";
     pub const COMBINE_FP16: &str = "mla_combine_fp16";
     pub const APPEND_BF16: &str = "mla_append_bf16";
@@ -551,14 +566,6 @@ pub mod primitives {
         pub row_bytes: u32,
     }
 
-    /// `mla_prim_wgmma_decode_bf16`: a prototype `wgmma` decode on [`DecodeParams`](super::DecodeParams) (bf16,
-    /// one split per sequence): grid `(1, ceil(s_q * heads / 64), batch)`, block 256,
-    /// `WGMMA_DECODE_SMEM_BYTES`. See `kernels-gpu/src/primitives.rs`.
-    pub const WGMMA_DECODE_BF16: &str = "mla_prim_wgmma_decode_bf16";
-    /// 1 KB alignment slack + Q + two KV stages, each a 64 x 576 bf16 slab tile.
-    pub const WGMMA_DECODE_SMEM_BYTES: usize = 1024 + 3 * 9 * 8192;
-    const _: () = assert!(WGMMA_DECODE_SMEM_BYTES <= 227 * 1024);
-
     pub const BULK_MAX_ROWS: usize = 64;
     pub const BULK_MAX_ROW_BYTES: usize = 1152;
     /// 128 bytes for the mbarrier, then the rows.
@@ -577,10 +584,6 @@ pub mod primitives {
         (WGMMA_SW128_MN_B, core::mem::size_of::<WgmmaLayoutParams>()),
         (WGMMA_RS_MN_B, core::mem::size_of::<WgmmaLayoutParams>()),
         (BULK_COPY, core::mem::size_of::<BulkCopyParams>()),
-        (
-            WGMMA_DECODE_BF16,
-            core::mem::size_of::<super::DecodeParams>(),
-        ),
     ];
 }
 

@@ -13,7 +13,7 @@ pub mod ldmatrix;
 pub mod mma;
 pub mod smem;
 pub mod sync;
-#[cfg(mla_primitives)]
+#[cfg(any(mla_primitives, mla_wgmma))]
 pub mod wgmma;
 
 use core::arch::nvptx;

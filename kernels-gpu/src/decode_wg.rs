@@ -1,0 +1,248 @@
+//! The `wgmma` decode (sm_90a only; `--cfg mla_wgmma`): bf16 Q and cache, the 64-row tile,
+//! the same grid, params and outputs as [`crate::decode`]'s 64-row kernel, so the host's
+//! split schedule, workspace and combine are shared.
+//!
+//! - Grid `(max_splits, ceil(s_q * heads / 64), batch)`, block 256 (two warpgroups),
+//!   dynamic shared memory `decode_tile::WG_SMEM_BYTES`: up to 1 KB of alignment slack, Q
+//!   and two KV stages as slab tiles (72 KB each, [`slab_off`]).
+//! - Both warpgroups compute the whole S = Q K^T (64 x 64, 36 `wgmma` k-steps, both
+//!   operands K-major from shared memory) and the same softmax, so no S or P crosses shared
+//!   memory; then each multiplies P (in registers, the S accumulators repacked as A
+//!   fragments) by its 256 output dims of V (an MN-major B over four slabs, transposed-B
+//!   flag). QK^T is computed twice: 50% more MMA work traded for no exchange.
+//! - KV: `cp.async`, one row per 4 threads, two stages, the page looked up a block ahead.
+//!   A split works on the blocks [`mla_abi::chunk_blocks`] gives it and stores through
+//!   [`crate::decode`]'s `write_rows` (out/lse for one split, else the workspace partials).
+
+use crate::arch::{self, cp_async, cvt, smem, sync, wgmma};
+use crate::decode::{self, M64};
+use crate::DecodeBf16;
+use mla_abi::decode_tile as T;
+use mla_abi::{DecodeParams, chunk_blocks};
+
+/// Bytes of one 64-dim slab of a 64-row tile (64 rows x 128 bytes).
+pub(crate) const SLAB: u32 = T::WG_SLAB_BYTES as u32;
+/// One 64 x 576 16-bit tile in slabs.
+pub(crate) const SLAB_TILE: u32 = T::QK_TILE_BYTES as u32;
+const BLOCK_N: u32 = T::BLOCK_N as u32;
+
+/// Byte offset of 16-byte chunk `k` (`0..72`) of row `r` (`0..64`) of a slab tile: chunk
+/// `k` lives in slab `k / 8`, as chunk `(k % 8) ^ (r % 8)` of the row's 128 bytes (the
+/// 128-byte swizzle, so Q and K are K-major and V is MN-major `wgmma` operands).
+#[inline(always)]
+pub(crate) fn slab_off(r: u32, k: u32) -> u32 {
+    (k / 8) * SLAB + r * 128 + (((k % 8) ^ (r % 8)) << 4)
+}
+
+/// The 1024-byte aligned start of the dynamic shared memory (the kernels ask for 1 KB of
+/// slack).
+#[inline(always)]
+pub(crate) fn aligned_base() -> u32 {
+    (smem::smem_base() + 1023) & !1023
+}
+
+/// The kernel body (see the module docs).
+///
+/// # Safety
+/// Launched with the grid, block and shared memory above on params the host validated
+/// (bf16 Q and cache, shapes, strides, workspace capacity).
+#[inline(always)]
+pub unsafe fn decode_wg_bf16(p: DecodeParams) {
+    let split = arch::block_idx_x();
+    let tile = arch::block_idx_y();
+    let b = arch::block_idx_z();
+    if b >= p.batch {
+        return;
+    }
+    // SAFETY: b < batch entries of seq_lens and num_splits.
+    let (len_raw, nsplit_raw) = unsafe {
+        (
+            *p.seq_lens.ptr().add(b as usize),
+            *p.num_splits.ptr().add(b as usize),
+        )
+    };
+    // 0 splits: a sequence the schedule skipped; nothing is computed or written.
+    if nsplit_raw <= 0 {
+        return;
+    }
+    let nsplit = (nsplit_raw as u32).min(p.max_splits);
+    if split >= nsplit {
+        return;
+    }
+    let len = mla_abi::clamp_len(len_raw, p.max_pages.saturating_mul(p.page_size));
+    let rows = p.s_q * p.heads;
+    let row0 = tile * 64;
+    let (kb0, kb1) = chunk_blocks(len.div_ceil(BLOCK_N), nsplit, split);
+
+    let tid = arch::thread_idx_x();
+    let warp = tid / 32;
+    let lane = tid % 32;
+    let wg = warp / 4;
+    let wq = warp % 4;
+    let g = lane / 4;
+    let c = lane % 4;
+    let base = aligned_base();
+    let q_s = base;
+    let kv_s = |s: u32| base + SLAB_TILE + s * SLAB_TILE;
+
+    // The KV row this thread copies (4 threads per row, 18 chunks each).
+    let kv_r = tid / 4;
+    let page_of = |j: u32| decode::kv_row_page(&p, b, j, len);
+    let issue = |page: i32, kb: u32, stage: u32| {
+        let src = decode::kv_row_addr(&p, page, kb * BLOCK_N + kv_r, 2);
+        let mut k = tid % 4;
+        while k < 72 {
+            let dst = kv_s(stage) + slab_off(kv_r, k);
+            // SAFETY: dst inside the stage; src + 16k is chunk k of a checked row, or
+            // nothing is read (size 0).
+            unsafe {
+                match src {
+                    Some(a) => cp_async::cp_async_cg_16(dst, a.add((k << 4) as usize), 16),
+                    None => cp_async::cp_async_cg_16(dst, p.kv_cache.ptr() as *const u8, 0),
+                }
+            }
+            k += 4;
+        }
+    };
+
+    // Q rows (zeros past the last row) and the chunk's first block.
+    let mut ch = tid;
+    while ch < 64 * 72 {
+        let (r, k) = (ch / 72, ch % 72);
+        let gr = row0 + r;
+        let dst = q_s + slab_off(r, k);
+        // SAFETY: a validated q row's chunk k, or nothing read (size 0).
+        unsafe {
+            if gr < rows {
+                let (t, h) = (gr / p.heads, gr % p.heads);
+                let off =
+                    b as u64 * p.q_stride_b + t as u64 * p.q_stride_s + h as u64 * p.q_stride_h;
+                cp_async::cp_async_cg_16(
+                    dst,
+                    p.q.ptr().add((off * 2 + 16 * k as u64) as usize) as *const u8,
+                    16,
+                );
+            } else {
+                cp_async::cp_async_cg_16(dst, p.q.ptr() as *const u8, 0);
+            }
+        }
+        ch += 256;
+    }
+    if kb0 < kb1 {
+        issue(page_of(kb0 * BLOCK_N + kv_r), kb0, 0);
+    }
+    cp_async::cp_async_commit_group();
+    let mut next_page = if kb0 + 1 < kb1 {
+        page_of((kb0 + 1) * BLOCK_N + kv_r)
+    } else {
+        -1
+    };
+
+    // This thread's two rows (g and g + 8 of its warp's 16) and their causal visibility.
+    let row_a = row0 + 16 * wq + g;
+    let vis = |gr: u32| -> u32 {
+        let t = if gr < rows { gr / p.heads } else { p.s_q - 1 };
+        (len + t + 1).saturating_sub(p.s_q)
+    };
+    let vis_r = [vis(row_a), vis(row_a + 8)];
+    let scale_log2 = p.softmax_scale * core::f32::consts::LOG2_E;
+
+    let mut o = [[0.0f32; 4]; 32];
+    let mut m_run = [f32::NEG_INFINITY; 2];
+    let mut l_run = [0.0f32; 2];
+    let mut stage = 0u32;
+    let mut kb = kb0;
+    while kb < kb1 {
+        if kb + 1 < kb1 {
+            issue(next_page, kb + 1, stage ^ 1);
+            if kb + 2 < kb1 {
+                next_page = page_of((kb + 2) * BLOCK_N + kv_r);
+            }
+        }
+        cp_async::cp_async_commit_group();
+        cp_async::cp_async_wait_group::<1>();
+        // cp.async wrote through the generic proxy; wgmma reads through the async one.
+        wgmma::fence_proxy_async_shared();
+        // SAFETY: every thread reaches the barriers (loop bounds are CTA-uniform); the
+        // descriptors address the Q tile and this stage; each warpgroup runs the wgmma
+        // sequences converged.
+        unsafe {
+            sync::bar_sync();
+            let kv = kv_s(stage);
+            let mut s = [0.0f32; 32];
+            wgmma::wgmma_fence();
+            for ks in 0..36u32 {
+                let off = (ks / 4) * SLAB + (ks % 4) * 32;
+                let da = wgmma::smem_desc(q_s + off, 16, 1024, wgmma::Swizzle::B128);
+                let db = wgmma::smem_desc(kv + off, 16, 1024, wgmma::Swizzle::B128);
+                wgmma::wgmma_m64n64k16_bf16(&mut s, da, db, ks > 0);
+            }
+            wgmma::wgmma_commit_group();
+            wgmma::wgmma_wait_group::<0>();
+
+            // Mask, scale, row max (the quad holds all 64 columns of its two rows).
+            let mut m_loc = [f32::NEG_INFINITY; 2];
+            unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7] {
+                unroll!(e in [0, 1, 2, 3] {
+                    let tok = kb * BLOCK_N + 8 * j as u32 + 2 * c + (e % 2) as u32;
+                    let x = if tok < vis_r[e / 2] { s[4 * j + e] * scale_log2 } else { f32::NEG_INFINITY };
+                    s[4 * j + e] = x;
+                    m_loc[e / 2] = sync::fmax(m_loc[e / 2], x);
+                });
+            });
+            let m_new = [
+                sync::fmax(m_run[0], decode::quad_max(m_loc[0])),
+                sync::fmax(m_run[1], decode::quad_max(m_loc[1])),
+            ];
+            let (m_ref, alpha) = decode::rescale_rows(&mut m_run, &mut l_run, m_new);
+            unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7] {
+                unroll!(e in [0, 1, 2, 3] {
+                    let pe = sync::ex2(s[4 * j + e] - m_ref[e / 2]);
+                    l_run[e / 2] += pe;
+                    s[4 * j + e] = pe;
+                });
+            });
+            unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
+                o[j][0] *= alpha[0];
+                o[j][1] *= alpha[0];
+                o[j][2] *= alpha[1];
+                o[j][3] *= alpha[1];
+            });
+            // O[:, this warpgroup's 256 dims] += P . V: P's k-step kk is the S tiles 2kk and
+            // 2kk + 1 repacked; V's is 16 token rows of slabs 4 wg .. 4 wg + 4.
+            wgmma::wgmma_fence();
+            unroll!(kk in [0, 1, 2, 3] {
+                let t0 = 4 * (2 * kk);
+                let t1 = 4 * (2 * kk + 1);
+                let a = [
+                    cvt::pack_bf16x2(s[t0], s[t0 + 1]),
+                    cvt::pack_bf16x2(s[t0 + 2], s[t0 + 3]),
+                    cvt::pack_bf16x2(s[t1], s[t1 + 1]),
+                    cvt::pack_bf16x2(s[t1 + 2], s[t1 + 3]),
+                ];
+                let db = wgmma::smem_desc(
+                    kv + 4 * wg * SLAB + kk as u32 * 16 * 128,
+                    SLAB,
+                    1024,
+                    wgmma::Swizzle::B128,
+                );
+                wgmma::wgmma_m64n256k16_rs_bf16::<1>(&mut o, a, db, true);
+            });
+            wgmma::wgmma_commit_group();
+            wgmma::wgmma_wait_group::<0>();
+            // Both warpgroups are done with this stage before it is refilled.
+            sync::bar_sync();
+        }
+        stage ^= 1;
+        kb += 1;
+    }
+    cp_async::cp_async_wait_group::<0>();
+
+    // Both warpgroups saw all 64 columns: the quad sums are the full row sums. Warpgroup
+    // `wg` holds output dims 256 wg .. 256 wg + 256, the 64-row tile's column split `wg`.
+    // SAFETY: converged warps; the host sized out/lse and the workspace (validated).
+    unsafe {
+        let l_tot = [decode::quad_sum(l_run[0]), decode::quad_sum(l_run[1])];
+        decode::write_rows::<DecodeBf16, M64>(&p, &o, l_tot, m_run, b, row_a, split, nsplit, wg, c);
+    }
+}
