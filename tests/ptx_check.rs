@@ -1,6 +1,7 @@
 //! CPU checks of the embedded kernel images: every PTX is self-contained, holds every
 //! kernel of the ABI with a `.param` block of exactly the host's params size, and `ptxas`
-//! assembles it for its arch with no spill, no stack frame and no local memory.
+//! assembles it for its arch with no spill, no stack frame, no local memory and no
+//! serialized `wgmma` (ptxas note C7520).
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -157,6 +158,14 @@ fn ptxas_assembles_every_arch_without_spills() {
         let report = String::from_utf8_lossy(&out.stderr).to_string()
             + &String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "ptxas -arch={tag} failed:\n{report}");
+        // C7520: ptxas serialized a kernel's wgmmas (measured: it costs the wgmma decode
+        // most of its tensor-core overlap). Every image must be free of it.
+        let serialized: Vec<&str> = report.lines().filter(|l| l.contains("C7520")).collect();
+        assert!(
+            serialized.is_empty(),
+            "ptxas -arch={tag}: wgmma serialized:\n{}",
+            serialized.join("\n")
+        );
         let res = parse_ptxas(&report);
         let want = expected(tag, prim);
         let listed: Vec<&str> = if prim {

@@ -88,21 +88,22 @@ pub unsafe fn decode_wg_bf16(p: DecodeParams) {
     // The KV row this thread copies (4 threads per row, 18 chunks each).
     let kv_r = tid / 4;
     let page_of = |j: u32| decode::kv_row_page(&p, b, j, len);
+    // Branch-free per thread (a source of size 0 for rows not read): no divergent path
+    // while the accumulators are live, which would make ptxas serialize the wgmmas.
     let issue = |page: i32, kb: u32, stage: u32| {
-        let src = decode::kv_row_addr(&p, page, kb * BLOCK_N + kv_r, 2);
-        let mut k = tid % 4;
-        while k < 72 {
-            let dst = kv_s(stage) + slab_off(kv_r, k);
-            // SAFETY: dst inside the stage; src + 16k is chunk k of a checked row, or
-            // nothing is read (size 0).
-            unsafe {
-                match src {
-                    Some(a) => cp_async::cp_async_cg_16(dst, a.add((k << 4) as usize), 16),
-                    None => cp_async::cp_async_cg_16(dst, p.kv_cache.ptr() as *const u8, 0),
-                }
-            }
-            k += 4;
-        }
+        let (src, n) = match decode::kv_row_addr(&p, page, kb * BLOCK_N + kv_r, 2) {
+            Some(a) => (a, 16u32),
+            None => (p.kv_cache.ptr() as *const u8, 0),
+        };
+        let step = if n == 16 { 64usize } else { 0 };
+        let mut a = src.wrapping_add(if n == 16 { 16 * (tid % 4) as usize } else { 0 });
+        unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17] {
+            let k = tid % 4 + 4 * i as u32;
+            // SAFETY: dst inside the stage; with n == 16, a is chunk k of a checked row;
+            // with n == 0 nothing is read.
+            unsafe { cp_async::cp_async_cg_16(kv_s(stage) + slab_off(kv_r, k), a, n) };
+            a = a.wrapping_add(step);
+        });
     };
 
     // Q rows (zeros past the last row) and the chunk's first block.
@@ -210,16 +211,22 @@ pub unsafe fn decode_wg_bf16(p: DecodeParams) {
             });
             // O[:, this warpgroup's 256 dims] += P . V: P's k-step kk is the S tiles 2kk and
             // 2kk + 1 repacked; V's is 16 token rows of slabs 4 wg .. 4 wg + 4.
-            wgmma::wgmma_fence();
+            // The A fragments are packed before the fence: a register of a wgmma written
+            // between its fence and itself makes ptxas insert its own fence there.
+            let mut frags = [[0u32; 4]; 4];
             unroll!(kk in [0, 1, 2, 3] {
                 let t0 = 4 * (2 * kk);
                 let t1 = 4 * (2 * kk + 1);
-                let a = [
+                frags[kk] = [
                     cvt::pack_bf16x2(s[t0], s[t0 + 1]),
                     cvt::pack_bf16x2(s[t0 + 2], s[t0 + 3]),
                     cvt::pack_bf16x2(s[t1], s[t1 + 1]),
                     cvt::pack_bf16x2(s[t1 + 2], s[t1 + 3]),
                 ];
+            });
+            wgmma::wgmma_fence();
+            unroll!(kk in [0, 1, 2, 3] {
+                let a = frags[kk];
                 let db = wgmma::smem_desc(
                     kv + 4 * wg * SLAB + kk as u32 * 16 * 128,
                     SLAB,
