@@ -10,7 +10,8 @@
 //!   memory; then each multiplies P (in registers, the S accumulators repacked as A
 //!   fragments) by its 256 output dims of V (an MN-major B over four slabs, transposed-B
 //!   flag). QK^T is computed twice: 50% more MMA work traded for no exchange.
-//! - KV: `cp.async`, one row per 4 threads, two stages, the page looked up a block ahead.
+//! - KV: `cp.async`, one row per 4 threads, two stages, the page looked up a block ahead;
+//!   one CTA barrier per block (the next block is issued just after it).
 //!   A split works on the blocks [`mla_abi::chunk_blocks`] gives it and stores through
 //!   [`crate::decode`]'s `write_rows` (out/lse for one split, else the workspace partials).
 
@@ -154,6 +155,14 @@ pub unsafe fn decode_wg_bf16(p: DecodeParams) {
     let mut stage = 0u32;
     let mut kb = kb0;
     while kb < kb1 {
+        // The only group in flight is this block's (with Q for the first).
+        cp_async::cp_async_wait_group::<0>();
+        // cp.async wrote through the generic proxy; wgmma reads through the async one.
+        wgmma::fence_proxy_async_shared();
+        // SAFETY: every thread reaches the barrier (loop bounds are CTA-uniform).
+        unsafe { sync::bar_sync() };
+        // One barrier per block: past it every thread has finished the previous block's
+        // P.V (its wgmma_wait_group), so the other stage is free for the next block.
         if kb + 1 < kb1 {
             issue(next_page, kb + 1, stage ^ 1);
             if kb + 2 < kb1 {
@@ -161,14 +170,9 @@ pub unsafe fn decode_wg_bf16(p: DecodeParams) {
             }
         }
         cp_async::cp_async_commit_group();
-        cp_async::cp_async_wait_group::<1>();
-        // cp.async wrote through the generic proxy; wgmma reads through the async one.
-        wgmma::fence_proxy_async_shared();
-        // SAFETY: every thread reaches the barriers (loop bounds are CTA-uniform); the
-        // descriptors address the Q tile and this stage; each warpgroup runs the wgmma
-        // sequences converged.
+        // SAFETY: the descriptors address the Q tile and this stage; each warpgroup runs
+        // the wgmma sequences converged.
         unsafe {
-            sync::bar_sync();
             let kv = kv_s(stage);
             let mut s = [0.0f32; 32];
             wgmma::wgmma_fence();
@@ -237,8 +241,6 @@ pub unsafe fn decode_wg_bf16(p: DecodeParams) {
             });
             wgmma::wgmma_commit_group();
             wgmma::wgmma_wait_group::<0>();
-            // Both warpgroups are done with this stage before it is refilled.
-            sync::bar_sync();
         }
         stage ^= 1;
         kb += 1;
