@@ -10,6 +10,8 @@
 //!   memory; then each multiplies P (in registers, the S accumulators repacked as A
 //!   fragments) by its 256 output dims of V (an MN-major B over four slabs, transposed-B
 //!   flag). QK^T is computed twice: 50% more MMA work traded for no exchange.
+//! - Ping-pong: two named barriers order the warpgroups' MMAs in the tensor pipe as QK0,
+//!   QK1, PV0, PV1 per block, so each warpgroup's softmax overlaps the other's MMAs.
 //! - KV: `cp.async`, one row per 4 threads, two stages, the page looked up a block ahead;
 //!   one CTA barrier per block (the next block is issued just after it).
 //!   A split works on the blocks [`mla_abi::chunk_blocks`] gives it and stores through
@@ -26,6 +28,10 @@ pub(crate) const SLAB: u32 = T::WG_SLAB_BYTES as u32;
 /// One 64 x 576 16-bit tile in slabs.
 pub(crate) const SLAB_TILE: u32 = T::QK_TILE_BYTES as u32;
 const BLOCK_N: u32 = T::BLOCK_N as u32;
+/// Named barriers of the ping-pong (0 is the CTA barrier): warpgroup 0 has issued its
+/// QK^T / warpgroup 1 has issued its QK^T (128 arrive, 128 sync, once per block each).
+const BAR_QK0_ISSUED: u32 = 1;
+const BAR_QK1_ISSUED: u32 = 2;
 
 /// Byte offset of 16-byte chunk `k` (`0..72`) of row `r` (`0..64`) of a slab tile: chunk
 /// `k` lives in slab `k / 8`, as chunk `(k % 8) ^ (r % 8)` of the row's 128 bytes (the
@@ -175,6 +181,12 @@ pub unsafe fn decode_wg_bf16(p: DecodeParams) {
         unsafe {
             let kv = kv_s(stage);
             let mut s = [0.0f32; 32];
+            // Ping-pong: warpgroup 1 issues its QK^T after warpgroup 0's, and warpgroup 0
+            // its P.V after warpgroup 1's QK^T, so the tensor pipe runs QK0, QK1, PV0, PV1
+            // and each softmax overlaps the other warpgroup's MMAs.
+            if wg == 1 {
+                sync::bar_sync_named::<BAR_QK0_ISSUED, 256>();
+            }
             wgmma::wgmma_fence();
             for ks in 0..36u32 {
                 let off = (ks / 4) * SLAB + (ks % 4) * 32;
@@ -183,6 +195,11 @@ pub unsafe fn decode_wg_bf16(p: DecodeParams) {
                 wgmma::wgmma_m64n64k16_bf16(&mut s, da, db, ks > 0);
             }
             wgmma::wgmma_commit_group();
+            if wg == 0 {
+                sync::bar_arrive_named::<BAR_QK0_ISSUED, 256>();
+            } else {
+                sync::bar_arrive_named::<BAR_QK1_ISSUED, 256>();
+            }
             wgmma::wgmma_wait_group::<0>();
 
             // Mask, scale, row max (the quad holds all 64 columns of its two rows).
@@ -228,6 +245,9 @@ pub unsafe fn decode_wg_bf16(p: DecodeParams) {
                     cvt::pack_bf16x2(s[t1 + 2], s[t1 + 3]),
                 ];
             });
+            if wg == 0 {
+                sync::bar_sync_named::<BAR_QK1_ISSUED, 256>();
+            }
             wgmma::wgmma_fence();
             unroll!(kk in [0, 1, 2, 3] {
                 let a = frags[kk];

@@ -25,6 +25,28 @@ pub unsafe fn bar_sync_unaligned() {
     unsafe { asm!("barrier.sync 0;", options(nostack)) }
 }
 
+/// `bar.sync ID, THREADS;`: waits on named barrier `ID` until `THREADS` threads (this
+/// one included) have arrived or synced on it.
+///
+/// # Safety
+/// Whole warps take part; `THREADS` is a multiple of 32 and exactly that many threads
+/// reach barrier `ID` in each of its phases.
+#[inline(always)]
+pub unsafe fn bar_sync_named<const ID: u32, const THREADS: u32>() {
+    // SAFETY: forwarded from the caller.
+    unsafe { asm!("bar.sync {i}, {n};", i = const ID, n = const THREADS, options(nostack)) }
+}
+
+/// `bar.arrive ID, THREADS;`: counts this thread on named barrier `ID` without waiting.
+///
+/// # Safety
+/// As [`bar_sync_named`].
+#[inline(always)]
+pub unsafe fn bar_arrive_named<const ID: u32, const THREADS: u32>() {
+    // SAFETY: forwarded from the caller.
+    unsafe { asm!("bar.arrive {i}, {n};", i = const ID, n = const THREADS, options(nostack)) }
+}
+
 /// `shfl.sync.bfly.b32` with the full mask: the value of lane `lane ^ xor_mask`.
 ///
 /// Not `pure`: a pure asm may be sunk into the branch that uses its result, where only
