@@ -34,7 +34,9 @@ fn main() -> ExitCode {
                     .and_then(|i| args.get(i + 1))
             };
             match opt("--grid").map(String::as_str) {
-                None | Some("default") => bench(seed, opt("--json"), |_| mla::bench::default_shapes()),
+                None | Some("default") => {
+                    bench(seed, opt("--json"), |_| mla::bench::default_shapes())
+                }
                 Some("extra") => bench(seed, opt("--json"), mla::bench::extra_shapes),
                 Some(other) => {
                     eprintln!("--grid: expected default or extra, got {other:?}\n{USAGE}");

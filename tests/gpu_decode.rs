@@ -401,7 +401,10 @@ fn bad_requests_are_typed_errors() {
     let e = rt
         .decode_tiled(&stream, &req16, &ws, Tile::Wg64N64)
         .unwrap_err();
-    assert!(matches!(e, MlaError::Unsupported { what: "tile", .. }), "{e}");
+    assert!(
+        matches!(e, MlaError::Unsupported { what: "tile", .. }),
+        "{e}"
+    );
     let req = d.request(&stream, &h);
     let wg = rt.decode_tiled(&stream, &req, &ws, Tile::Wg64N64);
     if rt.backend() == mla::gate::Backend::Sm90a {
@@ -409,6 +412,9 @@ fn bad_requests_are_typed_errors() {
         stream.synchronize().unwrap();
     } else {
         let e = wg.unwrap_err();
-        assert!(matches!(e, MlaError::Unsupported { what: "tile", .. }), "{e}");
+        assert!(
+            matches!(e, MlaError::Unsupported { what: "tile", .. }),
+            "{e}"
+        );
     }
 }
