@@ -17,9 +17,9 @@
 //!   A split works on the blocks [`mla_abi::chunk_blocks`] gives it and stores through
 //!   [`crate::decode`]'s `write_rows` (out/lse for one split, else the workspace partials).
 
+use crate::DecodeBf16;
 use crate::arch::{self, cp_async, cvt, smem, sync, wgmma};
 use crate::decode::{self, M64};
-use crate::DecodeBf16;
 use mla_abi::decode_tile as T;
 use mla_abi::{DecodeParams, chunk_blocks};
 
@@ -97,6 +97,8 @@ pub unsafe fn decode_wg_bf16(p: DecodeParams) {
     let page_of = |j: u32| decode::kv_row_page(&p, b, j, len);
     // Branch-free per thread (a source of size 0 for rows not read): no divergent path
     // while the accumulators are live, which would make ptxas serialize the wgmmas.
+    // The unrolled walk advances `a` once more after the last chunk.
+    #[allow(unused_assignments)]
     let issue = |page: i32, kb: u32, stage: u32| {
         let (src, n) = match decode::kv_row_addr(&p, page, kb * BLOCK_N + kv_r, 2) {
             Some(a) => (a, 16u32),

@@ -207,4 +207,3 @@ prim_kernel!(
     bulk_copy,
     mla_abi::primitives::BulkCopyParams
 );
-

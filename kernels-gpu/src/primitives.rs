@@ -9,7 +9,7 @@
 //! core `(row group, k group)` at `(row group * 2 + k group) * 128`, so the descriptors have
 //! LBO = 128 B (next core in K) and SBO = 256 B (next core in M / N).
 
-use crate::arch::{self, bulk, cvt, smem, sync, wgmma};
+use crate::arch::{self, bulk, smem, sync, wgmma};
 use crate::decode_wg::aligned_base;
 use mla_abi::primitives::{BulkCopyParams, WgmmaLayoutParams, WgmmaPrimParams};
 
