@@ -6,23 +6,22 @@
 use std::collections::BTreeMap;
 use std::process::Command;
 
-use mla::abi::names;
+use mla::Variant;
 use mla::images;
 
-/// (ptxas arch, PTX, holds the primitive test kernels too).
-const IMAGES: &[(&str, &str, bool)] = &[
-    ("sm_80", images::PTX_SM_80, false),
-    ("sm_90a", images::PTX_SM_90A, false),
-    ("sm_100a", images::PTX_SM_100A, false),
-    ("sm_90a", images::PTX_PRIM_SM_90A, true),
+/// (ptxas arch, PTX, the variant whose symbols it holds, holds the primitive test kernels
+/// too).
+const IMAGES: &[(&str, &str, Variant, bool)] = &[
+    ("sm_80", images::PTX_SM_80, Variant::Portable, false),
+    ("sm_90a", images::PTX_SM_90A, Variant::Sm90a, false),
+    ("sm_100a", images::PTX_SM_100A, Variant::Sm100a, false),
+    ("sm_90a", images::PTX_PRIM_SM_90A, Variant::Sm90a, true),
 ];
 
-/// The kernels an image must hold, with their params sizes.
-fn expected(arch: &str, prim: bool) -> Vec<(&'static str, usize)> {
-    let mut v = names::ALL.to_vec();
-    if arch == "sm_90a" {
-        v.extend_from_slice(names::SM90A_ONLY);
-    }
+/// The kernels an image must hold, with their params sizes: what the host resolves for
+/// its variant, and the primitive kernels.
+fn expected(variant: Variant, prim: bool) -> Vec<(&'static str, usize)> {
+    let mut v: Vec<_> = variant.symbols().copied().collect();
     if prim {
         v.extend_from_slice(mla::abi::primitives::ALL);
     }
@@ -50,7 +49,7 @@ fn entry_param_sizes(ptx: &str) -> BTreeMap<String, usize> {
 
 #[test]
 fn ptx_is_self_contained_and_matches_the_abi() {
-    for &(tag, ptx, prim) in IMAGES {
+    for &(tag, ptx, variant, prim) in IMAGES {
         for l in ptx.lines().filter(|l| l.contains(".extern")) {
             assert!(
                 l.contains(".extern .shared"),
@@ -60,7 +59,7 @@ fn ptx_is_self_contained_and_matches_the_abi() {
         let target = format!(".target {tag}");
         assert!(ptx.contains(&target), "{tag}: PTX lacks `{target}`");
         let entries = entry_param_sizes(ptx);
-        let want = expected(tag, prim);
+        let want = expected(variant, prim);
         for &(name, size) in &want {
             assert_eq!(
                 entries.get(name),
@@ -145,7 +144,7 @@ fn ptxas_assembles_every_arch_without_spills() {
         "{:<8} {:<28} {:>5} {:>6} {:>7} {:>7}",
         "arch", "kernel", "regs", "stack", "spill-st", "spill-ld"
     );
-    for (i, &(tag, ptx, prim)) in IMAGES.iter().enumerate() {
+    for (i, &(tag, ptx, variant, prim)) in IMAGES.iter().enumerate() {
         let path = dir.join(format!("{i}-{tag}.ptx"));
         std::fs::write(&path, ptx).unwrap();
         let out = Command::new(&ptxas)
@@ -167,7 +166,7 @@ fn ptxas_assembles_every_arch_without_spills() {
             serialized.join("\n")
         );
         let res = parse_ptxas(&report);
-        let want = expected(tag, prim);
+        let want = expected(variant, prim);
         let listed: Vec<&str> = if prim {
             mla::abi::primitives::ALL.iter().map(|k| k.0).collect()
         } else {

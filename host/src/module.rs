@@ -2,8 +2,8 @@
 //!
 //! The driver library is loaded at run time (cudarc `dynamic-loading`): without it every
 //! entry point returns [`MlaError::NoDriver`]. A module is loaded once per [`Runtime`] and
-//! every kernel of [`mla_abi::names::ALL`] is resolved at load, so a missing symbol fails
-//! the load, never a later launch.
+//! every kernel of its image ([`Variant::symbols`]) is resolved at load, so a missing symbol
+//! fails the load, never a later launch.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -12,9 +12,11 @@ use std::sync::Arc;
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
-use mla_abi::{decode_tile, names};
+use mla_abi::names;
 
 use crate::error::{MlaError, Result};
+use crate::request::DecodeDtypes;
+use crate::tactic::Tile;
 
 /// The kernel images a [`Runtime`] can load (the `mla` crate embeds them).
 #[derive(Clone, Copy, Debug)]
@@ -50,6 +52,26 @@ impl Variant {
                 why: "the kernels need compute capability 8.0 or newer (cp.async, bf16 mma.sync)"
                     .into(),
             }),
+        }
+    }
+
+    /// Every kernel symbol (with its params size) this variant's image holds: the ABI's
+    /// common set, and on sm_90a its own kernels too.
+    pub fn symbols(self) -> impl Iterator<Item = &'static (&'static str, usize)> {
+        let own: &'static [(&'static str, usize)] = match self {
+            Variant::Sm90a => names::SM90A_ONLY,
+            Variant::Sm100a | Variant::Portable => &[],
+        };
+        names::ALL.iter().chain(own)
+    }
+
+    /// The gating backend this variant's image implements.
+    pub fn backend(self) -> crate::gate::Backend {
+        match self {
+            Variant::Sm90a => crate::gate::Backend::Sm90a,
+            // The sm_100a image is the same mma.sync code as the portable one, built for the
+            // exact arch (assembled by ptxas, never run here).
+            Variant::Sm100a | Variant::Portable => crate::gate::Backend::Portable,
         }
     }
 
@@ -227,29 +249,21 @@ impl Runtime {
             detail: format!("{e:?} ({form:?})"),
         })?;
         let mut functions = HashMap::new();
-        for &(name, _) in names::ALL {
+        for &(name, _) in variant.symbols() {
             let f = module.load_function(name).map_err(|e| MlaError::Load {
                 variant: variant.name().into(),
                 detail: format!("symbol {name}: {e:?}"),
             })?;
             functions.insert(name, f);
         }
-        if variant == Variant::Sm90a {
-            for &(name, _) in names::SM90A_ONLY {
-                let f = module.load_function(name).map_err(|e| MlaError::Load {
-                    variant: variant.name().into(),
-                    detail: format!("symbol {name}: {e:?}"),
-                })?;
-                functions.insert(name, f);
-            }
-        }
-        let mut smem: Vec<(&'static str, usize)> = names::DECODE_TILED
-            .iter()
-            .map(|&n| (n, decode_tile::SMEM_BYTES))
-            .collect();
-        if variant == Variant::Sm90a {
-            smem.push((names::DECODE_WG_BF16, decode_tile::WG_SMEM_BYTES));
-        }
+        // Every decode tile this image runs gets its kernel's opt-in dynamic shared memory.
+        let backend = variant.backend();
+        let smem = Tile::ALL.into_iter().flat_map(|tile| {
+            DecodeDtypes::ALL
+                .into_iter()
+                .filter(move |&d| tile.check(backend, d).is_ok())
+                .map(move |d| (tile.decode_kernel(d), tile.smem_bytes()))
+        });
         for (name, bytes) in smem {
             let f = &functions[name];
             f.set_attribute(
@@ -289,12 +303,7 @@ impl Runtime {
 
     /// The gating backend this runtime's image implements.
     pub fn backend(&self) -> crate::gate::Backend {
-        match self.variant {
-            Variant::Sm90a => crate::gate::Backend::Sm90a,
-            // The sm_100a image is the same mma.sync code as the portable one, built for the
-            // exact arch (assembled by ptxas, never run here).
-            Variant::Sm100a | Variant::Portable => crate::gate::Backend::Portable,
-        }
+        self.variant.backend()
     }
 
     /// A start and an end event with timing enabled (for CUDA-event timing: the tuner, the
@@ -321,12 +330,7 @@ impl Runtime {
     pub fn kernel_resources(&self) -> Result<Vec<KernelResources>> {
         use CUfunction_attribute::*;
         let mut out = Vec::new();
-        let extra = if self.variant == Variant::Sm90a {
-            names::SM90A_ONLY
-        } else {
-            &[]
-        };
-        for &(name, _) in names::ALL.iter().chain(extra) {
+        for &(name, _) in self.variant.symbols() {
             let f = self.function(name)?;
             let attr = |a| {
                 f.get_attribute(a).map_err(|source| MlaError::Launch {

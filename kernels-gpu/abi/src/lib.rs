@@ -260,18 +260,6 @@ pub mod names {
     pub const DECODE16_FP16: &str = "mla_decode_mma16_fp16";
     pub const DECODE16_FP8KV_BF16Q: &str = "mla_decode_mma16_fp8kv_bf16q";
     pub const DECODE16_FP8: &str = "mla_decode_mma16_fp8";
-    /// Every tiled decode kernel: each needs the opt-in dynamic shared memory size
-    /// (`decode_tile::SMEM_BYTES`) set at load.
-    pub const DECODE_TILED: [&str; 8] = [
-        DECODE_BF16,
-        DECODE_FP16,
-        DECODE_FP8KV_BF16Q,
-        DECODE_FP8,
-        DECODE16_BF16,
-        DECODE16_FP16,
-        DECODE16_FP8KV_BF16Q,
-        DECODE16_FP8,
-    ];
     /// The `wgmma` decode (bf16, 64-row tile): only in the sm_90a image, so it is not in
     /// [`ALL`] but in [`SM90A_ONLY`].
     pub const DECODE_WG_BF16: &str = "mla_decode_wg_bf16";
