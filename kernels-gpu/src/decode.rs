@@ -152,16 +152,23 @@ const _: () = assert!(KV_TPR * BLOCK_N == THREADS && ROW_CHUNKS.is_multiple_of(K
 const _: () = assert!(FP8_ROW_CHUNKS.is_multiple_of(KV_TPR));
 const _: () = assert!(HALF_TPR * HALF_N == THREADS && ROW_CHUNKS.is_multiple_of(HALF_TPR));
 
-/// Loads the CTA's `BM` query rows into the swizzled Q tile (zeros past the last row).
+/// Loads the CTA's `BM` query rows into the Q tile, chunk `k` of row `r` at `tile_off(r, k)`
+/// (zeros past the last row).
 #[inline(always)]
-unsafe fn load_q_tile<K: DecodeKind, L: Layout>(p: &DecodeParams, b: u32, row0: u32, q_smem: u32) {
+pub(crate) unsafe fn load_q_tile<K: DecodeKind, L: Layout>(
+    p: &DecodeParams,
+    b: u32,
+    row0: u32,
+    q_smem: u32,
+    tile_off: fn(u32, u32) -> u32,
+) {
     let rows = p.s_q * p.heads;
     let mut c = arch::thread_idx_x();
     while c < L::BM * ROW_CHUNKS {
         let r = c / ROW_CHUNKS;
         let k = c % ROW_CHUNKS;
         let gr = row0 + r;
-        let dst = q_smem + qk_off(r, k);
+        let dst = q_smem + tile_off(r, k);
         let row_off = if gr < rows {
             let (t, h) = (gr / p.heads, gr % p.heads);
             Some(b as u64 * p.q_stride_b + t as u64 * p.q_stride_s + h as u64 * p.q_stride_h)
@@ -199,16 +206,18 @@ unsafe fn load_q_tile<K: DecodeKind, L: Layout>(p: &DecodeParams, b: u32, row0: 
 }
 
 /// Issues the `cp.async` copies of this thread's row of the KV rows starting at token `n0`
-/// (`THREADS / TPR` rows: a full block or a ring half-block) into a stage: the swizzled
-/// 16-bit tile, or for fp8 caches the raw staging buffer (rows of 576 bytes, unswizzled).
-/// `page` is the row's page from [`kv_row_page`], looked up one issue ahead so its latency
-/// is not on the issue path.
+/// (`THREADS / TPR` rows: a full block or a ring half-block) into a stage: a 16-bit tile
+/// whose chunk `k` of row `r` sits at `tile_off(r, k)` ([`qk_off`] for the `mma.sync`
+/// kernels, the `wgmma` kernel's slab layout), or for fp8 caches the raw staging buffer
+/// (rows of 576 bytes, unswizzled). `page` is the row's page from [`kv_row_page`], looked up
+/// one issue ahead so its latency is not on the issue path.
 #[inline(always)]
-unsafe fn issue_kv_row<K: DecodeKind, const TPR: u32>(
+pub(crate) unsafe fn issue_kv_row<K: DecodeKind, const TPR: u32>(
     p: &DecodeParams,
     page: i32,
     n0: u32,
     stage: u32,
+    tile_off: fn(u32, u32) -> u32,
 ) {
     let r = arch::thread_idx_x() / TPR;
     let k0 = arch::thread_idx_x() % TPR;
@@ -227,7 +236,7 @@ unsafe fn issue_kv_row<K: DecodeKind, const TPR: u32>(
         let dst = if K::KV_FP8 {
             stage + r * D_QK as u32 + (k << 4)
         } else {
-            stage + qk_off(r, k)
+            stage + tile_off(r, k)
         };
         // SAFETY: dst inside the stage; when n == 16, src + 16k is chunk k of a cache row
         // that kv_row_page bounds-checked; unread when n == 0.
@@ -417,6 +426,63 @@ pub(crate) fn rescale_rows(
     (m_ref, alpha)
 }
 
+/// Causal visibility of query row `gr` (`t * heads + h`) over a KV length `len`: the keys
+/// `0..visible` it attends to (query token `t` sits at position `len - s_q + t`). Rows past
+/// the last take the last token's count (their outputs are never stored).
+#[inline(always)]
+pub(crate) fn visible(p: &DecodeParams, len: u32, gr: u32) -> u32 {
+    let t = if gr < p.s_q * p.heads {
+        gr / p.heads
+    } else {
+        p.s_q - 1
+    };
+    (len + t + 1).saturating_sub(p.s_q)
+}
+
+/// What CTA `(split, _, b)` of a decode grid (64- or 16-row tile, `mma.sync` or `wgmma`)
+/// works on.
+pub(crate) struct CtaWork {
+    /// The sequence's KV length, cut to what its page table can address.
+    pub len: u32,
+    /// Its split count, `1..=max_splits`.
+    pub nsplit: u32,
+    /// This split's 64-token blocks `kb0..kb1` ([`chunk_blocks`]).
+    pub kb0: u32,
+    pub kb1: u32,
+}
+
+/// The work of CTA `(split, _, b)`, or `None` when it has none: `b` past the batch, a
+/// sequence the schedule skipped (0 splits: nothing is computed or written), or a split
+/// past the sequence's count.
+#[inline(always)]
+pub(crate) fn cta_work(p: &DecodeParams, split: u32, b: u32) -> Option<CtaWork> {
+    if b >= p.batch {
+        return None;
+    }
+    // SAFETY: b < batch entries of seq_lens and num_splits.
+    let (len_raw, nsplit_raw) = unsafe {
+        (
+            *p.seq_lens.ptr().add(b as usize),
+            *p.num_splits.ptr().add(b as usize),
+        )
+    };
+    if nsplit_raw <= 0 {
+        return None;
+    }
+    let nsplit = (nsplit_raw as u32).min(p.max_splits);
+    if split >= nsplit {
+        return None;
+    }
+    let len = mla_abi::clamp_len(len_raw, p.max_pages.saturating_mul(p.page_size));
+    let (kb0, kb1) = chunk_blocks(len.div_ceil(BLOCK_N), nsplit, split);
+    Some(CtaWork {
+        len,
+        nsplit,
+        kb0,
+        kb1,
+    })
+}
+
 /// The decode kernel body.
 ///
 /// # Safety
@@ -427,30 +493,16 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
     let split = arch::block_idx_x();
     let tile = arch::block_idx_y();
     let b = arch::block_idx_z();
-    if b >= p.batch {
+    let Some(CtaWork {
+        len,
+        nsplit,
+        kb0,
+        kb1,
+    }) = cta_work(&p, split, b)
+    else {
         return;
-    }
-    // SAFETY: b < batch entries of seq_lens and num_splits.
-    let (len_raw, nsplit_raw) = unsafe {
-        (
-            *p.seq_lens.ptr().add(b as usize),
-            *p.num_splits.ptr().add(b as usize),
-        )
     };
-    // 0 splits: a sequence the schedule skipped (no KV); nothing is computed or written.
-    if nsplit_raw <= 0 {
-        return;
-    }
-    let nsplit = (nsplit_raw as u32).min(p.max_splits);
-    if split >= nsplit {
-        return;
-    }
-    // Lengths the page table cannot address are cut to what it can.
-    let len = mla_abi::clamp_len(len_raw, p.max_pages.saturating_mul(p.page_size));
-    let rows = p.s_q * p.heads;
     let row0 = tile * L::BM;
-    let blocks = len.div_ceil(BLOCK_N);
-    let (kb0, kb1) = chunk_blocks(blocks, nsplit, split);
 
     let tid = arch::thread_idx_x();
     let warp = tid / 32;
@@ -476,11 +528,7 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
 
     // Causal visibility of this thread's two rows (g and g + 8 of its row group).
     let row_a = row0 + rg * 16 + g;
-    let vis = |gr: u32| -> u32 {
-        let t = if gr < rows { gr / p.heads } else { p.s_q - 1 };
-        (len + t + 1).saturating_sub(p.s_q)
-    };
-    let vis_r = [vis(row_a), vis(row_a + 8)];
+    let vis_r = [visible(&p, len, row_a), visible(&p, len, row_a + 8)];
     let scale_log2 = p.softmax_scale * LOG2E;
 
     // Ring: half-blocks h = 0 .. 2 (kb1 - kb0) of the chunk, tokens kb0 * 64 + 32 h ..;
@@ -498,14 +546,14 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
     // SAFETY (whole pipeline): every smem address below stays inside the regions of
     // decode_tile; every barrier is reached by all threads (loop bounds are CTA-uniform).
     unsafe {
-        load_q_tile::<K, L>(&p, b, row0, q_smem);
+        load_q_tile::<K, L>(&p, b, row0, q_smem, qk_off);
         if ring {
             // Half-blocks 0 .. RING_AHEAD (group 0 also holds Q).
             unroll!(h in [0, 1, 2, 3] {
                 let h = h as u32;
                 if h < RING_AHEAD {
                     if h < halves {
-                        issue_kv_row::<K, HALF_TPR>(&p, half_page(h), half_n0(h), slot(h));
+                        issue_kv_row::<K, HALF_TPR>(&p, half_page(h), half_n0(h), slot(h), qk_off);
                     }
                     cp_async::cp_async_commit_group();
                 }
@@ -513,7 +561,7 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
         } else {
             if kb0 < kb1 {
                 let page = kv_row_page(&p, b, kb0 * BLOCK_N + kv_r, len);
-                issue_kv_row::<K, KV_TPR>(&p, page, kb0 * BLOCK_N, stage_of(0));
+                issue_kv_row::<K, KV_TPR>(&p, page, kb0 * BLOCK_N, stage_of(0), qk_off);
             }
             cp_async::cp_async_commit_group();
         }
@@ -545,7 +593,7 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
                 unroll!(i in [0, 1] {
                     let h = hb + RING_AHEAD + i as u32;
                     if h < halves {
-                        issue_kv_row::<K, HALF_TPR>(&p, next_page[i], half_n0(h), slot(h));
+                        issue_kv_row::<K, HALF_TPR>(&p, next_page[i], half_n0(h), slot(h), qk_off);
                     }
                     cp_async::cp_async_commit_group();
                 });
@@ -561,6 +609,7 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
                         next_page[0],
                         (kb + 1) * BLOCK_N,
                         stage_of(stage ^ 1),
+                        qk_off,
                     );
                     if kb + 2 < kb1 {
                         next_page[0] = kv_row_page(&p, b, (kb + 2) * BLOCK_N + kv_r, len);

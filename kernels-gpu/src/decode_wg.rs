@@ -20,8 +20,8 @@
 use crate::DecodeBf16;
 use crate::arch::{self, cp_async, cvt, smem, sync, wgmma};
 use crate::decode::{self, M64};
+use mla_abi::DecodeParams;
 use mla_abi::decode_tile as T;
-use mla_abi::{DecodeParams, chunk_blocks};
 
 /// Bytes of one 64-dim slab of a 64-row tile (64 rows x 128 bytes).
 pub(crate) const SLAB: u32 = T::WG_SLAB_BYTES as u32;
@@ -58,28 +58,16 @@ pub unsafe fn decode_wg_bf16(p: DecodeParams) {
     let split = arch::block_idx_x();
     let tile = arch::block_idx_y();
     let b = arch::block_idx_z();
-    if b >= p.batch {
+    let Some(decode::CtaWork {
+        len,
+        nsplit,
+        kb0,
+        kb1,
+    }) = decode::cta_work(&p, split, b)
+    else {
         return;
-    }
-    // SAFETY: b < batch entries of seq_lens and num_splits.
-    let (len_raw, nsplit_raw) = unsafe {
-        (
-            *p.seq_lens.ptr().add(b as usize),
-            *p.num_splits.ptr().add(b as usize),
-        )
     };
-    // 0 splits: a sequence the schedule skipped; nothing is computed or written.
-    if nsplit_raw <= 0 {
-        return;
-    }
-    let nsplit = (nsplit_raw as u32).min(p.max_splits);
-    if split >= nsplit {
-        return;
-    }
-    let len = mla_abi::clamp_len(len_raw, p.max_pages.saturating_mul(p.page_size));
-    let rows = p.s_q * p.heads;
     let row0 = tile * 64;
-    let (kb0, kb1) = chunk_blocks(len.div_ceil(BLOCK_N), nsplit, split);
 
     let tid = arch::thread_idx_x();
     let warp = tid / 32;
@@ -95,49 +83,17 @@ pub unsafe fn decode_wg_bf16(p: DecodeParams) {
     // The KV row this thread copies (4 threads per row, 18 chunks each).
     let kv_r = tid / 4;
     let page_of = |j: u32| decode::kv_row_page(&p, b, j, len);
-    // Branch-free per thread (a source of size 0 for rows not read): no divergent path
-    // while the accumulators are live, which would make ptxas serialize the wgmmas.
-    // The unrolled walk advances `a` once more after the last chunk.
-    #[allow(unused_assignments)]
+    // Block `kb` into `stage` (this thread: row kv_r, chunks tid % 4 + 4 i).
     let issue = |page: i32, kb: u32, stage: u32| {
-        let (src, n) = match decode::kv_row_addr(&p, page, kb * BLOCK_N + kv_r, 2) {
-            Some(a) => (a, 16u32),
-            None => (p.kv_cache.ptr() as *const u8, 0),
-        };
-        let step = if n == 16 { 64usize } else { 0 };
-        let mut a = src.wrapping_add(if n == 16 { 16 * (tid % 4) as usize } else { 0 });
-        unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17] {
-            let k = tid % 4 + 4 * i as u32;
-            // SAFETY: dst inside the stage; with n == 16, a is chunk k of a checked row;
-            // with n == 0 nothing is read.
-            unsafe { cp_async::cp_async_cg_16(kv_s(stage) + slab_off(kv_r, k), a, n) };
-            a = a.wrapping_add(step);
-        });
+        // SAFETY: the stage holds BLOCK_N slab-layout rows; page comes from kv_row_page.
+        unsafe {
+            decode::issue_kv_row::<DecodeBf16, 4>(&p, page, kb * BLOCK_N, kv_s(stage), slab_off)
+        }
     };
 
     // Q rows (zeros past the last row) and the chunk's first block.
-    let mut ch = tid;
-    while ch < 64 * 72 {
-        let (r, k) = (ch / 72, ch % 72);
-        let gr = row0 + r;
-        let dst = q_s + slab_off(r, k);
-        // SAFETY: a validated q row's chunk k, or nothing read (size 0).
-        unsafe {
-            if gr < rows {
-                let (t, h) = (gr / p.heads, gr % p.heads);
-                let off =
-                    b as u64 * p.q_stride_b + t as u64 * p.q_stride_s + h as u64 * p.q_stride_h;
-                cp_async::cp_async_cg_16(
-                    dst,
-                    p.q.ptr().add((off * 2 + 16 * k as u64) as usize) as *const u8,
-                    16,
-                );
-            } else {
-                cp_async::cp_async_cg_16(dst, p.q.ptr() as *const u8, 0);
-            }
-        }
-        ch += 256;
-    }
+    // SAFETY: the Q tile holds 64 slab-layout rows of a validated q.
+    unsafe { decode::load_q_tile::<DecodeBf16, M64>(&p, b, row0, q_s, slab_off) };
     if kb0 < kb1 {
         issue(page_of(kb0 * BLOCK_N + kv_r), kb0, 0);
     }
@@ -150,11 +106,10 @@ pub unsafe fn decode_wg_bf16(p: DecodeParams) {
 
     // This thread's two rows (g and g + 8 of its warp's 16) and their causal visibility.
     let row_a = row0 + 16 * wq + g;
-    let vis = |gr: u32| -> u32 {
-        let t = if gr < rows { gr / p.heads } else { p.s_q - 1 };
-        (len + t + 1).saturating_sub(p.s_q)
-    };
-    let vis_r = [vis(row_a), vis(row_a + 8)];
+    let vis_r = [
+        decode::visible(&p, len, row_a),
+        decode::visible(&p, len, row_a + 8),
+    ];
     let scale_log2 = p.softmax_scale * core::f32::consts::LOG2_E;
 
     let mut o = [[0.0f32; 4]; 32];

@@ -39,57 +39,38 @@ pub unsafe fn mbarrier_arrive_expect_tx(bar: u32, bytes: u32) {
     }
 }
 
-/// Spins on `mbarrier.try_wait.parity.shared::cta.b64` until the phase with `parity` has
-/// completed.
+/// `mbarrier.try_wait.parity.shared::cta.b64`: whether the phase with `parity` has
+/// completed (the hardware may suspend the thread a while before answering false).
 ///
 /// # Safety
 /// `bar` is an initialised mbarrier.
 #[inline(always)]
-pub unsafe fn mbarrier_wait_parity(bar: u32, parity: u32) {
-    loop {
-        let done: u32;
-        // SAFETY: forwarded from the caller.
-        unsafe {
-            asm!(
-                "{{",
-                ".reg .pred p;",
-                "mbarrier.try_wait.parity.shared::cta.b64 p, [{b}], {ph};",
-                "selp.u32 {d}, 1, 0, p;",
-                "}}",
-                b = in(reg32) bar, ph = in(reg32) parity, d = out(reg32) done, options(nostack)
-            )
-        }
-        if done != 0 {
-            break;
-        }
+pub unsafe fn mbarrier_try_wait_parity(bar: u32, parity: u32) -> bool {
+    let done: u32;
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        asm!(
+            "{{",
+            ".reg .pred p;",
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [{b}], {ph};",
+            "selp.u32 {d}, 1, 0, p;",
+            "}}",
+            b = in(reg32) bar, ph = in(reg32) parity, d = out(reg32) done, options(nostack)
+        )
     }
+    done != 0
 }
 
-/// [`mbarrier_wait_parity`] that gives up after `max_polls` polls and returns false (a test
-/// kernel turns a barrier that never completes into an error instead of a hang).
+/// Polls [`mbarrier_try_wait_parity`] up to `max_polls` times; false if the phase never
+/// completed (a test kernel turns a barrier that never completes into an error instead of a
+/// hang).
 ///
 /// # Safety
 /// `bar` is an initialised mbarrier.
 #[inline(always)]
 pub unsafe fn mbarrier_wait_parity_bounded(bar: u32, parity: u32, max_polls: u32) -> bool {
-    for _ in 0..max_polls {
-        let done: u32;
-        // SAFETY: forwarded from the caller.
-        unsafe {
-            asm!(
-                "{{",
-                ".reg .pred p;",
-                "mbarrier.try_wait.parity.shared::cta.b64 p, [{b}], {ph};",
-                "selp.u32 {d}, 1, 0, p;",
-                "}}",
-                b = in(reg32) bar, ph = in(reg32) parity, d = out(reg32) done, options(nostack)
-            )
-        }
-        if done != 0 {
-            return true;
-        }
-    }
-    false
+    // SAFETY: forwarded from the caller.
+    (0..max_polls).any(|_| unsafe { mbarrier_try_wait_parity(bar, parity) })
 }
 
 /// `cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [src], bytes,
