@@ -102,25 +102,32 @@ fn p_off(r: u32, k: u32) -> u32 {
     r * (BLOCK_N * 2) + ((k ^ (r & 7)) << 4)
 }
 
-/// The page holding KV row `j` of sequence `b`, or -1 when the row must not be read (past
-/// `len`, or a page id outside `0..num_pages`).
+/// The page-table entry of KV row `j` of sequence `b` as stored (`-1` past `len`), not yet
+/// checked: the issue checks it ([`checked_page`]), so the load's latency stays off the
+/// path between the lookup and the issue.
 #[inline(always)]
-pub(crate) fn kv_row_page(p: &DecodeParams, b: u32, j: u32, len: u32) -> i32 {
+pub(crate) fn kv_row_page_entry(p: &DecodeParams, b: u32, j: u32, len: u32) -> i32 {
     if j >= len {
         return -1;
     }
     let slot = b as usize * p.page_table_stride as usize + (j >> p.page_shift) as usize;
     // SAFETY: j < len <= max_pages * page_size (clamped by the caller), so the slot
     // is inside row b of the page table.
-    let page = unsafe { *p.page_table.ptr().add(slot) };
-    if page < 0 || page as u32 >= p.num_pages {
+    unsafe { *p.page_table.ptr().add(slot) }
+}
+
+/// The page a page-table entry names, or -1 when the row must not be read (past `len`, or
+/// an entry outside `0..num_pages`).
+#[inline(always)]
+pub(crate) fn checked_page(p: &DecodeParams, entry: i32) -> i32 {
+    if entry < 0 || entry as u32 >= p.num_pages {
         -1
     } else {
-        page
+        entry
     }
 }
 
-/// Byte address of KV row `j` in `page` (from [`kv_row_page`]), or `None` when `page < 0`.
+/// Byte address of KV row `j` in `page` (from [`checked_page`]), or `None` when `page < 0`.
 #[inline(always)]
 pub(crate) fn kv_row_addr(
     p: &DecodeParams,
@@ -132,7 +139,7 @@ pub(crate) fn kv_row_addr(
         return None;
     }
     let off = page as u64 * p.kv_stride_page + (j & (p.page_size - 1)) as u64 * p.kv_stride_token;
-    // SAFETY: 0 <= page < num_pages (kv_row_page) and the token offset < page_size: inside
+    // SAFETY: 0 <= page < num_pages (checked_page) and the token offset < page_size: inside
     // the cache.
     Some(unsafe { p.kv_cache.ptr().add((off * elem_bytes) as usize) as *const u8 })
 }
@@ -206,19 +213,18 @@ pub(crate) unsafe fn load_q_tile<K: DecodeKind, L: Layout>(
 }
 
 /// Issues the `cp.async` copies of this thread's row of the KV rows starting at token `n0`
-/// (`THREADS / TPR` rows: a full block or a ring half-block) into a stage: a 16-bit tile
-/// whose chunk `k` of row `r` sits at `tile_off(r, k)` ([`qk_off`] for the `mma.sync`
-/// kernels, the `wgmma` kernel's slab layout), or for fp8 caches the raw staging buffer
-/// (rows of 576 bytes, unswizzled). `page` is the row's page from [`kv_row_page`], looked up
-/// one issue ahead so its latency is not on the issue path.
+/// (`THREADS / TPR` rows: a full block or a ring half-block) into a stage: the swizzled
+/// 16-bit tile ([`qk_off`]), or for fp8 caches the raw staging buffer (rows of 576 bytes,
+/// unswizzled). `entry` is the row's page-table entry from [`kv_row_page_entry`], loaded one
+/// issue ahead so its latency is not on the issue path.
 #[inline(always)]
 pub(crate) unsafe fn issue_kv_row<K: DecodeKind, const TPR: u32>(
     p: &DecodeParams,
-    page: i32,
+    entry: i32,
     n0: u32,
     stage: u32,
-    tile_off: fn(u32, u32) -> u32,
 ) {
+    let page = checked_page(p, entry);
     let r = arch::thread_idx_x() / TPR;
     let k0 = arch::thread_idx_x() % TPR;
     let j = n0 + r;
@@ -231,15 +237,25 @@ pub(crate) unsafe fn issue_kv_row<K: DecodeKind, const TPR: u32>(
         Some(a) => (a, 16),
         None => (p.kv_cache.ptr() as *const u8, 0),
     };
+    // The swizzle only permutes chunks within 8-chunk groups, so this thread's chunks
+    // k0 + TPR i take at most two swizzled offsets (TPR = 4: k % 8 alternates between k0
+    // and k0 + 4; TPR a multiple of 8: k % 8 = k0): a base per phase plus whole 128-byte
+    // groups, with no swizzle arithmetic per chunk.
+    const { assert!(TPR.is_multiple_of(8) || TPR == 4) };
+    const { assert!(ROW_CHUNKS.is_multiple_of(TPR)) };
+    let phases = if TPR >= 8 { 1 } else { 8 / TPR };
+    let group_step = (TPR * phases / 8) * 128;
+    let bases = [stage + qk_off(r, k0), stage + qk_off(r, k0 + TPR)];
+    let mut i = 0;
     let mut k = k0;
     while k < chunks_per_row {
         let dst = if K::KV_FP8 {
             stage + r * D_QK as u32 + (k << 4)
         } else {
-            stage + tile_off(r, k)
+            bases[(i % phases) as usize] + (i / phases) * group_step
         };
         // SAFETY: dst inside the stage; when n == 16, src + 16k is chunk k of a cache row
-        // that kv_row_page bounds-checked; unread when n == 0.
+        // that checked_page bounds-checked; unread when n == 0.
         unsafe {
             let s = if n == 16 {
                 src.add((k << 4) as usize)
@@ -249,6 +265,7 @@ pub(crate) unsafe fn issue_kv_row<K: DecodeKind, const TPR: u32>(
             cp_async::cp_async_cg_16(dst, s, n)
         };
         k += TPR;
+        i += 1;
     }
 }
 
@@ -535,9 +552,9 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
     // one commit group per half-block, empty past the chunk.
     let halves = 2 * (kb1 - kb0);
     let half_n0 = |h: u32| kb0 * BLOCK_N + h * HALF_N;
-    let half_page = |h: u32| {
+    let half_entry = |h: u32| {
         if h < halves {
-            kv_row_page(&p, b, half_n0(h) + kv_r, len)
+            kv_row_page_entry(&p, b, half_n0(h) + kv_r, len)
         } else {
             -1
         }
@@ -553,25 +570,28 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
                 let h = h as u32;
                 if h < RING_AHEAD {
                     if h < halves {
-                        issue_kv_row::<K, HALF_TPR>(&p, half_page(h), half_n0(h), slot(h), qk_off);
+                        issue_kv_row::<K, HALF_TPR>(&p, half_entry(h), half_n0(h), slot(h));
                     }
                     cp_async::cp_async_commit_group();
                 }
             });
         } else {
             if kb0 < kb1 {
-                let page = kv_row_page(&p, b, kb0 * BLOCK_N + kv_r, len);
-                issue_kv_row::<K, KV_TPR>(&p, page, kb0 * BLOCK_N, stage_of(0), qk_off);
+                let page = kv_row_page_entry(&p, b, kb0 * BLOCK_N + kv_r, len);
+                issue_kv_row::<K, KV_TPR>(&p, page, kb0 * BLOCK_N, stage_of(0));
             }
             cp_async::cp_async_commit_group();
         }
     }
-    // This thread's KV row's pages for the next issue, loaded one issue ahead: the next
-    // block, or (ring) the next two half-blocks.
-    let mut next_page = if ring {
-        [half_page(RING_AHEAD), half_page(RING_AHEAD + 1)]
+    // This thread's KV row's page-table entries for the next issue, loaded one issue
+    // ahead: the next block, or (ring) the next two half-blocks.
+    let mut next_entry = if ring {
+        [half_entry(RING_AHEAD), half_entry(RING_AHEAD + 1)]
     } else if kb0 + 1 < kb1 {
-        [kv_row_page(&p, b, (kb0 + 1) * BLOCK_N + kv_r, len), -1]
+        [
+            kv_row_page_entry(&p, b, (kb0 + 1) * BLOCK_N + kv_r, len),
+            -1,
+        ]
     } else {
         [-1, -1]
     };
@@ -593,26 +613,25 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
                 unroll!(i in [0, 1] {
                     let h = hb + RING_AHEAD + i as u32;
                     if h < halves {
-                        issue_kv_row::<K, HALF_TPR>(&p, next_page[i], half_n0(h), slot(h), qk_off);
+                        issue_kv_row::<K, HALF_TPR>(&p, next_entry[i], half_n0(h), slot(h));
                     }
                     cp_async::cp_async_commit_group();
                 });
-                next_page = [
-                    half_page(hb + RING_AHEAD + 2),
-                    half_page(hb + RING_AHEAD + 3),
+                next_entry = [
+                    half_entry(hb + RING_AHEAD + 2),
+                    half_entry(hb + RING_AHEAD + 3),
                 ];
                 cp_async::cp_async_wait_group::<RING_AHEAD>();
             } else {
                 if kb + 1 < kb1 {
                     issue_kv_row::<K, KV_TPR>(
                         &p,
-                        next_page[0],
+                        next_entry[0],
                         (kb + 1) * BLOCK_N,
                         stage_of(stage ^ 1),
-                        qk_off,
                     );
                     if kb + 2 < kb1 {
-                        next_page[0] = kv_row_page(&p, b, (kb + 2) * BLOCK_N + kv_r, len);
+                        next_entry[0] = kv_row_page_entry(&p, b, (kb + 2) * BLOCK_N + kv_r, len);
                     }
                 }
                 cp_async::cp_async_commit_group();

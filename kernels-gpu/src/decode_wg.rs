@@ -5,15 +5,16 @@
 //! - Grid `(max_splits, ceil(s_q * heads / 64), batch)`, block 256 (two warpgroups),
 //!   dynamic shared memory `decode_tile::WG_SMEM_BYTES`: up to 1 KB of alignment slack, Q
 //!   and two KV stages as slab tiles (72 KB each, [`slab_off`]).
-//! - Both warpgroups compute the whole S = Q K^T (64 x 64, 36 `wgmma` k-steps, both
-//!   operands K-major from shared memory) and the same softmax, so no S or P crosses shared
-//!   memory; then each multiplies P (in registers, the S accumulators repacked as A
-//!   fragments) by its 256 output dims of V (an MN-major B over four slabs, transposed-B
-//!   flag). QK^T is computed twice: 50% more MMA work traded for no exchange.
-//! - Ping-pong: two named barriers order the warpgroups' MMAs in the tensor pipe as QK0,
-//!   QK1, PV0, PV1 per block, so each warpgroup's softmax overlaps the other's MMAs.
+//! - Each warpgroup computes S for half of the block's tokens (64 x 32, 36 `wgmma`
+//!   k-steps, both operands K-major from shared memory); the row maxima cross shared
+//!   memory (named barrier 1), so both warpgroups hold the same running max. Each stores
+//!   its half of P (bf16) to a P slab and multiplies P by its 256 output dims of V (an
+//!   MN-major B over four slabs, transposed-B flag): its own half of the tokens from
+//!   registers (the S accumulators repacked as A fragments), the other half from the P
+//!   slab once named barrier 2 says it is there. The row sums cross shared memory once,
+//!   at the end. No MMA is done twice.
 //! - KV: `cp.async`, one row per 4 threads, two stages, the page looked up a block ahead;
-//!   one CTA barrier per block (the next block is issued just after it).
+//!   one CTA barrier per block (the next block is issued behind QK^T).
 //!   A split works on the blocks [`mla_abi::chunk_blocks`] gives it and stores through
 //!   [`crate::decode`]'s `write_rows` (out/lse for one split, else the workspace partials).
 
@@ -28,10 +29,10 @@ pub(crate) const SLAB: u32 = T::WG_SLAB_BYTES as u32;
 /// One 64 x 576 16-bit tile in slabs.
 pub(crate) const SLAB_TILE: u32 = T::QK_TILE_BYTES as u32;
 const BLOCK_N: u32 = T::BLOCK_N as u32;
-/// Named barriers of the ping-pong (0 is the CTA barrier): warpgroup 0 has issued its
-/// QK^T / warpgroup 1 has issued its QK^T (128 arrive, 128 sync, once per block each).
-const BAR_QK0_ISSUED: u32 = 1;
-const BAR_QK1_ISSUED: u32 = 2;
+/// Named barriers between the warpgroups (0 is the CTA barrier), once per block each:
+/// both halves' row maxima are in the exchange / both halves of P are in the P slab.
+const BAR_MAX: u32 = 1;
+const BAR_P: u32 = 2;
 
 /// Byte offset of 16-byte chunk `k` (`0..72`) of row `r` (`0..64`) of a slab tile: chunk
 /// `k` lives in slab `k / 8`, as chunk `(k % 8) ^ (r % 8)` of the row's 128 bytes (the
@@ -46,6 +47,53 @@ pub(crate) fn slab_off(r: u32, k: u32) -> u32 {
 #[inline(always)]
 pub(crate) fn aligned_base() -> u32 {
     (smem::smem_base() + 1023) & !1023
+}
+
+/// One thread's share of a block's KV copy: row `r`, chunks `c4 + 4 i` (`i < 18`). In the
+/// slab layout chunk `k` of row `r` sits in slab `k / 8` at byte
+/// `r * 128 + 16 ((k % 8) ^ (r % 8))`; for this thread's chunks `k / 8 = i / 2` and
+/// `k % 8 = c4 + 4 (i % 2)`, so two swizzled row offsets and immediates address all 18
+/// (no per-chunk swizzle arithmetic).
+#[derive(Clone, Copy)]
+struct KvRow {
+    /// `r * 128 + swizzled chunk offset` for even / odd `i`.
+    smem: [u32; 2],
+    /// Byte offset of chunk `c4` in a row.
+    src: u32,
+}
+
+impl KvRow {
+    #[inline(always)]
+    fn new(r: u32, c4: u32) -> Self {
+        Self {
+            smem: [slab_off(r, c4), slab_off(r, c4 + 4)],
+            src: c4 * 16,
+        }
+    }
+
+    /// Copies KV row `j` (page-table entry `entry`, from [`decode::kv_row_page_entry`];
+    /// zeros where the row must not be read) into the slab tile at `stage`.
+    ///
+    /// # Safety
+    /// `stage` is a slab tile of `BLOCK_N` rows.
+    #[inline(always)]
+    unsafe fn issue(self, p: &DecodeParams, entry: i32, j: u32, stage: u32) {
+        let page = decode::checked_page(p, entry);
+        // An absent row reads nothing (src-size 0) from a valid address: the cache's row
+        // 0, which holds every chunk offset below.
+        let (src, n) = match decode::kv_row_addr(p, page, j, 2) {
+            Some(a) => (a, 16),
+            None => (p.kv_cache.ptr() as *const u8, 0),
+        };
+        // SAFETY: src + src_off + 64 i < src + 1152 (one cache row); dst inside the stage.
+        unsafe {
+            let src = src.add(self.src as usize);
+            unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17] {
+                let dst = stage + self.smem[i % 2] + (i / 2) as u32 * SLAB;
+                cp_async::cp_async_cg_16(dst, src.add(64 * i), n);
+            });
+        }
+    }
 }
 
 /// The kernel body (see the module docs).
@@ -79,38 +127,40 @@ pub unsafe fn decode_wg_bf16(p: DecodeParams) {
     let base = aligned_base();
     let q_s = base;
     let kv_s = |s: u32| base + SLAB_TILE + s * SLAB_TILE;
+    let p_s = base + T::WG_SMEM_P as u32;
+    let red_s = base + T::WG_SMEM_RED as u32;
 
-    // The KV row this thread copies (4 threads per row, 18 chunks each).
+    // The KV row this thread copies (4 threads per row, 18 chunks each) and its page-table
+    // entry, loaded a block ahead and checked at the issue.
     let kv_r = tid / 4;
-    let page_of = |j: u32| decode::kv_row_page(&p, b, j, len);
-    // Block `kb` into `stage` (this thread: row kv_r, chunks tid % 4 + 4 i).
-    let issue = |page: i32, kb: u32, stage: u32| {
-        // SAFETY: the stage holds BLOCK_N slab-layout rows; page comes from kv_row_page.
-        unsafe {
-            decode::issue_kv_row::<DecodeBf16, 4>(&p, page, kb * BLOCK_N, kv_s(stage), slab_off)
-        }
+    let entry_of = |kb: u32| decode::kv_row_page_entry(&p, b, kb * BLOCK_N + kv_r, len);
+    let row = KvRow::new(kv_r, tid % 4);
+    let issue = |entry: i32, kb: u32, stage: u32| {
+        // SAFETY: the stage holds BLOCK_N slab-layout rows.
+        unsafe { row.issue(&p, entry, kb * BLOCK_N + kv_r, kv_s(stage)) }
     };
 
     // Q rows (zeros past the last row) and the chunk's first block.
     // SAFETY: the Q tile holds 64 slab-layout rows of a validated q.
     unsafe { decode::load_q_tile::<DecodeBf16, M64>(&p, b, row0, q_s, slab_off) };
     if kb0 < kb1 {
-        issue(page_of(kb0 * BLOCK_N + kv_r), kb0, 0);
+        issue(entry_of(kb0), kb0, 0);
     }
     cp_async::cp_async_commit_group();
-    let mut next_page = if kb0 + 1 < kb1 {
-        page_of((kb0 + 1) * BLOCK_N + kv_r)
-    } else {
-        -1
-    };
+    let mut next_entry = if kb0 + 1 < kb1 { entry_of(kb0 + 1) } else { -1 };
 
     // This thread's two rows (g and g + 8 of its warp's 16) and their causal visibility.
-    let row_a = row0 + 16 * wq + g;
+    let r_loc = 16 * wq + g;
+    let row_a = row0 + r_loc;
     let vis_r = [
         decode::visible(&p, len, row_a),
         decode::visible(&p, len, row_a + 8),
     ];
     let scale_log2 = p.softmax_scale * core::f32::consts::LOG2_E;
+    // The row exchange: row maxima per warpgroup, then (after the loop) row sums.
+    let red_max = |w: u32, r: u32| red_s + (w * 64 + r) * 4;
+    let red_sum = |w: u32, r: u32| red_s + 512 + (w * 64 + r) * 4;
+    let other = 1 - wg;
 
     let mut o = [[0.0f32; 4]; 32];
     let mut m_run = [f32::NEG_INFINITY; 2];
@@ -125,74 +175,70 @@ pub unsafe fn decode_wg_bf16(p: DecodeParams) {
         // SAFETY: every thread reaches the barrier (loop bounds are CTA-uniform).
         unsafe { sync::bar_sync() };
         // One barrier per block: past it every thread has finished the previous block's
-        // P.V (its wgmma_wait_group), so the other stage is free for the next block.
-        if kb + 1 < kb1 {
-            issue(next_page, kb + 1, stage ^ 1);
-            if kb + 2 < kb1 {
-                next_page = page_of((kb + 2) * BLOCK_N + kv_r);
-            }
-        }
-        cp_async::cp_async_commit_group();
-        // SAFETY: the descriptors address the Q tile and this stage; each warpgroup runs
-        // the wgmma sequences converged.
+        // P.V (its wgmma_wait_group) and exchange reads, so the other stage, P and the
+        // row exchange are free for the next block.
+        // SAFETY: the descriptors address the Q tile, this stage and P; each warpgroup
+        // runs the wgmma sequences converged; both warpgroups reach both named barriers
+        // once per block.
         unsafe {
             let kv = kv_s(stage);
-            let mut s = [0.0f32; 32];
-            // Ping-pong: warpgroup 1 issues its QK^T after warpgroup 0's, and warpgroup 0
-            // its P.V after warpgroup 1's QK^T, so the tensor pipe runs QK0, QK1, PV0, PV1
-            // and each softmax overlaps the other warpgroup's MMAs.
-            if wg == 1 {
-                sync::bar_sync_named::<BAR_QK0_ISSUED, 256>();
-            }
+            // S[:, 32 wg .. 32 wg + 32] = Q K^T for this warpgroup's half of the tokens.
+            let mut s = [0.0f32; 16];
             wgmma::wgmma_fence();
             for ks in 0..36u32 {
                 let off = (ks / 4) * SLAB + (ks % 4) * 32;
                 let da = wgmma::smem_desc(q_s + off, 16, 1024, wgmma::Swizzle::B128);
-                let db = wgmma::smem_desc(kv + off, 16, 1024, wgmma::Swizzle::B128);
-                wgmma::wgmma_m64n64k16_bf16(&mut s, da, db, ks > 0);
+                let db = wgmma::smem_desc(kv + off + wg * 32 * 128, 16, 1024, wgmma::Swizzle::B128);
+                wgmma::wgmma_m64n32k16_bf16(&mut s, da, db, ks > 0);
             }
             wgmma::wgmma_commit_group();
-            if wg == 0 {
-                sync::bar_arrive_named::<BAR_QK0_ISSUED, 256>();
-            } else {
-                sync::bar_arrive_named::<BAR_QK1_ISSUED, 256>();
+            // The next block's copies go out while the tensor cores run QK^T.
+            if kb + 1 < kb1 {
+                issue(next_entry, kb + 1, stage ^ 1);
+                if kb + 2 < kb1 {
+                    next_entry = entry_of(kb + 2);
+                }
             }
+            cp_async::cp_async_commit_group();
             wgmma::wgmma_wait_group::<0>();
 
-            // Mask, scale, row max (the quad holds all 64 columns of its two rows).
+            // Mask, scale, row max over this half (the quad holds its 32 columns of two
+            // rows), then over both halves through shared memory.
             let mut m_loc = [f32::NEG_INFINITY; 2];
-            unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7] {
+            unroll!(j in [0, 1, 2, 3] {
                 unroll!(e in [0, 1, 2, 3] {
-                    let tok = kb * BLOCK_N + 8 * j as u32 + 2 * c + (e % 2) as u32;
+                    let tok = kb * BLOCK_N + 32 * wg + 8 * j as u32 + 2 * c + (e % 2) as u32;
                     let x = if tok < vis_r[e / 2] { s[4 * j + e] * scale_log2 } else { f32::NEG_INFINITY };
                     s[4 * j + e] = x;
                     m_loc[e / 2] = sync::fmax(m_loc[e / 2], x);
                 });
             });
+            let m_half = [decode::quad_max(m_loc[0]), decode::quad_max(m_loc[1])];
+            smem::st_shared_f32_if(red_max(wg, r_loc), m_half[0], (c == 0) as u32);
+            smem::st_shared_f32_if(red_max(wg, r_loc + 8), m_half[1], (c == 0) as u32);
+            sync::bar_sync_named::<BAR_MAX, 256>();
             let m_new = [
-                sync::fmax(m_run[0], decode::quad_max(m_loc[0])),
-                sync::fmax(m_run[1], decode::quad_max(m_loc[1])),
+                sync::fmax(
+                    m_run[0],
+                    sync::fmax(m_half[0], smem::ld_shared_f32(red_max(other, r_loc))),
+                ),
+                sync::fmax(
+                    m_run[1],
+                    sync::fmax(m_half[1], smem::ld_shared_f32(red_max(other, r_loc + 8))),
+                ),
             ];
             let (m_ref, alpha) = decode::rescale_rows(&mut m_run, &mut l_run, m_new);
-            unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7] {
+            unroll!(j in [0, 1, 2, 3] {
                 unroll!(e in [0, 1, 2, 3] {
                     let pe = sync::ex2(s[4 * j + e] - m_ref[e / 2]);
                     l_run[e / 2] += pe;
                     s[4 * j + e] = pe;
                 });
             });
-            unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
-                o[j][0] *= alpha[0];
-                o[j][1] *= alpha[0];
-                o[j][2] *= alpha[1];
-                o[j][3] *= alpha[1];
-            });
-            // O[:, this warpgroup's 256 dims] += P . V: P's k-step kk is the S tiles 2kk and
-            // 2kk + 1 repacked; V's is 16 token rows of slabs 4 wg .. 4 wg + 4.
-            // The A fragments are packed before the fence: a register of a wgmma written
-            // between its fence and itself makes ptxas insert its own fence there.
-            let mut frags = [[0u32; 4]; 4];
-            unroll!(kk in [0, 1, 2, 3] {
+            // P's half as A fragments (k-steps 2 wg, 2 wg + 1 of the block's four), also
+            // stored to the P slab for the other warpgroup: row r, token chunk 4 wg + j.
+            let mut frags = [[0u32; 4]; 2];
+            unroll!(kk in [0, 1] {
                 let t0 = 4 * (2 * kk);
                 let t1 = 4 * (2 * kk + 1);
                 frags[kk] = [
@@ -201,20 +247,41 @@ pub unsafe fn decode_wg_bf16(p: DecodeParams) {
                     cvt::pack_bf16x2(s[t1], s[t1 + 1]),
                     cvt::pack_bf16x2(s[t1 + 2], s[t1 + 3]),
                 ];
+                let ch0 = 4 * wg + 2 * kk as u32;
+                let at = |r: u32, ch: u32| p_s + r * 128 + ((ch ^ (r % 8)) << 4) + 4 * c;
+                smem::st_shared_u32(at(r_loc, ch0), frags[kk][0]);
+                smem::st_shared_u32(at(r_loc + 8, ch0), frags[kk][1]);
+                smem::st_shared_u32(at(r_loc, ch0 + 1), frags[kk][2]);
+                smem::st_shared_u32(at(r_loc + 8, ch0 + 1), frags[kk][3]);
             });
-            if wg == 0 {
-                sync::bar_sync_named::<BAR_QK1_ISSUED, 256>();
-            }
-            wgmma::wgmma_fence();
-            unroll!(kk in [0, 1, 2, 3] {
-                let a = frags[kk];
-                let db = wgmma::smem_desc(
-                    kv + 4 * wg * SLAB + kk as u32 * 16 * 128,
+            wgmma::fence_proxy_async_shared();
+            unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
+                o[j][0] *= alpha[0];
+                o[j][1] *= alpha[0];
+                o[j][2] *= alpha[1];
+                o[j][3] *= alpha[1];
+            });
+            // O[:, this warpgroup's 256 dims] += P . V over the block's four 16-token
+            // k-steps: this half's two from registers, then (past the barrier that says
+            // the other half is stored) the other's two from the P slab. V's k-step t is
+            // 16 token rows of slabs 4 wg .. 4 wg + 4.
+            let v_desc = |t: u32| {
+                wgmma::smem_desc(
+                    kv + 4 * wg * SLAB + t * 16 * 128,
                     SLAB,
                     1024,
                     wgmma::Swizzle::B128,
-                );
-                wgmma::wgmma_m64n256k16_rs_bf16::<1>(&mut o, a, db, true);
+                )
+            };
+            wgmma::wgmma_fence();
+            unroll!(kk in [0, 1] {
+                wgmma::wgmma_m64n256k16_rs_bf16::<1>(&mut o, frags[kk], v_desc(2 * wg + kk as u32), true);
+            });
+            sync::bar_sync_named::<BAR_P, 256>();
+            unroll!(kk in [0, 1] {
+                let t = 2 * other + kk as u32;
+                let da = wgmma::smem_desc(p_s + 32 * t, 16, 1024, wgmma::Swizzle::B128);
+                wgmma::wgmma_m64n256k16_ss_bf16::<1>(&mut o, da, v_desc(t), true);
             });
             wgmma::wgmma_commit_group();
             wgmma::wgmma_wait_group::<0>();
@@ -224,11 +291,20 @@ pub unsafe fn decode_wg_bf16(p: DecodeParams) {
     }
     cp_async::cp_async_wait_group::<0>();
 
-    // Both warpgroups saw all 64 columns: the quad sums are the full row sums. Warpgroup
-    // `wg` holds output dims 256 wg .. 256 wg + 256, the 64-row tile's column split `wg`.
-    // SAFETY: converged warps; the host sized out/lse and the workspace (validated).
+    // Each warpgroup summed its half of the tokens (against the same running max): the
+    // row sum is both halves'. Warpgroup `wg` holds output dims 256 wg .. 256 wg + 256,
+    // the 64-row tile's column split `wg`.
+    // SAFETY: converged warps, both warpgroups reach the barrier; the host sized out/lse
+    // and the workspace (validated).
     unsafe {
-        let l_tot = [decode::quad_sum(l_run[0]), decode::quad_sum(l_run[1])];
+        let l_half = [decode::quad_sum(l_run[0]), decode::quad_sum(l_run[1])];
+        smem::st_shared_f32_if(red_sum(wg, r_loc), l_half[0], (c == 0) as u32);
+        smem::st_shared_f32_if(red_sum(wg, r_loc + 8), l_half[1], (c == 0) as u32);
+        sync::bar_sync_named::<BAR_MAX, 256>();
+        let l_tot = [
+            l_half[0] + smem::ld_shared_f32(red_sum(other, r_loc)),
+            l_half[1] + smem::ld_shared_f32(red_sum(other, r_loc + 8)),
+        ];
         decode::write_rows::<DecodeBf16, M64>(&p, &o, l_tot, m_run, b, row_a, split, nsplit, wg, c);
     }
 }

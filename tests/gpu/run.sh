@@ -106,7 +106,8 @@ if [[ -x stage/bin/mla-swfp8 ]]; then
   save
 fi
 # MLA_NCU="bf16 wg64n64 B64 L4096 H128 S1": Nsight Compute on one decode launch of that
-# `mla bench` shape (MLA_NCU_KERNEL: kernel-name regex, default the decode kernels).
+# `mla bench` shape (MLA_NCU_KERNEL: kernel-name regex, default the decode kernels;
+# MLA_NCU_SOURCE=1 adds the stall samples per SASS instruction as ncu-src-N.csv).
 if [[ -n "${MLA_NCU:-}" ]]; then
   ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   IFS=',' read -ra ncu_shapes <<<"$MLA_NCU"
@@ -114,8 +115,15 @@ if [[ -n "${MLA_NCU:-}" ]]; then
     MLA_BENCH_FILTER="${ncu_shapes[$i]}" timeout 150 "$ncu_bin" --kernel-name "regex:${MLA_NCU_KERNEL:-mla_decode_(wg|mma)}" \
       --launch-skip 3 --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
       --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy \
-      --section LaunchStats stage/bin/mla bench >"$logs/ncu-$i.log" 2>&1
+      --section LaunchStats ${MLA_NCU_SOURCE:+--section SourceCounters -o "$logs/ncu-$i"} \
+      stage/bin/mla bench >"$logs/ncu-$i.log" 2>&1
     summary+=("$(printf '%-11s rc=%-3d  %s' "ncu-$i" "$?" "${ncu_shapes[$i]} (ncu-$i.log)")")
+    # MLA_NCU_SOURCE=1: also the sections and the per-SASS-instruction stall samples.
+    if [[ -f "$logs/ncu-$i.ncu-rep" ]]; then
+      "$ncu_bin" -i "$logs/ncu-$i.ncu-rep" --page details >>"$logs/ncu-$i.log" 2>&1
+      "$ncu_bin" -i "$logs/ncu-$i.ncu-rep" --page source --csv --print-source sass >"$logs/ncu-src-$i.csv" 2>&1
+      rm -f "$logs/ncu-$i.ncu-rep"
+    fi
   done
   save
 fi

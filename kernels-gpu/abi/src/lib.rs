@@ -162,9 +162,14 @@ pub mod decode_tile {
     /// The `wgmma` decode (sm_90a only, `names::DECODE_WG_BF16`): the same grid, block and
     /// params as the 64-row tile; Q and two KV stages as 128-byte-swizzled slab tiles (nine
     /// 64-dim slabs of 64 x 128 bytes each), after up to 1 KB of alignment slack (the
-    /// swizzle atoms must be 1024-byte aligned).
+    /// swizzle atoms must be 1024-byte aligned); then P (64 rows x 64 tokens, one slab) and
+    /// the warpgroups' row exchange (two f32 per row per warpgroup).
     pub const WG_SLAB_BYTES: usize = BLOCK_N * 128;
-    pub const WG_SMEM_BYTES: usize = 1024 + 3 * QK_TILE_BYTES;
+    /// Offsets from the aligned base.
+    pub const WG_SMEM_P: usize = 3 * QK_TILE_BYTES;
+    pub const WG_SMEM_RED: usize = WG_SMEM_P + WG_SLAB_BYTES;
+    pub const WG_RED_BYTES: usize = 2 * 2 * BLOCK_M * 4;
+    pub const WG_SMEM_BYTES: usize = 1024 + WG_SMEM_RED + WG_RED_BYTES;
     const _: () = assert!(QK_TILE_BYTES == 9 * WG_SLAB_BYTES);
     const _: () = assert!(WG_SMEM_BYTES <= 227 * 1024);
     const _: () = assert!(BLOCK_M == 16 * (WARPS / 2));

@@ -51,6 +51,29 @@ pub unsafe fn st_shared_f32(addr: u32, v: f32) {
     }
 }
 
+/// `@p st.shared.f32 [addr], v` with `p = (pred != 0)`: a store made by some lanes only,
+/// without a branch (so a barrier after it stays in converged code).
+///
+/// # Safety
+/// As [`st_shared_u32`] (for the lanes that store).
+#[inline(always)]
+pub unsafe fn st_shared_f32_if(addr: u32, v: f32, pred: u32) {
+    // SAFETY: the caller guarantees the address is valid where the store happens.
+    unsafe {
+        asm!(
+            "{{",
+            ".reg .pred p;",
+            "setp.ne.b32 p, {c}, 0;",
+            "@p st.shared.f32 [{a}], {v};",
+            "}}",
+            a = in(reg32) addr,
+            v = in(reg32) v,
+            c = in(reg32) pred,
+            options(nostack)
+        )
+    }
+}
+
 /// `ld.shared.f32`.
 ///
 /// # Safety
