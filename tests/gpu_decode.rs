@@ -113,7 +113,8 @@ fn run_cases(test: &str, specs: &[CaseSpec], splits: &[Splits], seed: u64) -> (u
         for (h, refs) in &prepared {
             let mut d = DeviceCase::upload(&stream, h).expect("upload");
             let mut ws = harness::workspace_for(&stream, h).expect("workspace");
-            // Every tile this image runs for the dtypes (the wgmma tile: sm_90a, bf16).
+            // Every tile this image runs for the dtypes (the wgmma tile: sm_90a; bf16 Q, bf16 or
+            // fp8 cache).
             let tiles: Vec<Tile> = Tile::ALL
                 .into_iter()
                 .filter(|t| t.check(rt.backend(), h.spec.dtypes).is_ok())

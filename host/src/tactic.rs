@@ -42,8 +42,8 @@ pub enum Tile {
     /// there ([`Tile::default_for`]), and a tuner candidate up to 32 rows.
     M16N64,
     /// 64 rows x 64 tokens with `wgmma` (two warpgroups, accumulators in registers): sm_90a
-    /// image and bf16 only ([`Tile::check`]); the default there for more than 16 rows
-    /// ([`Tile::default_on`]).
+    /// image, bf16 Q with a bf16 or fp8 cache ([`Tile::check`]); the default there for more
+    /// than 16 rows ([`Tile::default_on`]).
     Wg64N64,
 }
 
@@ -51,7 +51,7 @@ impl Tile {
     pub const ALL: [Tile; 3] = [Tile::M64N64, Tile::M16N64, Tile::Wg64N64];
 
     /// The default tile for `rows` query rows on `backend` with `dtypes`: the `wgmma` tile
-    /// where it runs (sm_90a, bf16) and the rows fill more than a 16-row tile, else
+    /// where it runs (sm_90a; bf16 Q, bf16 or fp8 cache) and the rows fill more than a 16-row tile, else
     /// [`Tile::default_for`].
     pub fn default_on(rows: usize, backend: Backend, dtypes: DecodeDtypes) -> Tile {
         let portable = Tile::default_for(rows);
@@ -63,7 +63,8 @@ impl Tile {
     }
 
     /// Whether `backend`'s image has this tile for `dtypes`: the `wgmma` tile needs the sm_90a
-    /// image (`wgmma` is sm_90a only; the sm_100a image does not have it) and bf16.
+    /// image (`wgmma` is sm_90a only; the sm_100a image does not have it) and bf16 Q with a
+    /// bf16 or fp8 cache.
     pub fn check(self, backend: Backend, dtypes: DecodeDtypes) -> Result<(), MlaError> {
         if self != Tile::Wg64N64 {
             return Ok(());
@@ -78,11 +79,11 @@ impl Tile {
                 ),
             });
         }
-        if dtypes != DecodeDtypes::Bf16 {
+        if !matches!(dtypes, DecodeDtypes::Bf16 | DecodeDtypes::Fp8KvBf16Q) {
             return Err(MlaError::Unsupported {
                 what: "tile",
                 got: self.name().into(),
-                why: format!("bf16 Q and cache only, got {dtypes:?}"),
+                why: format!("bf16 Q with a bf16 or fp8 cache only, got {dtypes:?}"),
             });
         }
         Ok(())
@@ -131,7 +132,8 @@ impl Tile {
             (Tile::M16N64, Fp16) => DECODE16_FP16,
             (Tile::M16N64, Fp8KvBf16Q) => DECODE16_FP8KV_BF16Q,
             (Tile::M16N64, Fp8) => DECODE16_FP8,
-            // Only bf16 passes Tile::check; the symbol is in the sm_90a image only.
+            // Only these two pass Tile::check; the symbols are in the sm_90a image only.
+            (Tile::Wg64N64, Fp8KvBf16Q) => DECODE_WG_FP8KV_BF16Q,
             (Tile::Wg64N64, _) => DECODE_WG_BF16,
         }
     }

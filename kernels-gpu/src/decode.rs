@@ -271,7 +271,7 @@ pub(crate) unsafe fn issue_kv_row<K: DecodeKind, const TPR: u32>(
 
 /// Eight fp8 e4m3 values (two little-endian words) to eight 16-bit values, exactly.
 #[inline(always)]
-fn fp8x8_to_half<H: Half16>(raw: [u32; 2]) -> [u32; 4] {
+pub(crate) fn fp8x8_to_half<H: Half16>(raw: [u32; 2]) -> [u32; 4] {
     let mut o = [0u32; 4];
     unroll!(i in [0, 1, 2, 3] {
         let (lo, hi) = cvt::e4m3x2_to_f32x2(raw[i / 2] >> (16 * (i % 2)));

@@ -18,9 +18,9 @@
 //!   A split works on the blocks [`mla_abi::chunk_blocks`] gives it and stores through
 //!   [`crate::decode`]'s `write_rows` (out/lse for one split, else the workspace partials).
 
-use crate::DecodeBf16;
 use crate::arch::{self, cp_async, cvt, smem, sync, wgmma};
-use crate::decode::{self, M64};
+use crate::decode::{self, DecodeKind, M64};
+use crate::elem::Bf16;
 use mla_abi::DecodeParams;
 use mla_abi::decode_tile as T;
 
@@ -29,6 +29,8 @@ pub(crate) const SLAB: u32 = T::WG_SLAB_BYTES as u32;
 /// One 64 x 576 16-bit tile in slabs.
 pub(crate) const SLAB_TILE: u32 = T::QK_TILE_BYTES as u32;
 const BLOCK_N: u32 = T::BLOCK_N as u32;
+const D_QK: u32 = mla_abi::D_QK as u32;
+const _: () = assert!(T::BLOCK_N * mla_abi::D_QK / 16 == 9 * 256);
 /// Named barriers between the warpgroups (0 is the CTA barrier), once per block each:
 /// both halves' row maxima are in the exchange / both halves of P are in the P slab.
 const BAR_MAX: u32 = 1;
@@ -94,15 +96,60 @@ impl KvRow {
             });
         }
     }
+
+    /// As [`KvRow::issue`] for an fp8 cache: the row's 576 bytes (36 chunks, this thread's
+    /// 9) unswizzled into a raw stage of `BLOCK_N` rows.
+    ///
+    /// # Safety
+    /// `raw` is a raw fp8 stage of `BLOCK_N` rows.
+    #[inline(always)]
+    unsafe fn issue_fp8(self, p: &DecodeParams, entry: i32, j: u32, raw: u32) {
+        let page = decode::checked_page(p, entry);
+        let (src, n) = match decode::kv_row_addr(p, page, j, 1) {
+            Some(a) => (a, 16),
+            None => (p.kv_cache.ptr() as *const u8, 0),
+        };
+        let r = j % BLOCK_N;
+        // SAFETY: src + src_off + 64 i < src + 576 (one cache row); dst inside the stage.
+        unsafe {
+            let src = src.add(self.src as usize);
+            let dst = raw + r * D_QK + self.src;
+            unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+                cp_async::cp_async_cg_16(dst + 64 * i as u32, src.add(64 * i), n);
+            });
+        }
+    }
+}
+
+/// Converts a landed raw fp8 stage into the bf16 slab tile at `tile` (e4m3 to bf16 is
+/// exact), 16 raw bytes to two 16-byte chunks at a time.
+///
+/// # Safety
+/// All threads of the CTA call it between barriers; `raw` and `tile` are a raw stage and a
+/// slab tile.
+#[inline(always)]
+unsafe fn convert_fp8_stage<K: DecodeKind<Mma = Bf16>>(raw: u32, tile: u32) {
+    const CHUNKS: u32 = D_QK / 16;
+    let tid = arch::thread_idx_x();
+    unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+        let c = tid + 256 * i as u32;
+        let (r, k) = (c / CHUNKS, c % CHUNKS);
+        // SAFETY: r < BLOCK_N, k < 36: inside the raw stage and the tile.
+        unsafe {
+            let v = smem::ld_shared_v4(raw + r * D_QK + (k << 4));
+            smem::st_shared_v4(tile + slab_off(r, 2 * k), decode::fp8x8_to_half::<K::Mma>([v[0], v[1]]));
+            smem::st_shared_v4(tile + slab_off(r, 2 * k + 1), decode::fp8x8_to_half::<K::Mma>([v[2], v[3]]));
+        }
+    });
 }
 
 /// The kernel body (see the module docs).
 ///
 /// # Safety
 /// Launched with the grid, block and shared memory above on params the host validated
-/// (bf16 Q and cache, shapes, strides, workspace capacity).
+/// (bf16 Q, a bf16 or (`K::KV_FP8`) fp8 e4m3 cache, shapes, strides, workspace capacity).
 #[inline(always)]
-pub unsafe fn decode_wg_bf16(p: DecodeParams) {
+pub unsafe fn decode_wg<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
     let split = arch::block_idx_x();
     let tile = arch::block_idx_y();
     let b = arch::block_idx_z();
@@ -126,7 +173,9 @@ pub unsafe fn decode_wg_bf16(p: DecodeParams) {
     let c = lane % 4;
     let base = aligned_base();
     let q_s = base;
+    // KV: two bf16 stages, or (fp8 cache) the converted tile and two raw stages.
     let kv_s = |s: u32| base + SLAB_TILE + s * SLAB_TILE;
+    let raw_s = |s: u32| base + T::WG_SMEM_FP8_RAW as u32 + s * T::FP8_STAGE_BYTES as u32;
     let p_s = base + T::WG_SMEM_P as u32;
     let red_s = base + T::WG_SMEM_RED as u32;
 
@@ -136,13 +185,19 @@ pub unsafe fn decode_wg_bf16(p: DecodeParams) {
     let entry_of = |kb: u32| decode::kv_row_page_entry(&p, b, kb * BLOCK_N + kv_r, len);
     let row = KvRow::new(kv_r, tid % 4);
     let issue = |entry: i32, kb: u32, stage: u32| {
-        // SAFETY: the stage holds BLOCK_N slab-layout rows.
-        unsafe { row.issue(&p, entry, kb * BLOCK_N + kv_r, kv_s(stage)) }
+        // SAFETY: the stage holds BLOCK_N slab-layout rows, or BLOCK_N raw fp8 rows.
+        unsafe {
+            if K::KV_FP8 {
+                row.issue_fp8(&p, entry, kb * BLOCK_N + kv_r, raw_s(stage))
+            } else {
+                row.issue(&p, entry, kb * BLOCK_N + kv_r, kv_s(stage))
+            }
+        }
     };
 
     // Q rows (zeros past the last row) and the chunk's first block.
     // SAFETY: the Q tile holds 64 slab-layout rows of a validated q.
-    unsafe { decode::load_q_tile::<DecodeBf16, M64>(&p, b, row0, q_s, slab_off) };
+    unsafe { decode::load_q_tile::<K, M64>(&p, b, row0, q_s, slab_off) };
     if kb0 < kb1 {
         issue(entry_of(kb0), kb0, 0);
     }
@@ -174,14 +229,33 @@ pub unsafe fn decode_wg_bf16(p: DecodeParams) {
         wgmma::fence_proxy_async_shared();
         // SAFETY: every thread reaches the barrier (loop bounds are CTA-uniform).
         unsafe { sync::bar_sync() };
-        // One barrier per block: past it every thread has finished the previous block's
-        // P.V (its wgmma_wait_group) and exchange reads, so the other stage, P and the
-        // row exchange are free for the next block.
+        // Past this barrier every thread has finished the previous block's P.V (its
+        // wgmma_wait_group) and exchange reads, so the other stage (fp8: the converted
+        // tile), P and the row exchange are free for this block.
+        let kv = if K::KV_FP8 {
+            // The next raw block goes out first, then this one becomes the bf16 tile (a
+            // second barrier: every thread converts rows others copied and wgmma reads).
+            if kb + 1 < kb1 {
+                issue(next_entry, kb + 1, stage ^ 1);
+                if kb + 2 < kb1 {
+                    next_entry = entry_of(kb + 2);
+                }
+            }
+            cp_async::cp_async_commit_group();
+            // SAFETY: the raw stage landed (waited above, barrier); the tile is free.
+            unsafe {
+                convert_fp8_stage::<K>(raw_s(stage), kv_s(0));
+                wgmma::fence_proxy_async_shared();
+                sync::bar_sync();
+            }
+            kv_s(0)
+        } else {
+            kv_s(stage)
+        };
         // SAFETY: the descriptors address the Q tile, this stage and P; each warpgroup
         // runs the wgmma sequences converged; both warpgroups reach both named barriers
         // once per block.
         unsafe {
-            let kv = kv_s(stage);
             // S[:, 32 wg .. 32 wg + 32] = Q K^T for this warpgroup's half of the tokens.
             let mut s = [0.0f32; 16];
             wgmma::wgmma_fence();
@@ -192,14 +266,16 @@ pub unsafe fn decode_wg_bf16(p: DecodeParams) {
                 wgmma::wgmma_m64n32k16_bf16(&mut s, da, db, ks > 0);
             }
             wgmma::wgmma_commit_group();
-            // The next block's copies go out while the tensor cores run QK^T.
-            if kb + 1 < kb1 {
-                issue(next_entry, kb + 1, stage ^ 1);
-                if kb + 2 < kb1 {
-                    next_entry = entry_of(kb + 2);
+            // The next block's copies (bf16) go out while the tensor cores run QK^T.
+            if !K::KV_FP8 {
+                if kb + 1 < kb1 {
+                    issue(next_entry, kb + 1, stage ^ 1);
+                    if kb + 2 < kb1 {
+                        next_entry = entry_of(kb + 2);
+                    }
                 }
+                cp_async::cp_async_commit_group();
             }
-            cp_async::cp_async_commit_group();
             wgmma::wgmma_wait_group::<0>();
 
             // Mask, scale, row max over this half (the quad holds its 32 columns of two
@@ -255,12 +331,16 @@ pub unsafe fn decode_wg_bf16(p: DecodeParams) {
                 smem::st_shared_u32(at(r_loc + 8, ch0 + 1), frags[kk][3]);
             });
             wgmma::fence_proxy_async_shared();
-            unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
-                o[j][0] *= alpha[0];
-                o[j][1] *= alpha[0];
-                o[j][2] *= alpha[1];
-                o[j][3] *= alpha[1];
-            });
+            // Once the running max settles most blocks leave it unchanged: skip the 128
+            // multiplies by one (per thread; no collective op inside).
+            if alpha[0] != 1.0 || alpha[1] != 1.0 {
+                unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
+                    o[j][0] *= alpha[0];
+                    o[j][1] *= alpha[0];
+                    o[j][2] *= alpha[1];
+                    o[j][3] *= alpha[1];
+                });
+            }
             // O[:, this warpgroup's 256 dims] += P . V over the block's four 16-token
             // k-steps: this half's two from registers, then (past the barrier that says
             // the other half is stored) the other's two from the P slab. V's k-step t is
@@ -305,6 +385,6 @@ pub unsafe fn decode_wg_bf16(p: DecodeParams) {
             l_half[0] + smem::ld_shared_f32(red_sum(other, r_loc)),
             l_half[1] + smem::ld_shared_f32(red_sum(other, r_loc + 8)),
         ];
-        decode::write_rows::<DecodeBf16, M64>(&p, &o, l_tot, m_run, b, row_a, split, nsplit, wg, c);
+        decode::write_rows::<K, M64>(&p, &o, l_tot, m_run, b, row_a, split, nsplit, wg, c);
     }
 }

@@ -154,7 +154,16 @@ paged_kernel!(
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mla_decode_wg_bf16(p: DecodeParams) {
     // SAFETY: launched by the host with the documented grid on validated bf16 params.
-    unsafe { decode_wg::decode_wg_bf16(p) }
+    unsafe { decode_wg::decode_wg::<DecodeBf16>(p) }
+}
+
+/// `mla_decode_wg_fp8kv_bf16q`: see [`decode_wg`] (sm_90a image only).
+#[cfg(mla_wgmma)]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mla_decode_wg_fp8kv_bf16q(p: DecodeParams) {
+    // SAFETY: launched by the host with the documented grid on validated params (bf16 Q,
+    // fp8 e4m3 cache).
+    unsafe { decode_wg::decode_wg::<DecodeFp8KvBf16Q>(p) }
 }
 
 /// `mla_schedule`: see [`schedule`].

@@ -170,6 +170,9 @@ pub mod decode_tile {
     pub const WG_SMEM_RED: usize = WG_SMEM_P + WG_SLAB_BYTES;
     pub const WG_RED_BYTES: usize = 2 * 2 * BLOCK_M * 4;
     pub const WG_SMEM_BYTES: usize = 1024 + WG_SMEM_RED + WG_RED_BYTES;
+    /// With an fp8 cache the second KV stage holds two raw fp8 stages (rows of 576 bytes)
+    /// and the first the converted bf16 slab tile.
+    pub const WG_SMEM_FP8_RAW: usize = 2 * QK_TILE_BYTES;
     const _: () = assert!(QK_TILE_BYTES == 9 * WG_SLAB_BYTES);
     const _: () = assert!(WG_SMEM_BYTES <= 227 * 1024);
     const _: () = assert!(BLOCK_M == 16 * (WARPS / 2));
@@ -265,12 +268,18 @@ pub mod names {
     pub const DECODE16_FP16: &str = "mla_decode_mma16_fp16";
     pub const DECODE16_FP8KV_BF16Q: &str = "mla_decode_mma16_fp8kv_bf16q";
     pub const DECODE16_FP8: &str = "mla_decode_mma16_fp8";
-    /// The `wgmma` decode (bf16, 64-row tile): only in the sm_90a image, so it is not in
-    /// [`ALL`] but in [`SM90A_ONLY`].
+    /// The `wgmma` decodes (64-row tile; bf16 Q with a bf16 or an fp8 cache): only in the
+    /// sm_90a image, so they are not in [`ALL`] but in [`SM90A_ONLY`].
     pub const DECODE_WG_BF16: &str = "mla_decode_wg_bf16";
+    pub const DECODE_WG_FP8KV_BF16Q: &str = "mla_decode_wg_fp8kv_bf16q";
     /// Symbols only the sm_90a image has (with their params sizes), resolved only there.
-    pub const SM90A_ONLY: &[(&str, usize)] =
-        &[(DECODE_WG_BF16, core::mem::size_of::<super::DecodeParams>())];
+    pub const SM90A_ONLY: &[(&str, usize)] = &[
+        (DECODE_WG_BF16, core::mem::size_of::<super::DecodeParams>()),
+        (
+            DECODE_WG_FP8KV_BF16Q,
+            core::mem::size_of::<super::DecodeParams>(),
+        ),
+    ];
     pub const COMBINE_BF16: &str = "mla_combine_bf16";
     pub const COMBINE_FP16: &str = "mla_combine_fp16";
     pub const APPEND_BF16: &str = "mla_append_bf16";
