@@ -4,7 +4,10 @@
 //!
 //! - Grid: `(s_q * heads, batch)`: one CTA per query row. Block: `combine_tile::THREADS`
 //!   (128); thread `t` owns output dims `4t .. 4t + 4`.
-//! - Shared memory: none.
+//! - Shared memory: none. Each warp loads all of the row's `lse_i` at once (lane `j`: chunks
+//!   `j` and `j + 32`) and reduces them with shuffles; the `O_i` loads go out sixteen chunks
+//!   at a time, so a row costs a few memory latencies, not one per chunk (a 64-chunk row
+//!   used to be a chain of 64 dependent round trips).
 //! - Reads [`CombineParams`]: `num_splits[b]` (sequences with one split are skipped: the
 //!   decode kernel wrote their output), `partial_lse`, `partial_o`; writes `out`, `lse`.
 //! - Chunks with `lse_i = -inf` (no visible keys) get weight exactly 0; a row whose chunks
@@ -12,7 +15,7 @@
 
 use crate::arch::{self, sync};
 use crate::elem::Half16;
-use mla_abi::{CombineParams, D_V, combine_tile};
+use mla_abi::{CombineParams, D_V, MAX_SPLITS, combine_tile};
 
 const LOG2E: f32 = core::f32::consts::LOG2_E;
 const LN2: f32 = core::f32::consts::LN_2;
@@ -36,34 +39,71 @@ pub unsafe fn combine<O: Half16>(p: CombineParams) {
     let split_stride = (p.batch * rows) as usize;
     let row_idx = (b * rows + row) as usize;
 
-    // SAFETY (all loads below): split < max_splits and row_idx < batch * rows index the
-    // workspace the host sized as max_splits * batch * rows (* D_V).
-    let lse_at = |i: u32| unsafe { *p.partial_lse.ptr().add(i as usize * split_stride + row_idx) };
-    let mut m = f32::NEG_INFINITY;
-    for i in 0..splits {
-        m = sync::fmax(m, lse_at(i));
+    // Every warp holds all the row's lse values, lane j those of chunks j and j + 32, all
+    // loaded at once (one memory latency, not one per chunk), and reduces them with
+    // shuffles: the max, each chunk's weight, their sum.
+    const _: () = assert!(MAX_SPLITS <= 64);
+    let splits = splits.min(MAX_SPLITS);
+    let lane = arch::thread_idx_x() % 32;
+    // SAFETY (the loads below): split < splits <= max_splits and row_idx < batch * rows
+    // index the workspace the host sized as max_splits * batch * rows (* D_V).
+    let lse_at = |i: u32| {
+        if i < splits {
+            unsafe { *p.partial_lse.ptr().add(i as usize * split_stride + row_idx) }
+        } else {
+            f32::NEG_INFINITY
+        }
+    };
+    let l = [lse_at(lane), lse_at(lane + 32)];
+    // SAFETY (shuffles): the whole CTA runs this code converged (row and b are CTA-uniform).
+    let mut m = sync::fmax(l[0], l[1]);
+    for x in [16, 8, 4, 2, 1] {
+        m = sync::fmax(m, unsafe { sync::shfl_xor_f32(m, x) });
+    }
+    // Chunks with no visible keys (lse = -inf) weigh exactly 0, and so does everything
+    // when the whole row is empty (m = -inf).
+    let weight = |li: f32| {
+        if li == f32::NEG_INFINITY {
+            0.0
+        } else {
+            sync::ex2((li - m) * LOG2E)
+        }
+    };
+    let w = [weight(l[0]), weight(l[1])];
+    let mut sum = w[0] + w[1];
+    for x in [16, 8, 4, 2, 1] {
+        sum += unsafe { sync::shfl_xor_f32(sum, x) };
     }
 
+    // O: this thread's four dims of each chunk, sixteen chunk loads in flight at a time. A
+    // chunk of weight 0 may hold garbage (an empty chunk's O is never written): its value
+    // is replaced by 0, never multiplied.
     let t = arch::thread_idx_x() as usize;
     let dim0 = t * combine_tile::DIMS_PER_THREAD;
     let mut acc = [0.0f32; combine_tile::DIMS_PER_THREAD];
-    let mut sum = 0.0f32;
-    if m != f32::NEG_INFINITY {
-        for i in 0..splits {
-            let l = lse_at(i);
-            if l == f32::NEG_INFINITY {
-                // An empty chunk: weight 0, and its O is never read (it may be garbage).
-                continue;
+    let mut i0 = 0;
+    while i0 < splits {
+        let mut ws = [0.0f32; 16];
+        let mut vs = [[0u32; 4]; 16];
+        unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+            let i = i0 + j as u32;
+            // SAFETY: a warp-uniform source lane (i is uniform).
+            let src_w = if i < 32 { w[0] } else { w[1] };
+            ws[j] = unsafe { sync::shfl_idx_f32(src_w, i % 32) };
+            if i < splits {
+                let src = (i as usize * split_stride + row_idx) * D_V + dim0;
+                // SAFETY: 16-byte aligned (D_V and dim0 multiples of 4 f32), in bounds.
+                vs[j] = unsafe { arch::smem::ld_global_nc_v4(p.partial_o.ptr().add(src) as *const u8) };
             }
-            let w = sync::ex2((l - m) * LOG2E);
-            sum += w;
-            let src = (i as usize * split_stride + row_idx) * D_V + dim0;
-            // SAFETY: 16-byte aligned (D_V and dim0 multiples of 4 f32) and in bounds.
-            let v = unsafe { arch::smem::ld_global_nc_v4(p.partial_o.ptr().add(src) as *const u8) };
-            for j in 0..combine_tile::DIMS_PER_THREAD {
-                acc[j] += w * f32::from_bits(v[j]);
+        });
+        unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+            if ws[j] != 0.0 {
+                for d in 0..combine_tile::DIMS_PER_THREAD {
+                    acc[d] += ws[j] * f32::from_bits(vs[j][d]);
+                }
             }
-        }
+        });
+        i0 += 16;
     }
     let (scale, lse) = if sum > 0.0 {
         (p.output_scale / sum, m + sync::lg2(sum) * LN2)

@@ -66,6 +66,22 @@ pub unsafe fn shfl_xor_f32(v: f32, xor_mask: u32) -> f32 {
     r
 }
 
+/// `shfl.sync.idx.b32` with the full mask: the value of lane `src` (`0..32`). Volatile like
+/// [`shfl_xor_f32`].
+///
+/// # Safety
+/// All 32 lanes of the warp must execute it together.
+#[inline(always)]
+pub unsafe fn shfl_idx_f32(v: f32, src: u32) -> f32 {
+    let r: f32;
+    // SAFETY: the caller guarantees the whole warp is converged here.
+    unsafe {
+        asm!("shfl.sync.idx.b32 {r}, {v}, {s}, 0x1f, 0xffffffff;",
+            r = out(reg32) r, v = in(reg32) v, s = in(reg32) src, options(nostack, nomem))
+    }
+    r
+}
+
 /// A 64-bit butterfly shuffle as two `shfl.sync.bfly.b32` (see [`shfl_xor_f32`]).
 ///
 /// # Safety
