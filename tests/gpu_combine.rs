@@ -22,11 +22,14 @@ fn combine_matches_cpu_merge() {
     };
     let mut rng = SplitMix64::new(seed);
     let mut failures = Vec::new();
+    // Both builds (names::combine): narrow for the first three (at most 8 chunks, or 1536
+    // rows: more than one wave of the wide build), wide for the last two.
     for &(batch, s_q, heads, max_splits, out_t) in &[
         (1usize, 1usize, 1usize, 2usize, ElemType::Bf16),
         (5, 2, 16, 8, ElemType::Bf16),
         (3, 4, 128, MAX_SPLITS as usize, ElemType::Fp16),
         (64, 1, 3, 17, ElemType::Bf16),
+        (2, 1, 16, MAX_SPLITS as usize, ElemType::Fp16),
     ] {
         let rows = s_q * heads;
         let splits: Vec<i32> = (0..batch)

@@ -378,7 +378,11 @@ impl Runtime {
                 output_scale: p.output_scale,
                 _pad: 0,
             };
-            let kernel = shape.dtypes.combine_kernel();
+            let kernel = shape.dtypes.combine_kernel(
+                grid_splits,
+                shape.batch * rows,
+                self.device().sm_count,
+            );
             let grid = LaunchShape {
                 grid: (rows as u32, shape.batch as u32, 1),
                 block: combine_tile::THREADS as u32,
@@ -435,9 +439,17 @@ impl Runtime {
         need("num_splits", num_splits.len(), batch)?;
         need("out", out.len(), batch * rows * mla_abi::D_V)?;
         need("lse", lse.len(), batch * rows)?;
+        let combine = |fp16| {
+            names::combine(
+                fp16,
+                max_splits as u32,
+                (batch * rows) as u64,
+                self.device().sm_count,
+            )
+        };
         let kernel = match out_dtype {
-            ElemType::Bf16 => names::COMBINE_BF16,
-            ElemType::Fp16 => names::COMBINE_FP16,
+            ElemType::Bf16 => combine(false),
+            ElemType::Fp16 => combine(true),
             other => {
                 return Err(MlaError::DtypeMismatch {
                     field: "out",

@@ -75,12 +75,15 @@ impl DecodeDtypes {
         }
     }
 
-    /// The combine kernel symbol (by output type).
-    pub fn combine_kernel(self) -> &'static str {
-        match self.out() {
-            ElemType::Fp16 => names::COMBINE_FP16,
-            _ => names::COMBINE_BF16,
-        }
+    /// The combine kernel symbol: by output type, narrow or wide by the launch's chunk
+    /// bound and rows (`names::combine`).
+    pub fn combine_kernel(self, max_splits: usize, rows: usize, sm_count: u32) -> &'static str {
+        names::combine(
+            self.out() == ElemType::Fp16,
+            max_splits as u32,
+            rows as u64,
+            sm_count,
+        )
     }
 
     /// A short canonical name (`bf16`, `fp16`, `fp8kv_bf16q`, `fp8`).

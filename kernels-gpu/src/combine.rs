@@ -5,9 +5,14 @@
 //! - Grid: `(s_q * heads, batch)`: one CTA per query row. Block: `combine_tile::THREADS`
 //!   (128); thread `t` owns output dims `4t .. 4t + 4`.
 //! - Shared memory: none. Each warp loads all of the row's `lse_i` at once (lane `j`: chunks
-//!   `j` and `j + 32`) and reduces them with shuffles; the `O_i` loads go out sixteen chunks
-//!   at a time, so a row costs a few memory latencies, not one per chunk (a 64-chunk row
-//!   used to be a chain of 64 dependent round trips).
+//!   `j` and `j + 32`) and reduces them with shuffles; the `O_i` loads go out `UNROLL`
+//!   chunks at a time, so a row costs a few memory latencies, not one per chunk (a 64-chunk
+//!   row used to be a chain of 64 dependent round trips). Two builds: narrow
+//!   (`combine_tile::UNROLL_NARROW`, few registers: many CTAs per SM for the thousands of
+//!   rows of a large batch, whose plans have few chunks) and wide (`UNROLL_WIDE`, for plans
+//!   of more than `NARROW_MAX_SPLITS` chunks: small batches, few rows). One build of 16
+//!   measured 1.4-1.8x faster at B = 1 but up to 22% slower at B = 32-64 (142 registers:
+//!   3 CTAs per SM).
 //! - Reads [`CombineParams`]: `num_splits[b]` (sequences with one split are skipped: the
 //!   decode kernel wrote their output), `partial_lse`, `partial_o`; writes `out`, `lse`.
 //! - Chunks with `lse_i = -inf` (no visible keys) get weight exactly 0; a row whose chunks
@@ -23,7 +28,7 @@ const LN2: f32 = core::f32::consts::LN_2;
 /// # Safety
 /// Launched with the grid and block above on params that the host validated.
 #[inline(always)]
-pub unsafe fn combine<O: Half16>(p: CombineParams) {
+pub unsafe fn combine<O: Half16, const UNROLL: usize>(p: CombineParams) {
     let row = arch::block_idx_x();
     let b = arch::block_idx_y();
     let rows = p.s_q * p.heads;
@@ -75,35 +80,39 @@ pub unsafe fn combine<O: Half16>(p: CombineParams) {
         sum += unsafe { sync::shfl_xor_f32(sum, x) };
     }
 
-    // O: this thread's four dims of each chunk, sixteen chunk loads in flight at a time. A
+    // O: this thread's four dims of each chunk, UNROLL chunk loads in flight at a time. A
     // chunk of weight 0 may hold garbage (an empty chunk's O is never written): its value
     // is replaced by 0, never multiplied.
     let t = arch::thread_idx_x() as usize;
     let dim0 = t * combine_tile::DIMS_PER_THREAD;
     let mut acc = [0.0f32; combine_tile::DIMS_PER_THREAD];
     let mut i0 = 0;
+    const { assert!(UNROLL >= 1 && UNROLL <= 16) };
     while i0 < splits {
+        // Sixteen slots, of which the first UNROLL are used (the rest fold away).
         let mut ws = [0.0f32; 16];
         let mut vs = [[0u32; 4]; 16];
         unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-            let i = i0 + j as u32;
-            // SAFETY: a warp-uniform source lane (i is uniform).
-            let src_w = if i < 32 { w[0] } else { w[1] };
-            ws[j] = unsafe { sync::shfl_idx_f32(src_w, i % 32) };
-            if i < splits {
-                let src = (i as usize * split_stride + row_idx) * D_V + dim0;
-                // SAFETY: 16-byte aligned (D_V and dim0 multiples of 4 f32), in bounds.
-                vs[j] = unsafe { arch::smem::ld_global_nc_v4(p.partial_o.ptr().add(src) as *const u8) };
+            if j < UNROLL {
+                let i = i0 + j as u32;
+                let src_w = if i < 32 { w[0] } else { w[1] };
+                // SAFETY: a warp-uniform source lane (i is uniform).
+                ws[j] = unsafe { sync::shfl_idx_f32(src_w, i % 32) };
+                if i < splits {
+                    let src = (i as usize * split_stride + row_idx) * D_V + dim0;
+                    // SAFETY: 16-byte aligned (D_V and dim0 multiples of 4 f32), in bounds.
+                    vs[j] = unsafe { arch::smem::ld_global_nc_v4(p.partial_o.ptr().add(src) as *const u8) };
+                }
             }
         });
         unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-            if ws[j] != 0.0 {
+            if j < UNROLL && ws[j] != 0.0 {
                 for d in 0..combine_tile::DIMS_PER_THREAD {
                     acc[d] += ws[j] * f32::from_bits(vs[j][d]);
                 }
             }
         });
-        i0 += 16;
+        i0 += UNROLL as u32;
     }
     let (scale, lse) = if sum > 0.0 {
         (p.output_scale / sum, m + sync::lg2(sum) * LN2)

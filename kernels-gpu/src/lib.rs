@@ -30,7 +30,9 @@ pub mod schedule;
 
 use decode::DecodeKind;
 use elem::{Bf16, Fp16};
-use mla_abi::{AppendParams, CombineParams, DecodeParams, GatherParams, ScheduleParams};
+use mla_abi::{
+    AppendParams, CombineParams, DecodeParams, GatherParams, ScheduleParams, combine_tile,
+};
 use paged::RowFormat;
 
 #[cfg(target_arch = "nvptx64")]
@@ -40,19 +42,21 @@ fn panic(_: &core::panic::PanicInfo) -> ! {
     loop {}
 }
 
-/// `mla_combine_bf16`: see [`combine`].
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn mla_combine_bf16(p: CombineParams) {
-    // SAFETY: launched by the host with the documented grid on validated params.
-    unsafe { combine::combine::<Bf16>(p) }
+macro_rules! combine_kernel {
+    ($name:ident, $out:ty, $unroll:expr) => {
+        /// A combine entry point: see [`combine`].
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: CombineParams) {
+            // SAFETY: launched by the host with the documented grid on validated params.
+            unsafe { combine::combine::<$out, { $unroll }>(p) }
+        }
+    };
 }
 
-/// `mla_combine_fp16`: see [`combine`].
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn mla_combine_fp16(p: CombineParams) {
-    // SAFETY: launched by the host with the documented grid on validated params.
-    unsafe { combine::combine::<Fp16>(p) }
-}
+combine_kernel!(mla_combine_bf16, Bf16, combine_tile::UNROLL_NARROW);
+combine_kernel!(mla_combine_fp16, Fp16, combine_tile::UNROLL_NARROW);
+combine_kernel!(mla_combine_wide_bf16, Bf16, combine_tile::UNROLL_WIDE);
+combine_kernel!(mla_combine_wide_fp16, Fp16, combine_tile::UNROLL_WIDE);
 
 macro_rules! decode_kernel {
     ($name:ident, $name16:ident, $ref_name:ident, $kind:ident, $mma:ty, $q_fp8:expr, $kv_fp8:expr) => {

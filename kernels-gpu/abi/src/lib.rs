@@ -205,6 +205,17 @@ pub mod combine_tile {
     pub const THREADS: usize = 128;
     pub const DIMS_PER_THREAD: usize = super::D_V / THREADS;
     const _: () = assert!(DIMS_PER_THREAD * THREADS == super::D_V);
+    /// Chunk loads in flight per thread: the narrow kernel (few registers, so many CTAs
+    /// per SM for grids of thousands of rows) and the wide one (one memory round trip per
+    /// sixteen chunks, for few rows with many chunks).
+    pub const UNROLL_NARROW: usize = 2;
+    pub const UNROLL_WIDE: usize = 16;
+    /// The wide kernel runs when a launch allows more chunks than this and its rows fit in
+    /// one wave of the wide kernel (`WIDE_CTAS_PER_SM` CTAs per SM: 142 registers x 128
+    /// threads on sm_90a). A large grid of few chunks is faster narrow (measured on the
+    /// H200 at B = 32-64: the wide build alone was up to 22% slower there).
+    pub const NARROW_MAX_SPLITS: u32 = 8;
+    pub const WIDE_CTAS_PER_SM: u32 = 3;
 }
 
 /// Launch shape of the reference decode: one CTA of 128 threads per query row; thread `t`
@@ -282,6 +293,23 @@ pub mod names {
     ];
     pub const COMBINE_BF16: &str = "mla_combine_bf16";
     pub const COMBINE_FP16: &str = "mla_combine_fp16";
+    pub const COMBINE_WIDE_BF16: &str = "mla_combine_wide_bf16";
+    pub const COMBINE_WIDE_FP16: &str = "mla_combine_wide_fp16";
+
+    /// The combine kernel for a 16-bit output (`fp16`, else bf16), a launch's chunk bound
+    /// and its rows (`batch * s_q * heads`, one CTA each) on `sm_count` SMs (see
+    /// `combine_tile::NARROW_MAX_SPLITS`).
+    pub const fn combine(fp16: bool, max_splits: u32, rows: u64, sm_count: u32) -> &'static str {
+        use super::combine_tile::{NARROW_MAX_SPLITS, WIDE_CTAS_PER_SM};
+        let wide =
+            max_splits > NARROW_MAX_SPLITS && rows <= WIDE_CTAS_PER_SM as u64 * sm_count as u64;
+        match (fp16, wide) {
+            (false, false) => COMBINE_BF16,
+            (true, false) => COMBINE_FP16,
+            (false, true) => COMBINE_WIDE_BF16,
+            (true, true) => COMBINE_WIDE_FP16,
+        }
+    }
     pub const APPEND_BF16: &str = "mla_append_bf16";
     pub const APPEND_FP16: &str = "mla_append_fp16";
     pub const APPEND_FP8_FROM_BF16: &str = "mla_append_fp8_from_bf16";
@@ -310,6 +338,8 @@ pub mod names {
             (DECODE16_FP8, size_of::<DecodeParams>()),
             (COMBINE_BF16, size_of::<CombineParams>()),
             (COMBINE_FP16, size_of::<CombineParams>()),
+            (COMBINE_WIDE_BF16, size_of::<CombineParams>()),
+            (COMBINE_WIDE_FP16, size_of::<CombineParams>()),
             (APPEND_BF16, size_of::<AppendParams>()),
             (APPEND_FP16, size_of::<AppendParams>()),
             (APPEND_FP8_FROM_BF16, size_of::<AppendParams>()),
