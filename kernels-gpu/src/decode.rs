@@ -144,6 +144,23 @@ pub(crate) fn kv_row_addr(
     Some(unsafe { p.kv_cache.ptr().add((off * elem_bytes) as usize) as *const u8 })
 }
 
+/// Where a `cp.async` copy of KV row `j` reads (`entry`: its page-table entry) and how many
+/// bytes of each 16-byte chunk: the row and 16, or, for a row that must not be read, the
+/// cache's first row (a valid address that holds every chunk offset of a row) and 0 (the
+/// copy zero-fills).
+#[inline(always)]
+pub(crate) fn kv_row_source(
+    p: &DecodeParams,
+    entry: i32,
+    j: u32,
+    elem_bytes: u64,
+) -> (*const u8, u32) {
+    match kv_row_addr(p, checked_page(p, entry), j, elem_bytes) {
+        Some(a) => (a, 16),
+        None => (p.kv_cache.ptr() as *const u8, 0),
+    }
+}
+
 /// Threads per KV row when issuing a full block (`BLOCK_N` rows) or a ring half-block
 /// (`HALF_N` rows): thread `t` copies row `t / TPR`, chunks `t % TPR + TPR * i`, so it looks
 /// up one page per issue.
@@ -224,7 +241,6 @@ pub(crate) unsafe fn issue_kv_row<K: DecodeKind, const TPR: u32>(
     n0: u32,
     stage: u32,
 ) {
-    let page = checked_page(p, entry);
     let r = arch::thread_idx_x() / TPR;
     let k0 = arch::thread_idx_x() % TPR;
     let j = n0 + r;
@@ -233,10 +249,7 @@ pub(crate) unsafe fn issue_kv_row<K: DecodeKind, const TPR: u32>(
     } else {
         (ROW_CHUNKS, 2)
     };
-    let (src, n) = match kv_row_addr(p, page, j, elem) {
-        Some(a) => (a, 16),
-        None => (p.kv_cache.ptr() as *const u8, 0),
-    };
+    let (src, n) = kv_row_source(p, entry, j, elem);
     // The swizzle only permutes chunks within 8-chunk groups, so this thread's chunks
     // k0 + TPR i take at most two swizzled offsets (TPR = 4: k % 8 alternates between k0
     // and k0 + 4; TPR a multiple of 8: k % 8 = k0): a base per phase plus whole 128-byte

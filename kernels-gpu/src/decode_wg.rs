@@ -80,13 +80,7 @@ impl KvRow {
     /// `stage` is a slab tile of `BLOCK_N` rows.
     #[inline(always)]
     unsafe fn issue(self, p: &DecodeParams, entry: i32, j: u32, stage: u32) {
-        let page = decode::checked_page(p, entry);
-        // An absent row reads nothing (src-size 0) from a valid address: the cache's row
-        // 0, which holds every chunk offset below.
-        let (src, n) = match decode::kv_row_addr(p, page, j, 2) {
-            Some(a) => (a, 16),
-            None => (p.kv_cache.ptr() as *const u8, 0),
-        };
+        let (src, n) = decode::kv_row_source(p, entry, j, 2);
         // SAFETY: src + src_off + 64 i < src + 1152 (one cache row); dst inside the stage.
         unsafe {
             let src = src.add(self.src as usize);
@@ -104,11 +98,7 @@ impl KvRow {
     /// `raw` is a raw fp8 stage of `BLOCK_N` rows.
     #[inline(always)]
     unsafe fn issue_fp8(self, p: &DecodeParams, entry: i32, j: u32, raw: u32) {
-        let page = decode::checked_page(p, entry);
-        let (src, n) = match decode::kv_row_addr(p, page, j, 1) {
-            Some(a) => (a, 16),
-            None => (p.kv_cache.ptr() as *const u8, 0),
-        };
+        let (src, n) = decode::kv_row_source(p, entry, j, 1);
         let r = j % BLOCK_N;
         // SAFETY: src + src_off + 64 i < src + 576 (one cache row); dst inside the stage.
         unsafe {
