@@ -5,7 +5,10 @@
 //! - the `wgmma` decode's layouts: 128-byte-swizzled K-major A and B over four k-steps;
 //!   an MN-major (transposed) B in two 8 KB slabs with A from shared memory and from
 //!   registers (m64n128k16), which also pins down which descriptor offset strides along K;
-//! - `cp.async.bulk` rows gathered by index into shared memory on an `mbarrier`.
+//! - `cp.async.bulk` rows gathered by index into shared memory on an `mbarrier`;
+//! - TMA (`cp.async.bulk.tensor`, a host-encoded 3-D tensor map with the 128-byte swizzle)
+//!   writing a paged bf16 block exactly in the `wgmma` decode's slab layout, pages of 64
+//!   and of 16 tokens.
 
 mod common;
 
@@ -16,9 +19,9 @@ use cudarc::driver::{CudaContext, CudaStream, DevicePtr};
 use cudarc::nvrtc::Ptx;
 use mla::abi::DevPtr;
 use mla::abi::primitives::{
-    BULK_COPY, BULK_MAX_ROW_BYTES, BULK_MAX_ROWS, BULK_SMEM_BYTES, BulkCopyParams,
-    WGMMA_LAYOUT_SMEM_BYTES, WGMMA_M64N64K16_BF16, WGMMA_RS_MN_B, WGMMA_SMEM_BYTES,
-    WGMMA_SW128_KMAJOR, WGMMA_SW128_MN_B, WgmmaLayoutParams, WgmmaPrimParams,
+    BULK_COPY, BULK_MAX_ROW_BYTES, BULK_MAX_ROWS, BULK_SMEM_BYTES, BulkCopyParams, TMA_SLABS,
+    TMA_SMEM_BYTES, TmaSlabsParams, WGMMA_LAYOUT_SMEM_BYTES, WGMMA_M64N64K16_BF16, WGMMA_RS_MN_B,
+    WGMMA_SMEM_BYTES, WGMMA_SW128_KMAJOR, WGMMA_SW128_MN_B, WgmmaLayoutParams, WgmmaPrimParams,
 };
 use mla::numeric;
 use mla::rng::SplitMix64;
@@ -303,5 +306,88 @@ fn bulk_copy_gathers_rows_exactly() {
             .count();
         eprintln!("[{test}] {rows} rows of {row_bytes} B: {bad} rows differ (seed {seed})");
         assert_eq!(bad, 0, "bulk copy of {rows} x {row_bytes} B");
+    }
+}
+
+/// A 3-D tensor map over a contiguous paged bf16 cache `[num_pages, rows, 576]`: box `{64
+/// dims, rows tokens, 1 page}`, 128-byte swizzle (so a box lands as one slab's rows).
+fn encode_cache_map(cache: u64, rows: usize, num_pages: usize) -> [u8; 128] {
+    use cudarc::driver::sys;
+    let dims: [u64; 3] = [576, rows as u64, num_pages as u64];
+    let strides: [u64; 2] = [1152, (rows * 1152) as u64];
+    let boxes: [u32; 3] = [64, rows as u32, 1];
+    let elem_strides: [u32; 3] = [1, 1, 1];
+    let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
+    // SAFETY: every array has the rank's length; the address is a live device allocation.
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            3,
+            cache as *mut c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            elem_strides.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "cuTensorMapEncodeTiled");
+    // SAFETY: encoded above.
+    let map = unsafe { map.assume_init() };
+    let mut bytes = [0u8; 128];
+    for (i, w) in map.opaque.iter().enumerate() {
+        bytes[8 * i..8 * i + 8].copy_from_slice(&w.to_le_bytes());
+    }
+    bytes
+}
+
+#[test]
+fn tma_slabs_land_in_the_slab_layout() {
+    let test = "prim_tma_slabs";
+    let seed = common::seed(test);
+    let Some((stream, module)) = prim_module(test) else {
+        return;
+    };
+    let mut rng = SplitMix64::new(seed);
+    for rows in [64usize, 16] {
+        let num_pages = 1 + 64 / rows + 1;
+        let cache: Vec<u16> = (0..num_pages * rows * 576)
+            .map(|_| (rng.next_u64() >> 48) as u16)
+            .collect();
+        let dcache = stream.clone_htod(&cache).unwrap();
+        let map = encode_cache_map(dcache.device_ptr(&stream).0, rows, num_pages);
+        let dmap = stream.clone_htod(&map).unwrap();
+        let ddst = stream.clone_htod(&vec![0xa5u8; 64 * 1152]).unwrap();
+        let page = 1usize;
+        let p = TmaSlabsParams {
+            tmap: DevPtr::from_addr(dmap.device_ptr(&stream).0),
+            dst: DevPtr::from_addr(ddst.device_ptr(&stream).0),
+            page: page as u32,
+            rows: rows as u32,
+        };
+        launch_one(&stream, &module, TMA_SLABS, &p, TMA_SMEM_BYTES);
+        let got: Vec<u8> = stream.clone_dtoh(&ddst).unwrap();
+        // Token t of the block is row t % rows of page `page + t / rows`; its 16-byte chunk
+        // k must sit at the slab offset (slab k / 8, row t, chunk (k % 8) ^ (t % 8)).
+        let mut bad = 0;
+        for t in 0..64 {
+            let row = (page + t / rows) * rows + t % rows;
+            for k in 0..72 {
+                let off = (k / 8) * 8192 + t * 128 + (((k % 8) ^ (t % 8)) << 4);
+                let want: Vec<u8> = cache[row * 576 + 8 * k..row * 576 + 8 * k + 8]
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect();
+                if got[off..off + 16] != want[..] {
+                    bad += 1;
+                }
+            }
+        }
+        eprintln!("[{test}] pages of {rows} tokens: {bad} of 4608 chunks misplaced (seed {seed})");
+        assert_eq!(bad, 0, "TMA slab layout, pages of {rows}");
     }
 }

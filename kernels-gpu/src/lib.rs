@@ -220,3 +220,8 @@ prim_kernel!(
     bulk_copy,
     mla_abi::primitives::BulkCopyParams
 );
+prim_kernel!(
+    mla_prim_tma_slabs,
+    tma_slabs,
+    mla_abi::primitives::TmaSlabsParams
+);

@@ -11,7 +11,7 @@
 
 use crate::arch::{self, bulk, smem, sync, wgmma};
 use crate::decode_wg::aligned_base;
-use mla_abi::primitives::{BulkCopyParams, WgmmaLayoutParams, WgmmaPrimParams};
+use mla_abi::primitives::{BulkCopyParams, TmaSlabsParams, WgmmaLayoutParams, WgmmaPrimParams};
 
 /// Byte offset of element `(r, k)` of a `64 x 16` operand in the no-swizzle K-major layout.
 #[inline(always)]
@@ -263,6 +263,54 @@ pub unsafe fn bulk_copy(p: BulkCopyParams) {
         let mut i = tid;
         while i < chunks {
             let v = smem::ld_shared_v4(rows_smem + 16 * i);
+            smem::st_global_v4(p.dst.ptr().add(16 * i as usize), v);
+            i += 128;
+        }
+    }
+}
+
+/// `mla_prim_tma_slabs`: see `mla_abi::primitives`.
+///
+/// # Safety
+/// Launched with one CTA of 128 threads and `TMA_SMEM_BYTES` of dynamic shared memory;
+/// `tmap` a tensor map as documented there, `rows` a power of two in `8..=64`, pages
+/// `page .. page + 64 / rows` inside the map, `dst` holds 72 KB.
+#[inline(always)]
+pub unsafe fn tma_slabs(p: TmaSlabsParams) {
+    const SLAB: u32 = 64 * 128;
+    let tid = arch::thread_idx_x();
+    let tile = aligned_base();
+    // The mbarrier sits past the tile's slack-aligned 72 KB.
+    let bar = tile + 9 * SLAB;
+    // SAFETY: the tile and the mbarrier lie inside the dynamic shared memory (1 KB slack +
+    // 72 KB + 128 bytes); every thread reaches the barriers; the copies stay in the tile.
+    unsafe {
+        if tid == 0 {
+            bulk::mbarrier_init(bar, 1);
+            bulk::fence_mbarrier_init();
+        }
+        // Unaligned: LLVM may copy this barrier into both arms of the tid == 0 branch.
+        sync::bar_sync_unaligned();
+        if tid == 0 {
+            bulk::mbarrier_arrive_expect_tx(bar, 9 * SLAB);
+            let pages = 64 / p.rows;
+            for s in 0..9u32 {
+                for q in 0..pages {
+                    // Box {64 dims, rows tokens, 1 page}: rows of 128 bytes, so page q's
+                    // box lands q * rows rows down the slab, on a 1024-byte boundary when
+                    // rows >= 8.
+                    let dst = tile + s * SLAB + q * p.rows * 128;
+                    let c = [(64 * s) as i32, 0, (p.page + q) as i32];
+                    bulk::tma_load_3d(dst, p.tmap.ptr() as *const u8, c, bar);
+                }
+            }
+        }
+        if !bulk::mbarrier_wait_parity_bounded(bar, 0, 1 << 24) {
+            arch::trap();
+        }
+        let mut i = tid;
+        while i < 9 * SLAB / 16 {
+            let v = smem::ld_shared_v4(tile + 16 * i);
             smem::st_global_v4(p.dst.ptr().add(16 * i as usize), v);
             i += 128;
         }

@@ -30,11 +30,12 @@ save() {
 stage/bin/mla info >"$logs/info.log" 2>&1
 head -4 "$logs/info.log"
 
-# name  binary  filter  timeout(s)
+# name  binary  filter  timeout(s); "@" in a filter separates arguments
 plan=(
   "load       test-gpu_load     ''                      90"
-  "prims      test-gpu_primitives --skip=bulk_copy      150"
+  "prims      test-gpu_primitives --skip=bulk_copy@--skip=tma_slabs 150"
   "prims-bulk test-gpu_primitives bulk_copy             30"
+  "prims-tma  test-gpu_primitives tma_slabs             30"
   "paged      test-gpu_paged    ''                      90"
   "combine    test-gpu_combine  ''                      60"
   "capi       test-capi         ''                      30"
@@ -58,6 +59,7 @@ fi
 for entry in "${plan[@]}"; do
   read -r name bin filter tmo <<<"$entry"
   filter=${filter//\'/}
+  filter=${filter//@/ }
   start=$(date +%s)
   timeout "$tmo" "stage/bin/$bin" --test-threads=1 --nocapture $filter >"$logs/$name.log" 2>&1
   rc=$?

@@ -603,6 +603,32 @@ pub mod primitives {
     /// 128 bytes for the mbarrier, then the rows.
     pub const BULK_SMEM_BYTES: usize = 128 + BULK_MAX_ROWS * BULK_MAX_ROW_BYTES;
 
+    /// `mla_prim_tma_slabs`: one 64-token block of a paged bf16 cache (`[num_pages,
+    /// page_size, 576]`, contiguous) into shared memory by nine TMA copies, one per 64-dim
+    /// slab, through a 3-D tensor map (`{576, page_size, num_pages}`, box `{64, rows, 1}`,
+    /// 128-byte swizzle) the host encoded; `64 / rows` boxes per slab when pages hold fewer
+    /// than 64 tokens. The shared tile is written back to `dst` byte for byte, so the host
+    /// checks it is exactly the `wgmma` decode's slab layout.
+    pub const TMA_SLABS: &str = "mla_prim_tma_slabs";
+
+    /// Params of `mla_prim_tma_slabs`: grid `(1)`, block 128, `TMA_SMEM_BYTES`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug)]
+    pub struct TmaSlabsParams {
+        /// The 128-byte tensor map, in global memory (64-byte aligned).
+        pub tmap: DevPtr<u8>,
+        /// `[64 * 576]` bf16: the shared tile as it landed (nine slabs of 64 x 128 bytes).
+        pub dst: DevPtr<u8>,
+        /// The block's first page (`64 / rows` pages from it).
+        pub page: u32,
+        /// Tokens per page and rows per box: a power of two, 8..=64.
+        pub rows: u32,
+    }
+
+    /// 1 KB of alignment slack (the 128-byte swizzle needs 1024-byte aligned boxes), the
+    /// mbarrier, then the 72 KB tile.
+    pub const TMA_SMEM_BYTES: usize = 1024 + 128 + 64 * 1152;
+
     /// Every primitive kernel with the size of its params struct.
     pub const ALL: &[(&str, usize)] = &[
         (
@@ -616,6 +642,7 @@ pub mod primitives {
         (WGMMA_SW128_MN_B, core::mem::size_of::<WgmmaLayoutParams>()),
         (WGMMA_RS_MN_B, core::mem::size_of::<WgmmaLayoutParams>()),
         (BULK_COPY, core::mem::size_of::<BulkCopyParams>()),
+        (TMA_SLABS, core::mem::size_of::<TmaSlabsParams>()),
     ];
 }
 

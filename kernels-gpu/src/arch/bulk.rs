@@ -89,3 +89,22 @@ pub unsafe fn bulk_copy_g2s(dst: u32, src: *const u8, bytes: u32, bar: u32) {
             d = in(reg32) dst, s = in(reg64) src, n = in(reg32) bytes, b = in(reg32) bar, options(nostack))
     }
 }
+
+/// `cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes`: the
+/// tensor map's box at coordinates `(c0, c1, c2)` (innermost first, in elements) into shared
+/// memory at `dst`, laid out (and swizzled) as the map says, completed on `bar`.
+///
+/// # Safety
+/// `tmap` is the generic address of a valid 64-byte aligned tensor map in global (or const
+/// / param) memory that no one writes during the kernel; `dst` is aligned as the map's
+/// swizzle needs (1024 bytes for the 128-byte swizzle) with the box's bytes inside this
+/// CTA's shared memory; `bar` an initialised mbarrier that expects the bytes.
+#[inline(always)]
+pub unsafe fn tma_load_3d(dst: u32, tmap: *const u8, c: [i32; 3], bar: u32) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        asm!("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [{d}], [{m}, {{{c0}, {c1}, {c2}}}], [{b}];",
+            d = in(reg32) dst, m = in(reg64) tmap, c0 = in(reg32) c[0], c1 = in(reg32) c[1],
+            c2 = in(reg32) c[2], b = in(reg32) bar, options(nostack))
+    }
+}
