@@ -241,12 +241,7 @@ pub unsafe fn bulk_copy(p: BulkCopyParams) {
     // SAFETY: bar is the first 8 bytes of the dynamic shared memory; every thread reaches
     // the barriers; the copies stay inside the rows region (documented bounds).
     unsafe {
-        if tid == 0 {
-            bulk::mbarrier_init(bar, 1);
-            bulk::fence_mbarrier_init();
-        }
-        // Unaligned: LLVM copies this barrier into both arms of the tid == 0 branch.
-        sync::bar_sync_unaligned();
+        init_mbarrier(bar);
         if tid == 0 {
             bulk::mbarrier_arrive_expect_tx(bar, p.rows * p.row_bytes);
             for r in 0..p.rows {
@@ -255,15 +250,44 @@ pub unsafe fn bulk_copy(p: BulkCopyParams) {
                 bulk::bulk_copy_g2s(rows_smem + r * p.row_bytes, src, p.row_bytes, bar);
             }
         }
-        // A barrier that never completes traps (a launch error) rather than hanging.
+        wait_then_write_back(bar, rows_smem, p.dst.ptr(), p.rows * p.row_bytes);
+    }
+}
+
+/// Thread 0 initialises the single-arrival mbarrier at `bar`; then a CTA barrier.
+///
+/// # Safety
+/// Every thread of the CTA calls it; `bar` is 8 bytes of this CTA's shared memory.
+#[inline(always)]
+unsafe fn init_mbarrier(bar: u32) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if arch::thread_idx_x() == 0 {
+            bulk::mbarrier_init(bar, 1);
+            bulk::fence_mbarrier_init();
+        }
+        // Unaligned: LLVM copies this barrier into both arms of the tid == 0 branch.
+        sync::bar_sync_unaligned();
+    }
+}
+
+/// Waits for phase 0 of `bar` (a barrier that never completes traps, a launch error,
+/// rather than hanging), then the 128 threads copy `bytes` of shared memory from `src` to
+/// `dst` unchanged.
+///
+/// # Safety
+/// All 128 threads call it; `src .. src + bytes` is shared memory the copies filled,
+/// `dst` holds `bytes`, `bytes` a multiple of 16.
+#[inline(always)]
+unsafe fn wait_then_write_back(bar: u32, src: u32, dst: *mut u8, bytes: u32) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
         if !bulk::mbarrier_wait_parity_bounded(bar, 0, 1 << 24) {
             arch::trap();
         }
-        let chunks = p.rows * p.row_bytes / 16;
-        let mut i = tid;
-        while i < chunks {
-            let v = smem::ld_shared_v4(rows_smem + 16 * i);
-            smem::st_global_v4(p.dst.ptr().add(16 * i as usize), v);
+        let mut i = arch::thread_idx_x();
+        while i < bytes / 16 {
+            smem::st_global_v4(dst.add(16 * i as usize), smem::ld_shared_v4(src + 16 * i));
             i += 128;
         }
     }
@@ -285,12 +309,7 @@ pub unsafe fn tma_slabs(p: TmaSlabsParams) {
     // SAFETY: the tile and the mbarrier lie inside the dynamic shared memory (1 KB slack +
     // 72 KB + 128 bytes); every thread reaches the barriers; the copies stay in the tile.
     unsafe {
-        if tid == 0 {
-            bulk::mbarrier_init(bar, 1);
-            bulk::fence_mbarrier_init();
-        }
-        // Unaligned: LLVM may copy this barrier into both arms of the tid == 0 branch.
-        sync::bar_sync_unaligned();
+        init_mbarrier(bar);
         if tid == 0 {
             bulk::mbarrier_arrive_expect_tx(bar, 9 * SLAB);
             let pages = 64 / p.rows;
@@ -305,14 +324,6 @@ pub unsafe fn tma_slabs(p: TmaSlabsParams) {
                 }
             }
         }
-        if !bulk::mbarrier_wait_parity_bounded(bar, 0, 1 << 24) {
-            arch::trap();
-        }
-        let mut i = tid;
-        while i < 9 * SLAB / 16 {
-            let v = smem::ld_shared_v4(tile + 16 * i);
-            smem::st_global_v4(p.dst.ptr().add(16 * i as usize), v);
-            i += 128;
-        }
+        wait_then_write_back(bar, tile, p.dst.ptr(), 9 * SLAB);
     }
 }
