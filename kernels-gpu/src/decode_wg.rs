@@ -1,10 +1,12 @@
-//! The `wgmma` decode (sm_90a only; `--cfg mla_wgmma`): bf16 Q and cache, the 64-row tile,
-//! the same grid, params and outputs as [`crate::decode`]'s 64-row kernel, so the host's
-//! split schedule, workspace and combine are shared.
+//! The `wgmma` decode (sm_90a only; `--cfg mla_wgmma`): bf16 Q with a bf16 or fp8 e4m3
+//! cache, the 64-row tile, the same grid, params and outputs as [`crate::decode`]'s 64-row
+//! kernel, so the host's split schedule, workspace and combine are shared.
 //!
 //! - Grid `(max_splits, ceil(s_q * heads / 64), batch)`, block 256 (two warpgroups),
 //!   dynamic shared memory `decode_tile::WG_SMEM_BYTES`: up to 1 KB of alignment slack, Q
-//!   and two KV stages as slab tiles (72 KB each, [`slab_off`]).
+//!   and two KV stages as slab tiles (72 KB each, [`slab_off`]; with an fp8 cache the
+//!   second holds two raw stages and each block is converted into the first), the P slab
+//!   and the row exchange.
 //! - Each warpgroup computes S for half of the block's tokens (64 x 32, 36 `wgmma`
 //!   k-steps, both operands K-major from shared memory); the row maxima cross shared
 //!   memory (named barrier 1), so both warpgroups hold the same running max. Each stores
