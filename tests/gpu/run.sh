@@ -30,21 +30,21 @@ save() {
 stage/bin/mla info >"$logs/info.log" 2>&1
 head -4 "$logs/info.log"
 
-# name  binary  filter  timeout(s); "@" in a filter separates arguments
+# name  binary  timeout(s)  test arguments (the rest of the line; none: every test)
 plan=(
-  "load       test-gpu_load     ''                      90"
-  "prims      test-gpu_primitives --skip=bulk_copy@--skip=tma_slabs 150"
-  "prims-bulk test-gpu_primitives bulk_copy             30"
-  "prims-tma  test-gpu_primitives tma_slabs             30"
-  "paged      test-gpu_paged    ''                      90"
-  "combine    test-gpu_combine  ''                      60"
-  "capi       test-capi         ''                      30"
-  "serving    test-gpu_serving  ''                      240"
-  "bad-input  test-gpu_decode   bad_requests            30"
-  "invariance test-gpu_decode   split_and_page          90"
-  "fp8-acc    test-gpu_decode   fp8_accuracy            90"
-  "corners    test-gpu_decode   corner_cases            180"
-  "matrix     test-gpu_decode   case_matrix             ${MLA_MATRIX_TIMEOUT:-300}"
+  "load       test-gpu_load       90"
+  "prims      test-gpu_primitives 150 --skip=bulk_copy --skip=tma_slabs"
+  "prims-bulk test-gpu_primitives 30  bulk_copy"
+  "prims-tma  test-gpu_primitives 30  tma_slabs"
+  "paged      test-gpu_paged      90"
+  "combine    test-gpu_combine    60"
+  "capi       test-capi           30"
+  "serving    test-gpu_serving    240"
+  "bad-input  test-gpu_decode     30  bad_requests"
+  "invariance test-gpu_decode     90  split_and_page"
+  "fp8-acc    test-gpu_decode     90  fp8_accuracy"
+  "corners    test-gpu_decode     180 corner_cases"
+  "matrix     test-gpu_decode     ${MLA_MATRIX_TIMEOUT:-300} case_matrix"
 )
 export MLA_TRACE=1
 [[ "${MLA_TESTS:-1}" == 1 ]] || plan=()
@@ -57,9 +57,7 @@ if [[ -n "${MLA_ONLY:-}" ]]; then
   plan=("${kept[@]}")
 fi
 for entry in "${plan[@]}"; do
-  read -r name bin filter tmo <<<"$entry"
-  filter=${filter//\'/}
-  filter=${filter//@/ }
+  read -r name bin tmo filter <<<"$entry"
   start=$(date +%s)
   timeout "$tmo" "stage/bin/$bin" --test-threads=1 --nocapture $filter >"$logs/$name.log" 2>&1
   rc=$?
