@@ -205,6 +205,8 @@ fn compile_kernels(root: &Path, out: &Path, img: &Image, ptx_path: &Path) {
     }
     if img.wgmma {
         flags.push("--cfg=mla_wgmma".into());
+        // The TMA decode's tensor-map proxy fence needs PTX ISA 8.3 (CUDA 12.3 drivers).
+        flags.push("-Ctarget-feature=+ptx83".into());
     }
     let flags = flags.join("\x1f");
     let mut cmd = Command::new(cargo);

@@ -8,7 +8,7 @@ use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, result};
 use mla_abi::{
     AppendParams, CombineParams, DecodeParams, DevPtr, ElemType, GatherParams, MAX_SPLITS,
-    combine_tile, decode_tile, names, paged_tile,
+    TmapStoreParams, combine_tile, decode_tile, names, paged_tile,
 };
 
 use crate::error::{MlaError, Result};
@@ -28,6 +28,10 @@ pub struct DecodeWorkspace {
     _partial_o: CudaSlice<f32>,
     _partial_lse: CudaSlice<f32>,
     _num_splits: CudaSlice<i32>,
+    /// The TMA decode's tensor map (128 bytes; `crate::tmap`).
+    _kv_tmap: CudaSlice<u8>,
+    /// The map last stored there by an eager launch (see `Runtime::store_kv_tmap`).
+    kv_tmap_words: std::sync::Mutex<Option<[u32; 32]>>,
     /// Device addresses of the three buffers, taken once the allocation completed, so that
     /// launches (also on a caller's raw stream, also under graph capture) need no cudarc call.
     ptrs: WorkspacePtrs,
@@ -64,10 +68,14 @@ impl DecodeWorkspace {
         let ns = stream
             .alloc_zeros(capacity.batch)
             .map_err(|e| alloc_err("workspace num_splits", capacity.batch, e))?;
+        let tm = stream
+            .alloc_zeros::<u8>(128)
+            .map_err(|e| alloc_err("workspace kv_tmap", 128 / 4, e))?;
         let ptrs = WorkspacePtrs {
             partial_o: addr(&po, stream),
             partial_lse: addr(&pl, stream),
             num_splits: addr(&ns, stream),
+            kv_tmap: addr(&tm, stream),
         };
         // The addresses are used without cudarc from here on: let the zero-fill land first.
         stream.synchronize()?;
@@ -75,6 +83,8 @@ impl DecodeWorkspace {
             _partial_o: po,
             _partial_lse: pl,
             _num_splits: ns,
+            _kv_tmap: tm,
+            kv_tmap_words: std::sync::Mutex::new(None),
             ptrs,
             capacity,
             grid_splits: 0,
@@ -119,6 +129,7 @@ pub(crate) struct WorkspacePtrs {
     pub(crate) partial_o: u64,
     pub(crate) partial_lse: u64,
     pub(crate) num_splits: u64,
+    pub(crate) kv_tmap: u64,
 }
 
 impl std::fmt::Debug for DecodeWorkspace {
@@ -200,6 +211,15 @@ pub(crate) unsafe fn launch<P>(
     .map_err(|source| MlaError::Launch { kernel, source })
 }
 
+/// Whether a bf16 request on the `wgmma` tile takes the TMA decode: it can
+/// ([`crate::tmap::tma_unsupported`]) and `MLA_WG_TMA` is not `0` (read once; `0` keeps the
+/// `cp.async` decode, for A/B measurements).
+fn use_tma(req: &DecodeRequest, shape: &DecodeShape) -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ENABLED.get_or_init(|| std::env::var("MLA_WG_TMA").as_deref() != Ok("0"))
+        && crate::tmap::tma_unsupported(req, shape).is_none()
+}
+
 /// The decode kernels' params for a validated request.
 pub(crate) fn decode_params(
     req: &DecodeRequest,
@@ -244,6 +264,7 @@ pub(crate) fn decode_params(
         value_scale,
         output_scale: s.output_scale,
         max_pages: shape.max_pages as u32,
+        kv_tmap: DevPtr::from_addr(0),
     }
 }
 
@@ -348,8 +369,17 @@ impl Runtime {
         stream: CUstream,
     ) -> Result<()> {
         let rows = shape.rows();
-        let p = decode_params(req, shape, ws);
-        let kernel = tile.decode_kernel(shape.dtypes);
+        let mut p = decode_params(req, shape, ws);
+        let mut kernel = tile.decode_kernel(shape.dtypes);
+        let mut smem = tile.smem_bytes();
+        if kernel == names::DECODE_WG_BF16 && use_tma(req, shape) {
+            // SAFETY: the workspace's map buffer holds 128 bytes; stream order puts the
+            // store before the decode.
+            unsafe { self.store_kv_tmap(req, shape, ws, stream)? };
+            p.kv_tmap = dev(ws.ptrs.kv_tmap);
+            kernel = names::DECODE_TMA_BF16;
+            smem = decode_tile::TMA_SMEM_BYTES;
+        }
         let grid = LaunchShape {
             grid: (
                 grid_splits as u32,
@@ -357,7 +387,7 @@ impl Runtime {
                 shape.batch as u32,
             ),
             block: decode_tile::THREADS as u32,
-            smem: tile.smem_bytes() as u32,
+            smem: smem as u32,
         };
         // SAFETY: forwarded from the caller.
         unsafe { launch(self, kernel, grid, stream, &p)? };
@@ -391,6 +421,54 @@ impl Runtime {
             // SAFETY: the combine reads what the decode wrote, in stream order.
             unsafe { launch(self, kernel, grid, stream, &c)? };
         }
+        Ok(())
+    }
+
+    /// Stores the cache's tensor map into the workspace ahead of the TMA decode: always
+    /// while `stream` is capturing (so every replay of the graph stores the map its decode
+    /// reads), otherwise only when it differs from the one stored last.
+    ///
+    /// # Safety
+    /// `req` passed validation giving `shape`, and takes the TMA decode.
+    unsafe fn store_kv_tmap(
+        &self,
+        req: &DecodeRequest,
+        shape: &DecodeShape,
+        ws: &DecodeWorkspace,
+        stream: CUstream,
+    ) -> Result<()> {
+        let words = crate::tmap::encode_kv_map(req, shape)?;
+        let mut status = cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: a live stream handle; the driver writes the status.
+        unsafe { cudarc::driver::sys::cuStreamIsCapturing(stream, &mut status) }
+            .result()
+            .map_err(|source| MlaError::Launch {
+                kernel: names::STORE_TMAP,
+                source,
+            })?;
+        let capturing =
+            status != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        let mut last = ws
+            .kv_tmap_words
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !capturing && *last == Some(words) {
+            return Ok(());
+        }
+        let params = TmapStoreParams {
+            dst: dev(ws.ptrs.kv_tmap),
+            words,
+        };
+        let grid = LaunchShape {
+            grid: (1, 1, 1),
+            block: 1,
+            smem: 0,
+        };
+        // SAFETY: dst is the workspace's 128-byte map buffer.
+        unsafe { launch(self, names::STORE_TMAP, grid, stream, &params)? };
+        // A captured store runs only when the graph does: eager launches after it must not
+        // count on it.
+        *last = if capturing { None } else { Some(words) };
         Ok(())
     }
 

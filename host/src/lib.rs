@@ -23,6 +23,7 @@ pub mod request;
 pub mod rng;
 pub mod tactic;
 pub mod tensor;
+pub mod tmap;
 pub mod validate;
 
 pub use decoder::{DecodeConfig, DecodePlan};

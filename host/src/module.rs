@@ -12,7 +12,7 @@ use std::sync::Arc;
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
-use mla_abi::names;
+use mla_abi::{decode_tile, names};
 
 use crate::error::{MlaError, Result};
 use crate::request::DecodeDtypes;
@@ -264,7 +264,11 @@ impl Runtime {
                 .filter(move |&d| tile.check(backend, d).is_ok())
                 .map(move |d| (tile.decode_kernel(d), tile.smem_bytes()))
         });
-        for (name, bytes) in smem {
+        // The TMA decode stands in for the bf16 `wgmma` tile where the request allows.
+        let tma = functions
+            .contains_key(names::DECODE_TMA_BF16)
+            .then_some((names::DECODE_TMA_BF16, decode_tile::TMA_SMEM_BYTES));
+        for (name, bytes) in smem.chain(tma) {
             let f = &functions[name];
             f.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

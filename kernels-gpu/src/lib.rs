@@ -4,7 +4,7 @@
 //! symbol of [`mla_abi::names`], each taking its params struct by value and forwarding to
 //! the generic body in its role's module. Instructions live in [`arch`].
 #![no_std]
-#![feature(abi_ptx, asm_experimental_arch, stdarch_nvptx)]
+#![feature(abi_ptx, asm_experimental_arch, stdarch_nvptx, stmt_expr_attributes)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![allow(clippy::missing_safety_doc)]
 
@@ -20,6 +20,8 @@ pub mod arch;
 pub mod combine;
 pub mod decode;
 pub mod decode_ref;
+#[cfg(mla_wgmma)]
+pub mod decode_tma;
 #[cfg(mla_wgmma)]
 pub mod decode_wg;
 pub mod elem;
@@ -168,6 +170,31 @@ pub unsafe extern "ptx-kernel" fn mla_decode_wg_fp8kv_bf16q(p: DecodeParams) {
     // SAFETY: launched by the host with the documented grid on validated params (bf16 Q,
     // fp8 e4m3 cache).
     unsafe { decode_wg::decode_wg::<DecodeFp8KvBf16Q>(p) }
+}
+
+/// `mla_decode_tma_bf16`: see [`decode_tma`] (sm_90a image only).
+#[cfg(mla_wgmma)]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mla_decode_tma_bf16(p: DecodeParams) {
+    // SAFETY: launched by the host with the documented grid on validated params (bf16 Q
+    // and cache, pages of at least TMA_MIN_PAGE tokens, the cache's tensor map).
+    unsafe { decode_tma::decode_tma::<DecodeBf16>(p) }
+}
+
+/// `mla_store_tmap`: copies a host-encoded tensor map to global memory (one CTA of one
+/// thread), in stream order before the decode that reads it (sm_90a image only).
+#[cfg(mla_wgmma)]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mla_store_tmap(p: mla_abi::TmapStoreParams) {
+    // One thread, constant indices (a thread-indexed read would copy the params to local
+    // memory).
+    if arch::thread_idx_x() == 0 {
+        unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+            let w = [p.words[4 * i], p.words[4 * i + 1], p.words[4 * i + 2], p.words[4 * i + 3]];
+            // SAFETY: dst holds 128 bytes, 16-byte aligned (host).
+            unsafe { arch::smem::st_global_v4(p.dst.ptr().add(16 * i), w) };
+        });
+    }
 }
 
 /// `mla_schedule`: see [`schedule`].

@@ -176,6 +176,27 @@ pub mod decode_tile {
     const _: () = assert!(QK_TILE_BYTES == 9 * WG_SLAB_BYTES);
     const _: () = assert!(WG_SMEM_BYTES <= 227 * 1024);
     const _: () = assert!(BLOCK_M == 16 * (WARPS / 2));
+
+    /// The TMA-fed `wgmma` decode (sm_90a only, `names::DECODE_TMA_BF16`, bf16 caches with
+    /// pages of at least `TMA_MIN_PAGE` tokens): the same grid, block and params (plus
+    /// `kv_tmap`). Each warpgroup owns every other block of a split (blocks are taken in
+    /// pairs, one per KV stage). Offsets from the 1024-byte aligned base: Q, two KV stages
+    /// filled by `cp.async.bulk.tensor` (box `{64 dims, min(page, 64) tokens, 1 page}`,
+    /// 128-byte swizzle: one box per slab and page), the first warpgroup's P (the second's
+    /// goes to stage 1's slab 8 once S is done with it), the exchange (max and scale of
+    /// each warpgroup, then each one's row sums: 6 x 64 f32), four mbarriers (per stage:
+    /// slabs 0-3 and 8, slabs 4-7) and the page entries the copies are issued with.
+    pub const TMA_SMEM_P0: usize = 3 * QK_TILE_BYTES;
+    pub const TMA_SMEM_RED: usize = TMA_SMEM_P0 + WG_SLAB_BYTES;
+    pub const TMA_RED_BYTES: usize = 6 * BLOCK_M * 4;
+    pub const TMA_SMEM_BARS: usize = TMA_SMEM_RED + TMA_RED_BYTES;
+    /// Each issuing thread's page entries of the next pair's two blocks (2 x 2 x 4 i32).
+    pub const TMA_SMEM_PAGES: usize = TMA_SMEM_BARS + 4 * 8;
+    pub const TMA_SMEM_BYTES: usize = 1024 + TMA_SMEM_PAGES + 2 * 2 * 4 * 4;
+    /// Smallest page size the TMA decode takes (a box of fewer than 8 rows would break
+    /// the swizzle atoms; 16 keeps a block at four boxes per slab at most).
+    pub const TMA_MIN_PAGE: usize = 16;
+    const _: () = assert!(TMA_SMEM_BYTES <= 227 * 1024);
 }
 
 /// The split-KV chunk rule, shared by the decode kernel and the host planner: of `blocks`
@@ -283,6 +304,10 @@ pub mod names {
     /// sm_90a image, so they are not in [`ALL`] but in [`SM90A_ONLY`].
     pub const DECODE_WG_BF16: &str = "mla_decode_wg_bf16";
     pub const DECODE_WG_FP8KV_BF16Q: &str = "mla_decode_wg_fp8kv_bf16q";
+    /// The TMA-fed `wgmma` decode (bf16; `decode_tile::TMA_*`) and the tensor-map store
+    /// it needs before it (`TmapStoreParams`).
+    pub const DECODE_TMA_BF16: &str = "mla_decode_tma_bf16";
+    pub const STORE_TMAP: &str = "mla_store_tmap";
     /// Symbols only the sm_90a image has (with their params sizes), resolved only there.
     pub const SM90A_ONLY: &[(&str, usize)] = &[
         (DECODE_WG_BF16, core::mem::size_of::<super::DecodeParams>()),
@@ -290,6 +315,8 @@ pub mod names {
             DECODE_WG_FP8KV_BF16Q,
             core::mem::size_of::<super::DecodeParams>(),
         ),
+        (DECODE_TMA_BF16, core::mem::size_of::<super::DecodeParams>()),
+        (STORE_TMAP, core::mem::size_of::<super::TmapStoreParams>()),
     ];
     pub const COMBINE_BF16: &str = "mla_combine_bf16";
     pub const COMBINE_FP16: &str = "mla_combine_fp16";
@@ -415,6 +442,20 @@ pub struct DecodeParams {
     /// Page-table columns in use per sequence: lengths beyond `max_pages * page_size` are
     /// cut there, so no table entry past a row's end is ever read.
     pub max_pages: u32,
+    /// The cache's TMA tensor map (128 bytes, 64-byte aligned, in global memory; see
+    /// `decode_tile::TMA_*`): read only by `names::DECODE_TMA_BF16`, null for the others.
+    pub kv_tmap: DevPtr<u8>,
+}
+
+/// Params of `mla_store_tmap`: one CTA of one thread copies `words` (a tensor map encoded
+/// on the host) to `dst`, in stream order, so a captured graph replays the store with the
+/// decode that reads it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct TmapStoreParams {
+    /// 128 bytes, 64-byte aligned. Never null.
+    pub dst: DevPtr<u8>,
+    pub words: [u32; 32],
 }
 
 /// Params of `mla_combine_*`. Grid: `(s_q * heads, batch)`, block `combine_tile::THREADS`.
@@ -648,7 +689,8 @@ pub mod primitives {
 
 const _: () = assert!(core::mem::size_of::<DevPtr<u8>>() == 8);
 const _: () = assert!(core::mem::size_of::<ScheduleParams>() == 2 * 8 + 6 * 4);
-const _: () = assert!(core::mem::size_of::<DecodeParams>() == 9 * 8 + 8 * 8 + 12 * 4);
+const _: () = assert!(core::mem::size_of::<DecodeParams>() == 10 * 8 + 8 * 8 + 12 * 4);
+const _: () = assert!(core::mem::size_of::<TmapStoreParams>() == 8 + 128);
 const _: () = assert!(core::mem::size_of::<CombineParams>() == 5 * 8 + 3 * 8 + 6 * 4);
 const _: () = assert!(core::mem::size_of::<AppendParams>() == 4 * 8 + 4 * 8 + 8 * 4);
 const _: () = assert!(core::mem::size_of::<GatherParams>() == 4 * 8 + 3 * 8 + 8 * 4);

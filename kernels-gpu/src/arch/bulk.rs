@@ -108,3 +108,58 @@ pub unsafe fn tma_load_3d(dst: u32, tmap: *const u8, c: [i32; 3], bar: u32) {
             c2 = in(reg32) c[2], b = in(reg32) bar, options(nostack))
     }
 }
+
+/// Waits for the phase with `parity` of `bar` to complete; traps (a launch error instead of
+/// a hang) if it has not after 2^26 polls, far beyond any copy's latency.
+///
+/// # Safety
+/// `bar` is an initialised mbarrier.
+#[inline(always)]
+pub unsafe fn mbarrier_wait_parity(bar: u32, parity: u32) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if !mbarrier_wait_parity_bounded(bar, parity, 1 << 26) {
+            crate::arch::trap();
+        }
+    }
+}
+
+/// `fence.proxy.tensormap::generic.acquire.gpu [tmap], 128;`: orders the tensor map's
+/// bytes, written through the generic proxy (by an earlier kernel), before this thread's
+/// tensor copies read it.
+///
+/// # Safety
+/// `tmap` is the generic address of a 128-byte tensor map in global memory.
+#[inline(always)]
+pub unsafe fn fence_tensormap_acquire(tmap: *const u8) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        asm!("fence.proxy.tensormap::generic.acquire.gpu [{m}], 128;", m = in(reg64) tmap, options(nostack))
+    }
+}
+
+/// As [`mbarrier_wait_parity`] (without its bound), for code between `wgmma`s: the warp
+/// polls together and leaves the loop together (`vote.sync.all`, then `bra.uni`), so
+/// ptxas sees no divergent path and does not serialize the `wgmma`s around it.
+///
+/// # Safety
+/// `bar` is an initialised mbarrier whose phase `parity` will complete; the warp is
+/// converged.
+#[inline(always)]
+#[allow(named_asm_labels)]
+pub unsafe fn mbarrier_wait_parity_warp(bar: u32, parity: u32) {
+    // SAFETY: forwarded from the caller. The label is local to the braces' scope.
+    unsafe {
+        asm!(
+            "{{",
+            ".reg .pred p;",
+            ".reg .pred q;",
+            "MLA_MBAR_WAIT:",
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [{b}], {ph};",
+            "vote.sync.all.pred q, p, 0xffffffff;",
+            "@!q bra.uni MLA_MBAR_WAIT;",
+            "}}",
+            b = in(reg32) bar, ph = in(reg32) parity, options(nostack)
+        )
+    }
+}

@@ -32,3 +32,16 @@ pub fn cp_async_wait_group<const N: u32>() {
     // SAFETY: waiting has no preconditions.
     unsafe { asm!("cp.async.wait_group {n};", n = const N, options(nostack)) }
 }
+
+/// `cp.async.ca.shared.global [dst], [src], 4;` — one 4-byte word (a page-table entry
+/// fetched ahead without holding a register).
+///
+/// # Safety
+/// `dst` is a 4-byte aligned smem address, `src` a 4-byte aligned readable global address.
+#[inline(always)]
+pub unsafe fn cp_async_ca_4(dst: u32, src: *const u8) {
+    // SAFETY: the caller guarantees both addresses.
+    unsafe {
+        asm!("cp.async.ca.shared.global [{d}], [{s}], 4;", d = in(reg32) dst, s = in(reg64) src, options(nostack))
+    }
+}

@@ -5,7 +5,7 @@
 //! `cp.async`, `ldmatrix` and `ld.shared` take); "generic pointer" means a 64-bit generic
 //! address (what plain Rust loads and stores use).
 
-#[cfg(mla_primitives)]
+#[cfg(any(mla_primitives, mla_wgmma))]
 pub mod bulk;
 pub mod cp_async;
 pub mod cvt;
@@ -58,4 +58,17 @@ pub fn block_idx_z() -> u32 {
 pub fn grid_dim_x() -> u32 {
     // SAFETY: reading a special register has no preconditions.
     unsafe { nvptx::_grid_dim_x() as u32 }
+}
+
+/// `x`, through a `mov` the compiler may not move or merge: values computed from the result
+/// inside a loop stay there instead of being hoisted out and held in registers across it
+/// (shared-memory addresses in the `wgmma` decodes, where registers are scarce).
+#[inline(always)]
+pub fn opaque(x: u32) -> u32 {
+    let y: u32;
+    // SAFETY: a register move.
+    unsafe {
+        core::arch::asm!("mov.b32 {y}, {x};", x = in(reg32) x, y = out(reg32) y, options(nomem, nostack))
+    };
+    y
 }

@@ -1,0 +1,86 @@
+//! The tensor map the TMA decode (`names::DECODE_TMA_BF16`) copies the cache through: a
+//! 3-D view `{576 dims, page_size tokens, num_pages pages}` of a bf16 paged cache with the
+//! cache's own strides, box `{64 dims, min(page_size, 64) tokens, 1 page}` and the 128-byte
+//! swizzle, so one box lands as the rows of one 64-dim slab (`decode_tile::TMA_*`).
+//! Coordinates outside the view (pages past `num_pages`, negative entries) read as zeros.
+//!
+//! The map is encoded on the host (`cuTensorMapEncodeTiled`, no device work) and stored
+//! into the decode workspace by the `mla_store_tmap` kernel, in stream order; see
+//! [`crate::launch`].
+
+use std::ffi::c_void;
+
+use cudarc::driver::sys;
+use mla_abi::{D_QK, ElemType, decode_tile};
+
+use crate::error::{MlaError, Result};
+use crate::request::{DecodeDtypes, DecodeRequest, DecodeShape};
+
+/// Why this request cannot take the TMA decode (`None`: it can). Checked after validation;
+/// the `wgmma` decode with `cp.async` copies takes the rest.
+pub fn tma_unsupported(req: &DecodeRequest, shape: &DecodeShape) -> Option<&'static str> {
+    let elem = 2;
+    let [stride_page, stride_token, _] = req.kv_cache.strides;
+    if shape.dtypes != DecodeDtypes::Bf16 || req.kv_cache.dtype != ElemType::Bf16 {
+        Some("the TMA decode reads bf16 caches only")
+    } else if shape.page_size < decode_tile::TMA_MIN_PAGE {
+        Some("pages of fewer than 16 tokens (TMA_MIN_PAGE)")
+    } else if !req.kv_cache.ptr.is_multiple_of(16)
+        || !(stride_token * elem).is_multiple_of(16)
+        || !(stride_page * elem).is_multiple_of(16)
+    {
+        Some("TMA needs a 16-byte aligned cache and strides")
+    } else if (stride_page * elem) as u64 >= 1 << 40 || shape.num_pages as u64 > u32::MAX as u64 {
+        Some("the cache is larger than a tensor map addresses")
+    } else {
+        None
+    }
+}
+
+/// The map's 128 bytes as 32 words (the store kernel's params).
+pub fn encode_kv_map(req: &DecodeRequest, shape: &DecodeShape) -> Result<[u32; 32]> {
+    let elem = 2u64;
+    let [stride_page, stride_token, _] = req.kv_cache.strides;
+    let rows = shape.page_size.min(decode_tile::BLOCK_N) as u32;
+    let dims: [u64; 3] = [D_QK as u64, shape.page_size as u64, shape.num_pages as u64];
+    let strides: [u64; 2] = [stride_token as u64 * elem, stride_page as u64 * elem];
+    let boxes: [u32; 3] = [64, rows, 1];
+    let elem_strides: [u32; 3] = [1, 1, 1];
+    let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
+    // SAFETY: every array has the rank's length; the driver only encodes the address (it
+    // reads no device memory).
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            3,
+            req.kv_cache.ptr as *mut c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            elem_strides.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(MlaError::Unsupported {
+            what: "kv_cache tensor map",
+            got: format!(
+                "dims {dims:?}, byte strides {strides:?}, box {boxes:?} at {:#x}",
+                req.kv_cache.ptr
+            ),
+            why: format!("cuTensorMapEncodeTiled returned {r:?}"),
+        });
+    }
+    // SAFETY: encoded above.
+    let map = unsafe { map.assume_init() };
+    let mut words = [0u32; 32];
+    for (i, w) in map.opaque.iter().enumerate() {
+        words[2 * i] = *w as u32;
+        words[2 * i + 1] = (*w >> 32) as u32;
+    }
+    Ok(words)
+}
