@@ -212,11 +212,13 @@ pub(crate) unsafe fn launch<P>(
 }
 
 /// Whether a bf16 request on the `wgmma` tile takes the TMA decode: it can
-/// ([`crate::tmap::tma_unsupported`]) and `MLA_WG_TMA` is not `0` (read once; `0` keeps the
+/// ([`crate::tmap::tma_unsupported`]), its splits hold more than one block
+/// ([`crate::tmap::tma_pays`]) and `MLA_WG_TMA` is not `0` (read once; `0` keeps the
 /// `cp.async` decode, for A/B measurements).
-fn use_tma(req: &DecodeRequest, shape: &DecodeShape) -> bool {
+fn use_tma(req: &DecodeRequest, shape: &DecodeShape, grid_splits: usize) -> bool {
     static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ENABLED.get_or_init(|| std::env::var("MLA_WG_TMA").as_deref() != Ok("0"))
+        && crate::tmap::tma_pays(shape.max_seq_len(), grid_splits)
         && crate::tmap::tma_unsupported(req, shape).is_none()
 }
 
@@ -372,7 +374,7 @@ impl Runtime {
         let mut p = decode_params(req, shape, ws);
         let mut kernel = tile.decode_kernel(shape.dtypes);
         let mut smem = tile.smem_bytes();
-        if kernel == names::DECODE_WG_BF16 && use_tma(req, shape) {
+        if kernel == names::DECODE_WG_BF16 && use_tma(req, shape, grid_splits) {
             // SAFETY: the workspace's map buffer holds 128 bytes; stream order puts the
             // store before the decode.
             unsafe { self.store_kv_tmap(req, shape, ws, stream)? };

@@ -37,6 +37,19 @@ pub fn tma_unsupported(req: &DecodeRequest, shape: &DecodeShape) -> Option<&'sta
     }
 }
 
+/// Whether the TMA decode pays for a launch whose longest sequence can hold `max_seq_len`
+/// tokens, cut into `grid_splits` chunks: only when a chunk can hold more than one 64-token
+/// block. It works on blocks in pairs, one per warpgroup, so with one block per CTA half of
+/// it idles, and under a CUDA graph it adds the map's store; the `cp.async` decode was
+/// faster there on the H200 (`mla bench` B=1 L=4096 H=128, 64 splits: 35.8 us against
+/// 37.0; 8 splits of 8 blocks: 57.5 against 55.8, docs/runs/9ca7cf4/bench-ab.txt).
+pub fn tma_pays(max_seq_len: usize, grid_splits: usize) -> bool {
+    max_seq_len
+        .div_ceil(decode_tile::BLOCK_N)
+        .div_ceil(grid_splits.max(1))
+        >= 2
+}
+
 /// The map's 128 bytes as 32 words (the store kernel's params).
 pub fn encode_kv_map(req: &DecodeRequest, shape: &DecodeShape) -> Result<[u32; 32]> {
     let elem = 2u64;
@@ -83,4 +96,21 @@ pub fn encode_kv_map(req: &DecodeRequest, shape: &DecodeShape) -> Result<[u32; 3
         words[2 * i + 1] = (*w >> 32) as u32;
     }
     Ok(words)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tma_pays;
+
+    #[test]
+    fn tma_needs_two_blocks_per_chunk() {
+        // B=1 L=4096 with 64 splits: one block per chunk.
+        assert!(!tma_pays(4096, 64));
+        // 8 splits of 512 tokens, 33 splits of at most 2 blocks.
+        assert!(tma_pays(4096, 8));
+        assert!(tma_pays(4096, 33));
+        assert!(!tma_pays(64, 1));
+        assert!(tma_pays(65, 1));
+        assert!(!tma_pays(0, 0));
+    }
 }
