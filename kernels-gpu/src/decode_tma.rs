@@ -369,6 +369,21 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
         });
         wgmma::fence_proxy_async_shared();
     };
+    // O += P.V for the block in stage `st`, P from its slab (the other warpgroup's block),
+    // as one committed group.
+    let pv_shared = #[inline(always)]
+    |o: &mut [[f32; 4]; 32], st: u32| {
+        // SAFETY: converged warpgroup; the P slab and the stage's V half are in place
+        // (named barrier and mbarriers above the call).
+        unsafe {
+            wgmma::wgmma_fence();
+            unroll!(kk in [0, 1, 2, 3] {
+                let da = wgmma::smem_desc(arch::opaque(p_s[st as usize]) + 32 * kk as u32, 16, 1024, wgmma::Swizzle::B128);
+                wgmma::wgmma_m64n256k16_ss_bf16::<1>(o, da, v_desc(st, kk as u32), true);
+            });
+            wgmma::wgmma_commit_group();
+        }
+    };
     let rescale = |o: &mut [[f32; 4]; 32], f: [f32; 2]| {
         if f[0] != 1.0 || f[1] != 1.0 {
             unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
@@ -469,12 +484,7 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
                 l_run = [l_run[0] * scale1[0], l_run[1] * scale1[1]];
                 if has_b {
                     sync::bar_sync_named::<BAR_P1, 256>();
-                    wgmma::wgmma_fence();
-                    unroll!(kk in [0, 1, 2, 3] {
-                        let da = wgmma::smem_desc(arch::opaque(p_s[1]) + 32 * kk as u32, 16, 1024, wgmma::Swizzle::B128);
-                        wgmma::wgmma_m64n256k16_ss_bf16::<1>(&mut o, da, v_desc(1, kk as u32), true);
-                    });
-                    wgmma::wgmma_commit_group();
+                    pv_shared(&mut o, 1);
                 }
                 // Slabs 0-3 and 8 (B's P) of stage 1: last read by the P.V above, which
                 // completes while A''s S is issued (before its second half's wait, so this
@@ -543,12 +553,7 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
                     sync::bar_arrive_named::<BAR_P1, 256>();
                 }
                 sync::bar_sync_named::<BAR_P0, 256>();
-                wgmma::wgmma_fence();
-                unroll!(kk in [0, 1, 2, 3] {
-                    let da = wgmma::smem_desc(arch::opaque(p_s[0]) + 32 * kk as u32, 16, 1024, wgmma::Swizzle::B128);
-                    wgmma::wgmma_m64n256k16_ss_bf16::<1>(&mut o, da, v_desc(0, kk as u32), true);
-                });
-                wgmma::wgmma_commit_group();
+                pv_shared(&mut o, 0);
                 let st_b = has_b as u32;
                 wgmma::wgmma_fence();
                 unroll!(kk in [0, 1, 2, 3] {
