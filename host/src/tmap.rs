@@ -97,20 +97,3 @@ pub fn encode_kv_map(req: &DecodeRequest, shape: &DecodeShape) -> Result<[u32; 3
     }
     Ok(words)
 }
-
-#[cfg(test)]
-mod tests {
-    use super::tma_pays;
-
-    #[test]
-    fn tma_needs_two_blocks_per_chunk() {
-        // B=1 L=4096 with 64 splits: one block per chunk.
-        assert!(!tma_pays(4096, 64));
-        // 8 splits of 512 tokens, 33 splits of at most 2 blocks.
-        assert!(tma_pays(4096, 8));
-        assert!(tma_pays(4096, 33));
-        assert!(!tma_pays(64, 1));
-        assert!(tma_pays(65, 1));
-        assert!(!tma_pays(0, 0));
-    }
-}
