@@ -5,7 +5,8 @@
 # Each test runs under a timeout so that one hang cannot eat the whole call.
 # Switches: MLA_TESTS=0 (skip the tests, examples and demo), MLA_ONLY="name ..." (only those
 # tests; "examples" keeps the examples), MLA_SANITIZE=0 (or =decode: the decode matrix only),
-# MLA_BENCH=1 (mla bench),
+# MLA_BENCH=1 (mla bench), MLA_TIMEOUT_MAX=N (cap every test's timeout at N seconds: for a
+# first run of a changed kernel, so that a hang costs little device time),
 # MLA_BENCH_EXTRA=1 (mla bench --grid extra: page sizes, S_q 1/2/4), MLA_PEERS=1 (the peers'
 # harness with our plugins; needs `stage.sh --peers`).
 set -uo pipefail
@@ -58,6 +59,7 @@ if [[ -n "${MLA_ONLY:-}" ]]; then
 fi
 for entry in "${plan[@]}"; do
   read -r name bin tmo filter <<<"$entry"
+  [[ -n "${MLA_TIMEOUT_MAX:-}" && "$tmo" -gt "$MLA_TIMEOUT_MAX" ]] && tmo=$MLA_TIMEOUT_MAX
   start=$(date +%s)
   timeout "$tmo" "stage/bin/$bin" --test-threads=1 --nocapture $filter >"$logs/$name.log" 2>&1
   rc=$?
@@ -135,9 +137,9 @@ fi
 if [[ "${MLA_TESTS:-1}" == 1 && "${MLA_SANITIZE:-1}" != 0 ]] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     MLA_GPU_MATRIX=$([[ $tool == racecheck ]] && echo sparse || echo quick) timeout 150 compute-sanitizer --tool "$tool" --print-limit 20 \
-      stage/bin/test-gpu_decode --test-threads=1 case_matrix >"$logs/sanitizer-$tool.log" 2>&1
+      stage/bin/test-gpu_decode --test-threads=1 --nocapture case_matrix >"$logs/sanitizer-$tool.log" 2>&1
     rc=$?
-    summary+=("$(printf '%-11s rc=%-3d  %s' "$tool" "$rc" "$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$logs/sanitizer-$tool.log" | tail -1)")")
+    summary+=("$(printf '%-11s rc=%-3d  %s; %s' "$tool" "$rc" "$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$logs/sanitizer-$tool.log" | tail -1)" "$(grep -oE "[0-9]+ decodes checked, [0-9]+ failed" "$logs/sanitizer-$tool.log" | tail -1)")")
   done
   [[ "${MLA_SANITIZE:-1}" == decode ]] || {
   timeout 90 compute-sanitizer --tool memcheck stage/bin/test-gpu_paged --test-threads=1 >"$logs/sanitizer-paged.log" 2>&1
