@@ -341,6 +341,9 @@ pub struct DeviceCase {
     pub lens: CudaSlice<i32>,
     pub out: CudaSlice<u16>,
     pub lse: CudaSlice<f32>,
+    /// Element strides of `kv` (`[page, token, 1]`): contiguous unless uploaded with
+    /// [`DeviceCase::upload_padded`].
+    pub kv_strides: [usize; 3],
 }
 
 fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
@@ -358,7 +361,42 @@ impl DeviceCase {
             lens: stream.clone_htod(&h.seq_lens)?,
             out: stream.alloc_zeros(rows * D_V)?,
             lse: stream.alloc_zeros(rows)?,
+            kv_strides: [h.spec.page_size * D_QK, D_QK, 1],
         })
+    }
+
+    /// As [`DeviceCase::upload`] with a strided cache: each token row `row_pad` elements
+    /// longer and each page `page_pad` elements longer than its rows, the padding holding
+    /// the dtype's NaN (so a kernel that reads it fails the check). Not for
+    /// [`HostCase::upload_into`], which copies contiguous caches.
+    pub fn upload_padded(
+        stream: &Arc<CudaStream>,
+        h: &HostCase,
+        row_pad: usize,
+        page_pad: usize,
+    ) -> Result<Self, MlaError> {
+        let p = h.spec.page_size;
+        let nan = nan_bits(h.spec.dtypes.kv());
+        let width = nan.len();
+        let (row, page) = (D_QK + row_pad, p * (D_QK + row_pad) + page_pad);
+        let mut bytes: Vec<u8> = nan
+            .iter()
+            .copied()
+            .cycle()
+            .take(h.num_pages * page * width)
+            .collect();
+        for pg in 0..h.num_pages {
+            for t in 0..p {
+                let src = ((pg * p + t) * D_QK) * width;
+                let dst = (pg * page + t * row) * width;
+                bytes[dst..dst + D_QK * width]
+                    .copy_from_slice(&h.kv_bytes[src..src + D_QK * width]);
+            }
+        }
+        let mut d = Self::upload(stream, h)?;
+        d.kv = stream.clone_htod(&bytes)?;
+        d.kv_strides = [page, row, 1];
+        Ok(d)
     }
 
     /// The decode request over these buffers (host mirrors included, so the validator also
@@ -372,11 +410,12 @@ impl DeviceCase {
                 s.dtypes.q(),
                 [b, s.s_q, s.heads, D_QK],
             ),
-            kv_cache: TensorView::contiguous(
-                ptr(&self.kv, stream),
-                s.dtypes.kv(),
-                [h.num_pages, s.page_size, D_QK],
-            ),
+            kv_cache: TensorView {
+                ptr: ptr(&self.kv, stream),
+                dtype: s.dtypes.kv(),
+                shape: [h.num_pages, s.page_size, D_QK],
+                strides: self.kv_strides,
+            },
             page_table: TensorView::contiguous(
                 ptr(&self.table, stream),
                 INDEX_TYPE,

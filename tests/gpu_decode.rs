@@ -90,6 +90,18 @@ fn matrix() -> Vec<CaseSpec> {
 
 /// Runs `specs` with every split mode of `splits` and returns the failures.
 fn run_cases(test: &str, specs: &[CaseSpec], splits: &[Splits], seed: u64) -> (usize, Vec<String>) {
+    run_cases_with(test, specs, splits, seed, None)
+}
+
+/// [`run_cases`] with the cache uploaded strided: `pad` = (row, page) padding in elements
+/// ([`DeviceCase::upload_padded`]).
+fn run_cases_with(
+    test: &str,
+    specs: &[CaseSpec],
+    splits: &[Splits],
+    seed: u64,
+    pad: Option<(usize, usize)>,
+) -> (usize, Vec<String>) {
     let Some((rt, stream)) = common::gpu(test) else {
         return (0, Vec::new());
     };
@@ -111,7 +123,11 @@ fn run_cases(test: &str, specs: &[CaseSpec], splits: &[Splits], seed: u64) -> (u
             first.heads
         );
         for (h, refs) in &prepared {
-            let mut d = DeviceCase::upload(&stream, h).expect("upload");
+            let mut d = match pad {
+                Some((row, page)) => DeviceCase::upload_padded(&stream, h, row, page),
+                None => DeviceCase::upload(&stream, h),
+            }
+            .expect("upload");
             let mut ws = harness::workspace_for(&stream, h).expect("workspace");
             // Every tile this image runs for the dtypes (the wgmma tile: sm_90a; bf16 Q, bf16 or
             // fp8 cache).
@@ -217,6 +233,29 @@ fn corner_cases() {
     shared8.share_prefix_pages = true;
     specs.push(shared8);
     let (runs, failures) = run_cases(test, &specs, &[Splits::Fixed(1), Splits::Planned], seed);
+    report(test, seed, runs, &failures);
+}
+
+/// Caches with padded token rows and pages (strides of 640 elements per row, plus 64 per
+/// page; the padding NaN) on every tile and dtype: the strides reach every kernel's
+/// address arithmetic, and none may read the padding.
+#[test]
+fn padded_cache_strides() {
+    let test = "padded_cache";
+    let seed = common::seed(test);
+    let mut specs = Vec::new();
+    for &d in &DecodeDtypes::ALL {
+        specs.push(CaseSpec::new(d, 16, 16, 1, vec![197, 64, 1031]));
+        specs.push(CaseSpec::new(d, 64, 128, 2, vec![300, 700]));
+        specs.push(CaseSpec::new(d, 128, 32, 1, vec![1, 129, 513]));
+    }
+    let (runs, failures) = run_cases_with(
+        test,
+        &specs,
+        &[Splits::Fixed(1), Splits::Fixed(3)],
+        seed,
+        Some((64, 64)),
+    );
     report(test, seed, runs, &failures);
 }
 
