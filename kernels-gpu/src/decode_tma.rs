@@ -15,9 +15,10 @@
 //! - KV: `cp.async.bulk.tensor` (one box per slab and page, straight into the 128-byte
 //!   swizzled slab layout) on one mbarrier per half stage: slabs 0-3 and 8 (the only
 //!   ones warpgroup 0's P.V reads, and the slab that holds B's P once S of B is done),
-//!   and slabs 4-7. Each half is reloaded for the next pair by
-//!   the warpgroup whose P.V read it last, as soon as that P.V is done; a block's S
-//!   starts on the half that comes back first. Boxes past the sequence end, and pages
+//!   and slabs 4-7. Each half is reloaded for the next pair by the warpgroup whose P.V
+//!   read it last, as soon as that P.V is done (warpgroup 0 reloads slabs 0-3 and 8,
+//!   warpgroup 1 slabs 4-7). Each warpgroup starts its S on the half it reloads itself,
+//!   then waits for the other. Boxes past the sequence end, and pages
 //!   outside `0..num_pages`, read as zeros (TMA's out-of-bounds fill); V rows of a page
 //!   past the end are zeroed in shared memory.
 //! - Named barriers (one warpgroup arrives, the other waits; 0 is the CTA barrier):
