@@ -180,7 +180,8 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
     let bar = |st: u32, h: u32| base + T::TMA_SMEM_BARS as u32 + 8 * (2 * st + h);
     // The issuer's page entries of the next pair's two blocks.
     let pages_s = |which: u32| base + T::TMA_SMEM_PAGES as u32 + 32 * wg + 16 * which;
-    // The thread that issues this warpgroup's halves (slabs 0-3 / 4-8 of both stages).
+    // The thread that issues this warpgroup's halves (warpgroup 0: slabs 0-3 and 8,
+    // warpgroup 1: slabs 4-7, of both stages).
     let issuer = tid.is_multiple_of(128);
 
     // SAFETY: thread 0 initialises the mbarriers before any copy; every thread passes the

@@ -109,21 +109,6 @@ pub unsafe fn tma_load_3d(dst: u32, tmap: *const u8, c: [i32; 3], bar: u32) {
     }
 }
 
-/// Waits for the phase with `parity` of `bar` to complete; traps (a launch error instead of
-/// a hang) if it has not after 2^26 polls, far beyond any copy's latency.
-///
-/// # Safety
-/// `bar` is an initialised mbarrier.
-#[inline(always)]
-pub unsafe fn mbarrier_wait_parity(bar: u32, parity: u32) {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        if !mbarrier_wait_parity_bounded(bar, parity, 1 << 26) {
-            crate::arch::trap();
-        }
-    }
-}
-
 /// `fence.proxy.tensormap::generic.acquire.gpu [tmap], 128;`: orders the tensor map's
 /// bytes, written through the generic proxy (by an earlier kernel), before this thread's
 /// tensor copies read it.
@@ -138,7 +123,7 @@ pub unsafe fn fence_tensormap_acquire(tmap: *const u8) {
     }
 }
 
-/// As [`mbarrier_wait_parity`] (without its bound), for code between `wgmma`s: the warp
+/// Waits for the phase with `parity` of `bar` to complete (unbounded), for code between `wgmma`s: the warp
 /// polls together and leaves the loop together (`vote.sync.all`, then `bra.uni`), so
 /// ptxas sees no divergent path and does not serialize the `wgmma`s around it.
 ///

@@ -72,60 +72,6 @@ pub unsafe fn wgmma_wait_group<const N: u32>() {
     unsafe { asm!("wgmma.wait_group.sync.aligned {n};", n = const N, options(nostack)) }
 }
 
-/// The `m64n64k16` bf16 `wgmma` with its 32 accumulator operands (`$d`, `[f32; 32]`)
-/// written once: `$a` is the A operand's text (a descriptor or four registers), `$tail` the
-/// immediates after the predicate, then the other operands.
-macro_rules! wgmma_m64n64k16_asm {
-    ($d:ident, $a:literal, $tail:literal, $($operands:tt)*) => {
-        asm!(
-            "{{",
-            ".reg .pred p;",
-            "setp.ne.b32 p, {scale_d}, 0;",
-            concat!(
-                "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, ",
-                $a,
-                ", {desc_b}, p, ",
-                $tail,
-                ";"
-            ),
-            "}}",
-            d0 = inout(reg32) $d[0],
-            d1 = inout(reg32) $d[1],
-            d2 = inout(reg32) $d[2],
-            d3 = inout(reg32) $d[3],
-            d4 = inout(reg32) $d[4],
-            d5 = inout(reg32) $d[5],
-            d6 = inout(reg32) $d[6],
-            d7 = inout(reg32) $d[7],
-            d8 = inout(reg32) $d[8],
-            d9 = inout(reg32) $d[9],
-            d10 = inout(reg32) $d[10],
-            d11 = inout(reg32) $d[11],
-            d12 = inout(reg32) $d[12],
-            d13 = inout(reg32) $d[13],
-            d14 = inout(reg32) $d[14],
-            d15 = inout(reg32) $d[15],
-            d16 = inout(reg32) $d[16],
-            d17 = inout(reg32) $d[17],
-            d18 = inout(reg32) $d[18],
-            d19 = inout(reg32) $d[19],
-            d20 = inout(reg32) $d[20],
-            d21 = inout(reg32) $d[21],
-            d22 = inout(reg32) $d[22],
-            d23 = inout(reg32) $d[23],
-            d24 = inout(reg32) $d[24],
-            d25 = inout(reg32) $d[25],
-            d26 = inout(reg32) $d[26],
-            d27 = inout(reg32) $d[27],
-            d28 = inout(reg32) $d[28],
-            d29 = inout(reg32) $d[29],
-            d30 = inout(reg32) $d[30],
-            d31 = inout(reg32) $d[31],
-            $($operands)*
-        )
-    };
-}
-
 /// `wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 d, desc_a, desc_b, p, 1, 1, 0, 0`:
 /// `d = A * B^T + (accumulate ? d : 0)` with A `64 x 16` and B `64 x 16`, both K-major in
 /// shared memory. Asynchronous: fence before, commit and wait after.
@@ -137,42 +83,45 @@ pub unsafe fn wgmma_m64n64k16_bf16(d: &mut [f32; 32], desc_a: u64, desc_b: u64, 
     let scale_d: u32 = accumulate as u32;
     // SAFETY: the caller guarantees convergence and valid descriptors.
     unsafe {
-        wgmma_m64n64k16_asm!(
-            d,
-            "{desc_a}",
-            "1, 1, 0, 0",
+        asm!(
+            "{{",
+            ".reg .pred p;",
+            "setp.ne.b32 p, {scale_d}, 0;",
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {desc_a}, {desc_b}, p, 1, 1, 0, 0;",
+            "}}",
+            d0 = inout(reg32) d[0],
+            d1 = inout(reg32) d[1],
+            d2 = inout(reg32) d[2],
+            d3 = inout(reg32) d[3],
+            d4 = inout(reg32) d[4],
+            d5 = inout(reg32) d[5],
+            d6 = inout(reg32) d[6],
+            d7 = inout(reg32) d[7],
+            d8 = inout(reg32) d[8],
+            d9 = inout(reg32) d[9],
+            d10 = inout(reg32) d[10],
+            d11 = inout(reg32) d[11],
+            d12 = inout(reg32) d[12],
+            d13 = inout(reg32) d[13],
+            d14 = inout(reg32) d[14],
+            d15 = inout(reg32) d[15],
+            d16 = inout(reg32) d[16],
+            d17 = inout(reg32) d[17],
+            d18 = inout(reg32) d[18],
+            d19 = inout(reg32) d[19],
+            d20 = inout(reg32) d[20],
+            d21 = inout(reg32) d[21],
+            d22 = inout(reg32) d[22],
+            d23 = inout(reg32) d[23],
+            d24 = inout(reg32) d[24],
+            d25 = inout(reg32) d[25],
+            d26 = inout(reg32) d[26],
+            d27 = inout(reg32) d[27],
+            d28 = inout(reg32) d[28],
+            d29 = inout(reg32) d[29],
+            d30 = inout(reg32) d[30],
+            d31 = inout(reg32) d[31],
             desc_a = in(reg64) desc_a,
-            desc_b = in(reg64) desc_b,
-            scale_d = in(reg32) scale_d,
-            options(nostack)
-        )
-    }
-}
-
-/// `wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 d, {a0, a1, a2, a3}, desc_b, p, 1,
-/// 1, 0`: as [`wgmma_m64n64k16_bf16`] with A from registers, in the fragment layout of
-/// [`wgmma_m64n128k16_rs_bf16`].
-///
-/// # Safety
-/// As [`wgmma_m64n64k16_bf16`].
-#[inline(always)]
-pub unsafe fn wgmma_m64n64k16_rs_bf16(
-    d: &mut [f32; 32],
-    a: [u32; 4],
-    desc_b: u64,
-    accumulate: bool,
-) {
-    let scale_d: u32 = accumulate as u32;
-    // SAFETY: the caller guarantees convergence and a valid descriptor.
-    unsafe {
-        wgmma_m64n64k16_asm!(
-            d,
-            "{{{a0}, {a1}, {a2}, {a3}}}",
-            "1, 1, 0",
-            a0 = in(reg32) a[0],
-            a1 = in(reg32) a[1],
-            a2 = in(reg32) a[2],
-            a3 = in(reg32) a[3],
             desc_b = in(reg64) desc_b,
             scale_d = in(reg32) scale_d,
             options(nostack)
