@@ -110,10 +110,20 @@ pub(crate) fn kv_row_page_entry(p: &DecodeParams, b: u32, j: u32, len: u32) -> i
     if j >= len {
         return -1;
     }
+    // SAFETY: j < len, clamped by the caller to max_pages * page_size.
+    unsafe { *page_entry_ptr(p, b, j) }
+}
+
+/// Address of the page-table entry of KV row `j` of sequence `b`.
+///
+/// # Safety
+/// `j < max_pages * page_size` (the caller's `len`, clamped), so the entry is inside row
+/// `b` of the page table.
+#[inline(always)]
+pub(crate) unsafe fn page_entry_ptr(p: &DecodeParams, b: u32, j: u32) -> *const i32 {
     let slot = b as usize * p.page_table_stride as usize + (j >> p.page_shift) as usize;
-    // SAFETY: j < len <= max_pages * page_size (clamped by the caller), so the slot
-    // is inside row b of the page table.
-    unsafe { *p.page_table.ptr().add(slot) }
+    // SAFETY: forwarded from the caller.
+    unsafe { p.page_table.ptr().add(slot) }
 }
 
 /// The page a page-table entry names, or -1 when the row must not be read (past `len`, or

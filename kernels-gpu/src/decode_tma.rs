@@ -83,8 +83,7 @@ unsafe fn fetch_pages(p: &DecodeParams, b: u32, blk: u32, len: u32, dst: u32) {
         unsafe {
             match box_token(p, blk, q as u32) {
                 Some(t) if t < len => {
-                    let i = b as usize * p.page_table_stride as usize + (t >> p.page_shift) as usize;
-                    cp_async::cp_async_ca_4(slot, p.page_table.ptr().add(i) as *const u8);
+                    cp_async::cp_async_ca_4(slot, decode::page_entry_ptr(p, b, t) as *const u8);
                 }
                 _ => smem::st_shared_u32(slot, p.num_pages),
             }

@@ -123,9 +123,10 @@ pub unsafe fn fence_tensormap_acquire(tmap: *const u8) {
     }
 }
 
-/// Waits for the phase with `parity` of `bar` to complete (unbounded), for code between `wgmma`s: the warp
-/// polls together and leaves the loop together (`vote.sync.all`, then `bra.uni`), so
-/// ptxas sees no divergent path and does not serialize the `wgmma`s around it.
+/// Waits for the phase with `parity` of `bar` to complete (unbounded), for code between
+/// `wgmma`s: the warp polls together and leaves the loop together (`vote.sync.all`, then
+/// `bra.uni`), so ptxas sees no divergent path and does not serialize the `wgmma`s around
+/// it.
 ///
 /// # Safety
 /// `bar` is an initialised mbarrier whose phase `parity` will complete; the warp is
