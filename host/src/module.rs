@@ -233,16 +233,44 @@ impl Runtime {
             Variant::Portable => images.ptx_sm80,
         };
         let want_jit = env_ptx || opts.form == Some(ImageForm::PtxJit);
-        let (image, form) = match (cubin, want_jit) {
-            (Some(c), false) => (Ptx::from_binary(c.to_vec()), ImageForm::Cubin),
-            (None, _) if opts.form == Some(ImageForm::Cubin) => {
-                return Err(MlaError::Load {
+        // A developer's override of the native image (A/B of kernel builds with one host
+        // binary): `MLA_IMAGE_FILE=path`, a cubin (`.cubin`) or PTX (anything else) built
+        // from this crate's kernels for this arch. It must export every symbol this
+        // variant loads; a missing one fails the load below.
+        let file = match std::env::var_os("MLA_IMAGE_FILE") {
+            Some(path) if variant != Variant::Portable => {
+                let bytes = std::fs::read(&path).map_err(|e| MlaError::Load {
                     variant: variant.name().into(),
-                    detail: "no cubin embedded for this arch (ptxas was not found at build time)"
-                        .into(),
-                });
+                    detail: format!("MLA_IMAGE_FILE={}: {e}", path.to_string_lossy()),
+                })?;
+                Some((path, bytes))
             }
-            _ => (Ptx::from_src(ptx), ImageForm::PtxJit),
+            _ => None,
+        };
+        let (image, form) = match (file, cubin, want_jit) {
+            (Some((path, bytes)), _, _) => {
+                if path.to_string_lossy().ends_with(".cubin") {
+                    (Ptx::from_binary(bytes), ImageForm::Cubin)
+                } else {
+                    let src = String::from_utf8(bytes).map_err(|e| MlaError::Load {
+                        variant: variant.name().into(),
+                        detail: format!("MLA_IMAGE_FILE: not UTF-8 PTX: {e}"),
+                    })?;
+                    (Ptx::from_src(src), ImageForm::PtxJit)
+                }
+            }
+            (None, cubin, want_jit) => match (cubin, want_jit) {
+                (Some(c), false) => (Ptx::from_binary(c.to_vec()), ImageForm::Cubin),
+                (None, _) if opts.form == Some(ImageForm::Cubin) => {
+                    return Err(MlaError::Load {
+                        variant: variant.name().into(),
+                        detail:
+                            "no cubin embedded for this arch (ptxas was not found at build time)"
+                                .into(),
+                    });
+                }
+                _ => (Ptx::from_src(ptx), ImageForm::PtxJit),
+            },
         };
         let module = ctx.load_module(image).map_err(|e| MlaError::Load {
             variant: variant.name().into(),

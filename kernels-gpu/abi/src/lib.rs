@@ -184,14 +184,14 @@ pub mod decode_tile {
     /// filled by `cp.async.bulk.tensor` (box `{64 dims, min(page, 64) tokens, 1 page}`,
     /// 128-byte swizzle: one box per slab and page), the first warpgroup's P (the second's
     /// goes to stage 1's slab 8 once S is done with it), the exchange (max and scale of
-    /// each warpgroup, then each one's row sums: 6 x 64 f32), four mbarriers (per stage:
-    /// slabs 0-3 and 8, slabs 4-7) and the page entries the copies are issued with.
+    /// each warpgroup, then each one's row sums: 6 x 64 f32), eighteen mbarriers (one per
+    /// stage and slab) and the page entries the copies are issued with.
     pub const TMA_SMEM_P0: usize = 3 * QK_TILE_BYTES;
     pub const TMA_SMEM_RED: usize = TMA_SMEM_P0 + WG_SLAB_BYTES;
     pub const TMA_RED_BYTES: usize = 6 * BLOCK_M * 4;
     pub const TMA_SMEM_BARS: usize = TMA_SMEM_RED + TMA_RED_BYTES;
     /// Each issuing thread's page entries of the next pair's two blocks (2 x 2 x 4 i32).
-    pub const TMA_SMEM_PAGES: usize = TMA_SMEM_BARS + 4 * 8;
+    pub const TMA_SMEM_PAGES: usize = TMA_SMEM_BARS + 2 * 9 * 8;
     pub const TMA_SMEM_BYTES: usize = 1024 + TMA_SMEM_PAGES + 2 * 2 * 4 * 4;
     /// Smallest page size the TMA decode takes (a box of fewer than 8 rows would break
     /// the swizzle atoms; 16 keeps a block at four boxes per slab at most).
