@@ -204,7 +204,7 @@ fn bench(
     let rt = mla::load(0)?;
     let backend = rt.backend();
     // MLA_BENCH_FILTER="bf16 wg64n64 B64 L4096 H128 S1": only shapes whose label holds it
-    // (for profiling one kernel under ncu).
+    // (for profiling one kernel under ncu); "A|B" keeps shapes holding A or B.
     let filter = std::env::var("MLA_BENCH_FILTER").unwrap_or_default();
     let shapes: Vec<_> = shapes(backend)
         .into_iter()
@@ -220,7 +220,7 @@ fn bench(
                 s.s_q,
                 s.page
             );
-            label.contains(&filter)
+            filter.split('|').any(|f| label.contains(f))
         })
         .collect();
     let stream = rt.new_stream()?;

@@ -211,6 +211,70 @@ pub(crate) unsafe fn launch<P>(
     .map_err(|source| MlaError::Launch { kernel, source })
 }
 
+/// Whether the decode path launches with programmatic dependent launch: the image's
+/// decode, combine and map-store kernels start with `griddepcontrol.wait` (sm_90a and
+/// sm_100a images; not the portable sm_80 one), and `MLA_PDL` is not `0` (read once; `0`
+/// launches them plainly, for A/B).
+fn pdl_enabled(rt: &Runtime) -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    rt.variant() != crate::module::Variant::Portable
+        && *ENABLED.get_or_init(|| std::env::var("MLA_PDL").as_deref() != Ok("0"))
+}
+
+/// [`launch`] with the programmatic-stream-serialization attribute (where
+/// [`pdl_enabled`]): the kernel's CTAs may start once the previous kernel in the stream
+/// triggers (`griddepcontrol.launch_dependents`) or completes, and the kernel waits for
+/// that kernel's completion (`griddepcontrol.wait`) before touching global memory, so
+/// stream order still holds for every read and write. Inside a graph capture the driver
+/// records it as a programmatic edge.
+///
+/// # Safety
+/// As [`launch`]; `kernel` starts with `arch::grid_dep_wait` in the loaded image.
+pub(crate) unsafe fn launch_dependent<P>(
+    rt: &Runtime,
+    kernel: &'static str,
+    shape: LaunchShape,
+    stream: CUstream,
+    params: &P,
+) -> Result<()> {
+    if !pdl_enabled(rt) {
+        // SAFETY: forwarded from the caller.
+        return unsafe { launch(rt, kernel, shape, stream, params) };
+    }
+    use cudarc::driver::sys;
+    let f = rt.function(kernel)?;
+    rt.context().bind_to_thread()?;
+    let mut args = [params as *const P as *mut c_void];
+    // SAFETY: plain C structs; the attribute's union member is the one its id names.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: shape.grid.0,
+        gridDimY: shape.grid.1,
+        gridDimZ: shape.grid.2,
+        blockDimX: shape.block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: shape.smem,
+        hStream: stream,
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: forwarded from the caller; `args`, `attr` and `config` outlive the call,
+    // which copies the params.
+    unsafe {
+        sys::cuLaunchKernelEx(
+            &config,
+            f.cu_function(),
+            args.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+    .result()
+    .map_err(|source| MlaError::Launch { kernel, source })
+}
+
 /// Whether a bf16 request on the `wgmma` tile takes the TMA decode: it can
 /// ([`crate::tmap::tma_unsupported`]), its splits hold more than one block
 /// ([`crate::tmap::tma_pays`]) and `MLA_WG_TMA` is not `0` (read once; `0` keeps the
@@ -392,7 +456,7 @@ impl Runtime {
             smem: smem as u32,
         };
         // SAFETY: forwarded from the caller.
-        unsafe { launch(self, kernel, grid, stream, &p)? };
+        unsafe { launch_dependent(self, kernel, grid, stream, &p)? };
         if grid_splits > 1 {
             let c = CombineParams {
                 partial_o: p.partial_o,
@@ -421,7 +485,7 @@ impl Runtime {
                 smem: 0,
             };
             // SAFETY: the combine reads what the decode wrote, in stream order.
-            unsafe { launch(self, kernel, grid, stream, &c)? };
+            unsafe { launch_dependent(self, kernel, grid, stream, &c)? };
         }
         Ok(())
     }
@@ -467,7 +531,7 @@ impl Runtime {
             smem: 0,
         };
         // SAFETY: dst is the workspace's 128-byte map buffer.
-        unsafe { launch(self, names::STORE_TMAP, grid, stream, &params)? };
+        unsafe { launch_dependent(self, names::STORE_TMAP, grid, stream, &params)? };
         // A captured store runs only when the graph does: eager launches after it must not
         // count on it.
         *last = if capturing { None } else { Some(words) };

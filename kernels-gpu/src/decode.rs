@@ -260,6 +260,8 @@ pub(crate) unsafe fn issue_kv_row<K: DecodeKind, const TPR: u32>(
         (ROW_CHUNKS, 2)
     };
     let (src, n) = kv_row_source(p, entry, j, elem);
+    // KV is streamed: evict-first keeps it from pushing out what is reused in L2.
+    let policy = cp_async::l2_evict_first();
     // The swizzle only permutes chunks within 8-chunk groups, so this thread's chunks
     // k0 + TPR i take at most two swizzled offsets (TPR = 4: k % 8 alternates between k0
     // and k0 + 4; TPR a multiple of 8: k % 8 = k0): a base per phase plus whole 128-byte
@@ -285,7 +287,7 @@ pub(crate) unsafe fn issue_kv_row<K: DecodeKind, const TPR: u32>(
             } else {
                 src
             };
-            cp_async::cp_async_cg_16(dst, s, n)
+            cp_async::cp_async_cg_16_hint(dst, s, n, policy)
         };
         k += TPR;
         i += 1;

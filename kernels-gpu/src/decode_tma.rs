@@ -116,7 +116,7 @@ unsafe fn issue_half(p: &DecodeParams, pages: [i32; 4], blk: u32, dst: u32, h: u
     let rows = p.page_size.min(BLOCK_N);
     let row_in_page = (blk * BLOCK_N) & (p.page_size - 1);
     let tmap = p.kv_tmap.ptr() as *const u8;
-    let policy = bulk::l2_evict_first();
+    let policy = cp_async::l2_evict_first();
     // SAFETY: each box lands inside its slab (rows * (64 / rows) rows of 128 bytes), at a
     // multiple of 1024 bytes (rows >= 8); the map is valid (host).
     unsafe {

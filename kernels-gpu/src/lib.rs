@@ -49,6 +49,7 @@ macro_rules! combine_kernel {
         /// A combine entry point: see [`combine`].
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: CombineParams) {
+            arch::grid_dep_wait();
             // SAFETY: launched by the host with the documented grid on validated params.
             unsafe { combine::combine::<$out, { $unroll }>(p) }
         }
@@ -59,6 +60,16 @@ combine_kernel!(mla_combine_bf16, Bf16, combine_tile::UNROLL_NARROW);
 combine_kernel!(mla_combine_fp16, Fp16, combine_tile::UNROLL_NARROW);
 combine_kernel!(mla_combine_wide_bf16, Bf16, combine_tile::UNROLL_WIDE);
 combine_kernel!(mla_combine_wide_fp16, Fp16, combine_tile::UNROLL_WIDE);
+
+/// Every decode kernel's first step: the host launches decodes with programmatic
+/// dependent launch (sm_90+), so the decode waits for the kernel before it (the split
+/// schedule, the tensor-map store, or whatever the caller ran: Q and the cache may be its
+/// output), then lets the combine after it start its CTAs on SMs this grid leaves free.
+#[inline(always)]
+fn decode_entry() {
+    arch::grid_dep_wait();
+    arch::grid_dep_launch_dependents();
+}
 
 macro_rules! decode_kernel {
     ($name:ident, $name16:ident, $ref_name:ident, $kind:ident, $mma:ty, $q_fp8:expr, $kv_fp8:expr) => {
@@ -71,18 +82,21 @@ macro_rules! decode_kernel {
         /// A decode entry point: see [`decode`].
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: DecodeParams) {
+            decode_entry();
             // SAFETY: launched by the host with the documented grid on validated params.
             unsafe { decode::decode::<$kind, decode::M64>(p) }
         }
         /// The 16-row-tile decode of the same dtypes: see [`decode`].
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name16(p: DecodeParams) {
+            decode_entry();
             // SAFETY: launched by the host with the documented grid on validated params.
             unsafe { decode::decode::<$kind, decode::M16>(p) }
         }
         /// The reference decode of the same dtypes: see [`decode_ref`].
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $ref_name(p: DecodeParams) {
+            decode_entry();
             // SAFETY: launched by the host with the documented grid on validated params.
             unsafe { decode_ref::decode_reference::<$kind>(p) }
         }
@@ -159,6 +173,7 @@ paged_kernel!(
 #[cfg(mla_wgmma)]
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mla_decode_wg_bf16(p: DecodeParams) {
+    decode_entry();
     // SAFETY: launched by the host with the documented grid on validated bf16 params.
     unsafe { decode_wg::decode_wg::<DecodeBf16>(p) }
 }
@@ -167,6 +182,7 @@ pub unsafe extern "ptx-kernel" fn mla_decode_wg_bf16(p: DecodeParams) {
 #[cfg(mla_wgmma)]
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mla_decode_wg_fp8kv_bf16q(p: DecodeParams) {
+    decode_entry();
     // SAFETY: launched by the host with the documented grid on validated params (bf16 Q,
     // fp8 e4m3 cache).
     unsafe { decode_wg::decode_wg::<DecodeFp8KvBf16Q>(p) }
@@ -176,6 +192,7 @@ pub unsafe extern "ptx-kernel" fn mla_decode_wg_fp8kv_bf16q(p: DecodeParams) {
 #[cfg(mla_wgmma)]
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mla_decode_tma_bf16(p: DecodeParams) {
+    decode_entry();
     // SAFETY: launched by the host with the documented grid on validated params (bf16 Q
     // and cache, pages of at least TMA_MIN_PAGE tokens, the cache's tensor map).
     unsafe { decode_tma::decode_tma::<DecodeBf16>(p) }
@@ -186,6 +203,8 @@ pub unsafe extern "ptx-kernel" fn mla_decode_tma_bf16(p: DecodeParams) {
 #[cfg(mla_wgmma)]
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mla_store_tmap(p: mla_abi::TmapStoreParams) {
+    arch::grid_dep_wait();
+    arch::grid_dep_launch_dependents();
     // One thread, constant indices (a thread-indexed read would copy the params to local
     // memory).
     if arch::thread_idx_x() == 0 {
@@ -200,6 +219,8 @@ pub unsafe extern "ptx-kernel" fn mla_store_tmap(p: mla_abi::TmapStoreParams) {
 /// `mla_schedule`: see [`schedule`].
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mla_schedule(p: ScheduleParams) {
+    // The decode after it may start its CTAs now (it waits for this grid's writes).
+    arch::grid_dep_launch_dependents();
     // SAFETY: launched by the host with one CTA and the documented shared memory.
     unsafe { schedule::schedule(p) }
 }

@@ -6,6 +6,9 @@
 # matrix, capped at MLA_AB_TIMEOUT seconds each so a hang costs little), then
 # `mla bench` on the shapes matching MLA_AB_FILTER (default "bf16 wg64n64"), MLA_AB_REPS
 # times, interleaved across variants so that clock drift hits all of them alike.
+# MLA_AB_VARIANTS="name:VAR=v,VAR=v name2:..." replaces the cubin list with variants
+# defined by environment (e.g. "old:MLA_IMAGE_FILE=stage/variants/x.cubin,MLA_PDL=0
+# new:MLA_PDL=1"; a name with nothing after the colon runs the staged build as is).
 # Logs go to stage/logs/ab (and $OUT/ab.tgz); the tables are printed last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -16,13 +19,22 @@ export MLA_SEED=${MLA_SEED:-$(date +%s%N | cut -c1-18)}
 tmo=${MLA_AB_TIMEOUT:-60}
 filter=${MLA_AB_FILTER:-bf16 wg64n64}
 echo "commit $(cat stage/COMMIT)  seed $MLA_SEED  filter '$filter'"
-variants=(stage/variants/*.cubin)
+if [[ -n "${MLA_AB_VARIANTS:-}" ]]; then
+  read -ra variants <<<"$MLA_AB_VARIANTS"
+else
+  variants=()
+  for v in stage/variants/*.cubin; do
+    variants+=("$(basename "$v" .cubin):MLA_IMAGE_FILE=$v")
+  done
+fi
+# `env` arguments of variant $1 (name:VAR=v,VAR=v).
+env_of() { local e=${1#*:}; [[ -n "$e" ]] && tr ',' ' ' <<<"$e"; }
 save() { [[ -n "${OUT:-}" ]] && tar czf "$OUT/ab.tgz" -C stage/logs ab 2>/dev/null; return 0; }
 if [[ "${MLA_AB_CHECK:-1}" == 1 ]]; then
   for v in "${variants[@]}"; do
-    name=$(basename "$v" .cubin)
+    name=${v%%:*}
     for t in corner_cases split_and_page padded_cache_strides case_matrix; do
-      MLA_IMAGE_FILE=$v MLA_GPU_MATRIX_DTYPES=bf16 timeout "$tmo" stage/bin/test-gpu_decode \
+      env $(env_of "$v") MLA_GPU_MATRIX_DTYPES=${MLA_AB_DTYPES:-bf16} timeout "$tmo" stage/bin/test-gpu_decode \
         --test-threads=1 --nocapture "$t" >"$logs/$name-$t.log" 2>&1
       rc=$?
       printf '%-12s %-22s rc=%-3d %s\n' "$name" "$t" "$rc" \
@@ -33,8 +45,8 @@ if [[ "${MLA_AB_CHECK:-1}" == 1 ]]; then
 fi
 for rep in $(seq 1 "${MLA_AB_REPS:-1}"); do
   for v in "${variants[@]}"; do
-    name=$(basename "$v" .cubin)
-    MLA_IMAGE_FILE=$v MLA_BENCH_FILTER="$filter" timeout 120 stage/bin/mla bench \
+    name=${v%%:*}
+    env $(env_of "$v") MLA_BENCH_FILTER="$filter" timeout 120 stage/bin/mla bench \
       --seed "${MLA_SEED:0:9}" ${MLA_AB_GRID:+--grid "$MLA_AB_GRID"} >"$logs/$name-bench-$rep.log" 2>&1
     echo "rc=$? $name rep $rep" >>"$logs/bench-rc.txt"
     save

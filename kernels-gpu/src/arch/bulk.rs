@@ -109,7 +109,7 @@ pub unsafe fn tma_load_3d(dst: u32, tmap: *const u8, c: [i32; 3], bar: u32) {
     }
 }
 
-/// [`tma_load_3d`] with an L2 cache policy (from [`l2_evict_first`]).
+/// [`tma_load_3d`] with an L2 cache policy (from [`super::cp_async::l2_evict_first`]).
 ///
 /// # Safety
 /// As [`tma_load_3d`].
@@ -121,18 +121,6 @@ pub unsafe fn tma_load_3d_hint(dst: u32, tmap: *const u8, c: [i32; 3], bar: u32,
             d = in(reg32) dst, m = in(reg64) tmap, c0 = in(reg32) c[0], c1 = in(reg32) c[1],
             c2 = in(reg32) c[2], b = in(reg32) bar, pol = in(reg64) policy, options(nostack))
     }
-}
-
-/// An L2 policy that marks every line it covers evict-first (streamed data that should
-/// not push out what is reused).
-#[inline(always)]
-pub fn l2_evict_first() -> u64 {
-    let p: u64;
-    // SAFETY: creates a policy value; no memory is touched.
-    unsafe {
-        asm!("createpolicy.fractional.L2::evict_first.b64 {p}, 1.0;", p = out(reg64) p, options(nostack, nomem, pure))
-    }
-    p
 }
 
 /// `fence.proxy.tensormap::generic.acquire.gpu [tmap], 128;`: orders the tensor map's

@@ -18,6 +18,32 @@ pub unsafe fn cp_async_cg_16(dst: u32, src: *const u8, src_bytes: u32) {
     }
 }
 
+/// [`cp_async_cg_16`] with an L2 cache policy (from [`l2_evict_first`]).
+///
+/// # Safety
+/// As [`cp_async_cg_16`].
+#[inline(always)]
+pub unsafe fn cp_async_cg_16_hint(dst: u32, src: *const u8, src_bytes: u32, policy: u64) {
+    // SAFETY: the caller guarantees both addresses.
+    unsafe {
+        asm!("cp.async.cg.shared.global.L2::cache_hint [{d}], [{s}], 16, {n}, {p};",
+            d = in(reg32) dst, s = in(reg64) src, n = in(reg32) src_bytes, p = in(reg64) policy,
+            options(nostack))
+    }
+}
+
+/// An L2 policy that marks every line it covers evict-first (streamed data that should
+/// not push out what is reused).
+#[inline(always)]
+pub fn l2_evict_first() -> u64 {
+    let p: u64;
+    // SAFETY: creates a policy value; no memory is touched.
+    unsafe {
+        asm!("createpolicy.fractional.L2::evict_first.b64 {p}, 1.0;", p = out(reg64) p, options(nostack, nomem, pure))
+    }
+    p
+}
+
 /// `cp.async.commit_group;`
 #[inline(always)]
 pub fn cp_async_commit_group() {

@@ -25,6 +25,32 @@ pub fn trap() -> ! {
     unsafe { core::arch::asm!("trap;", options(nostack, noreturn)) }
 }
 
+/// Programmatic dependent launch, first half: waits until the grids this one depends on
+/// (the previous kernel in the stream, when the host launched this one with the
+/// programmatic-serialization attribute) have completed and their writes are visible.
+/// Returns at once otherwise. Every kernel the host launches that way calls this before
+/// its first global read or write. No-op on images without `--cfg mla_pdl` (sm_80).
+#[inline(always)]
+pub fn grid_dep_wait() {
+    #[cfg(mla_pdl)]
+    // SAFETY: a fence-like wait; touches no memory of ours.
+    unsafe {
+        core::arch::asm!("griddepcontrol.wait;", options(nostack))
+    }
+}
+
+/// Programmatic dependent launch, second half: lets the next kernel in the stream (if
+/// launched with the attribute) start its CTAs now; they still wait for this grid to
+/// complete in [`grid_dep_wait`]. No-op on images without `--cfg mla_pdl`.
+#[inline(always)]
+pub fn grid_dep_launch_dependents() {
+    #[cfg(mla_pdl)]
+    // SAFETY: a scheduling hint; touches no memory.
+    unsafe {
+        core::arch::asm!("griddepcontrol.launch_dependents;", options(nostack))
+    }
+}
+
 /// `%tid.x`.
 #[inline(always)]
 pub fn thread_idx_x() -> u32 {
