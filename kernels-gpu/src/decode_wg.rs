@@ -83,13 +83,15 @@ impl KvRow {
     #[inline(always)]
     unsafe fn issue(self, p: &DecodeParams, entry: i32, j: u32, stage: u32) {
         let (src, n) = decode::kv_row_source(p, entry, j, 2);
-        let policy = cp_async::l2_evict_first();
+        // No L2 policy here (unlike decode::issue_kv_row): with one, ptxas 13.0 emitted
+        // LDGSTS whose cache-policy descriptor names an odd uniform register (desc[UR1])
+        // and the kernel died with CUDA_ERROR_ILLEGAL_INSTRUCTION on the H200.
         // SAFETY: src + src_off + 64 i < src + 1152 (one cache row); dst inside the stage.
         unsafe {
             let src = src.add(self.src as usize);
             unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17] {
                 let dst = stage + self.smem[i % 2] + (i / 2) as u32 * SLAB;
-                cp_async::cp_async_cg_16_hint(dst, src.add(64 * i), n, policy);
+                cp_async::cp_async_cg_16(dst, src.add(64 * i), n);
             });
         }
     }
@@ -102,14 +104,13 @@ impl KvRow {
     #[inline(always)]
     unsafe fn issue_fp8(self, p: &DecodeParams, entry: i32, j: u32, raw: u32) {
         let (src, n) = decode::kv_row_source(p, entry, j, 1);
-        let policy = cp_async::l2_evict_first();
         let r = j % BLOCK_N;
         // SAFETY: src + src_off + 64 i < src + 576 (one cache row); dst inside the stage.
         unsafe {
             let src = src.add(self.src as usize);
             let dst = raw + r * D_QK + self.src;
             unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
-                cp_async::cp_async_cg_16_hint(dst + 64 * i as u32, src.add(64 * i), n, policy);
+                cp_async::cp_async_cg_16(dst + 64 * i as u32, src.add(64 * i), n);
             });
         }
     }
