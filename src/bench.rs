@@ -129,8 +129,14 @@ impl BenchCase {
                 max_splits: MAX_SPLITS as usize,
             },
         )?;
+        // MLA_BENCH_MAX_SPLITS=N: cap the split count (to measure the split rule).
+        let max_splits = std::env::var("MLA_BENCH_MAX_SPLITS")
+            .ok()
+            .and_then(|v| v.parse::<u32>().ok())
+            .map_or(MAX_SPLITS, |n| n.clamp(1, MAX_SPLITS));
         let tactic = Tactic {
             tile: s.tile,
+            max_splits,
             ..Tactic::default()
         };
         let splits = tactic.split_counts(&lens, rows, rt.device().sm_count as usize);
@@ -309,6 +315,28 @@ pub fn extra_shapes(backend: crate::gate::Backend) -> Vec<BenchShape> {
             }
             for s_q in [2, 4] {
                 v.push(shape(s_q, PAGE));
+            }
+        }
+    }
+    v
+}
+
+/// Small batches (B = 1, 8) over the peers' lengths and heads, bf16, each with the shape's
+/// default tile on `backend`: the small-batch target's shapes.
+pub fn small_shapes(backend: crate::gate::Backend) -> Vec<BenchShape> {
+    let mut v = Vec::new();
+    for (heads, s_q) in [(16, 1), (16, 2), (128, 1), (128, 2)] {
+        for batch in [1, 8] {
+            for len in [1024, 4096, 16384] {
+                v.push(BenchShape {
+                    dtypes: DecodeDtypes::Bf16,
+                    tile: Tile::default_on(heads * s_q, backend, DecodeDtypes::Bf16),
+                    batch,
+                    len,
+                    heads,
+                    s_q,
+                    page: PAGE,
+                });
             }
         }
     }

@@ -14,7 +14,7 @@ use mla::rng::SplitMix64;
 use mla::{DecodeDtypes, MlaError};
 
 const USAGE: &str = "usage: mla <info|demo|bench> [--seed N] [--json FILE (bench: the peers' JSON schema)] \
-     [--grid default|extra (bench: extra = page sizes 16..128 and S_q 1, 2, 4)]";
+     [--grid default|extra|small (bench: extra = page sizes 16..128 and S_q 1, 2, 4; small = B 1, 8)]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -38,8 +38,9 @@ fn main() -> ExitCode {
                     bench(seed, opt("--json"), |_| mla::bench::default_shapes())
                 }
                 Some("extra") => bench(seed, opt("--json"), mla::bench::extra_shapes),
+                Some("small") => bench(seed, opt("--json"), mla::bench::small_shapes),
                 Some(other) => {
-                    eprintln!("--grid: expected default or extra, got {other:?}\n{USAGE}");
+                    eprintln!("--grid: expected default, extra or small, got {other:?}\n{USAGE}");
                     return ExitCode::from(2);
                 }
             }
