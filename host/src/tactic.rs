@@ -189,21 +189,46 @@ impl Default for Tactic {
     }
 }
 
+/// The default split cap of a shape with two or more row tiles (more than 64 rows on the
+/// 64-row tiles). Each split of such a shape writes a 64 x 512 f32 partial per row tile
+/// that the combine reads back, and at one block per split the CTA's fixed cost (Q tile,
+/// partial, prologue) is paid per block. Measured on the H200 (`mla bench --grid small`,
+/// `MLA_BENCH_MAX_SPLITS`, docs/PERF.md v10), B = 1, bf16: H = 128 S_q = 1, L = 4096
+/// 35.9 -> 28.0 us (64 -> 32 splits), L = 16384 44.0 -> 40.6; S_q = 2 L = 4096
+/// 36.7 -> 35.5, L = 16384 50.0 -> 49.3; no shape measured slower. One-tile shapes keep
+/// `MAX_SPLITS` (H = 16, B = 1, L = 16384: 24.8 us at 64 splits, 31.1 at 32).
+pub const MULTI_TILE_MAX_SPLITS: u32 = 32;
+
 impl Tactic {
-    /// [`Tactic::default`] with the tile for `rows = s_q * heads` ([`Tile::default_for`]):
-    /// the deterministic choice for a shape when tuning is off.
+    /// The default split cap for `rows = s_q * heads` on `tile`: [`MULTI_TILE_MAX_SPLITS`]
+    /// from two row tiles on, `MAX_SPLITS` below.
+    pub fn default_max_splits(tile: Tile, rows: usize) -> u32 {
+        if tile.row_tiles(rows) >= 2 {
+            MULTI_TILE_MAX_SPLITS
+        } else {
+            MAX_SPLITS
+        }
+    }
+
+    /// [`Tactic::default`] with the tile for `rows = s_q * heads` ([`Tile::default_for`])
+    /// and its split cap ([`Tactic::default_max_splits`]): the deterministic choice for a
+    /// shape when tuning is off.
     pub fn default_for(rows: usize) -> Tactic {
+        let tile = Tile::default_for(rows);
         Tactic {
-            tile: Tile::default_for(rows),
+            tile,
+            max_splits: Self::default_max_splits(tile, rows),
             ..Tactic::default()
         }
     }
 
-    /// [`Tactic::default`] with [`Tile::default_on`]: the deterministic choice for a shape on
-    /// `backend` when tuning is off.
+    /// [`Tactic::default_for`] with [`Tile::default_on`]: the deterministic choice for a
+    /// shape on `backend` when tuning is off.
     pub fn default_on(rows: usize, backend: Backend, dtypes: DecodeDtypes) -> Tactic {
+        let tile = Tile::default_on(rows, backend, dtypes);
         Tactic {
-            tile: Tile::default_on(rows, backend, dtypes),
+            tile,
+            max_splits: Self::default_max_splits(tile, rows),
             ..Tactic::default()
         }
     }
@@ -215,7 +240,7 @@ impl Tactic {
         if Tile::default_on(rows, backend, dtypes) != Tile::Wg64N64 {
             return portable;
         }
-        let mut out = Self::candidates_with(&[Tile::Wg64N64]);
+        let mut out = Self::candidates_with(&[Tile::Wg64N64], rows);
         out.extend(portable);
         out
     }
@@ -224,10 +249,11 @@ impl Tactic {
     /// waves {1, 2} x max_splits {64, 16}, then max_splits 1 (no split; waves do not matter
     /// there, every sequence gets one chunk). 64-row tile only; see [`Tactic::candidates_for`].
     pub fn candidates() -> Vec<Tactic> {
-        Self::candidates_with(&[Tile::M64N64])
+        Self::candidates_with(&[Tile::M64N64], 1)
     }
 
-    /// The candidates for `rows = s_q * heads` query rows: [`Tactic::candidates`] per tile,
+    /// The candidates for `rows = s_q * heads` query rows: [`Tactic::candidates`] per tile
+    /// (with [`Tactic::default_max_splits`] in place of 64 from two row tiles on),
     /// the shape's default tile first (so `candidates_for(rows)[0] == default_for(rows)`);
     /// the 16-row tile joins for `rows <= 32` (two row tiles at most).
     pub fn candidates_for(rows: usize) -> Vec<Tactic> {
@@ -238,14 +264,15 @@ impl Tactic {
                 tiles.push(t);
             }
         }
-        Self::candidates_with(&tiles)
+        Self::candidates_with(&tiles, rows)
     }
 
-    fn candidates_with(tiles: &[Tile]) -> Vec<Tactic> {
+    /// Per tile: waves {1, 2} x max_splits {the shape's default cap, 16}, then no split.
+    fn candidates_with(tiles: &[Tile], rows: usize) -> Vec<Tactic> {
         let mut out = Vec::with_capacity(5 * tiles.len());
         for &tile in tiles {
             for waves in [1, 2] {
-                for max_splits in [MAX_SPLITS, 16] {
+                for max_splits in [Self::default_max_splits(tile, rows), 16] {
                     out.push(Tactic {
                         tile,
                         waves,

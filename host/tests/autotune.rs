@@ -3,7 +3,7 @@
 
 use mla_abi::MAX_SPLITS;
 use mla_host::autotune::{Autotuner, DeviceKey, ShapeKey, TuneCache, TuneMode, bucket};
-use mla_host::tactic::{MAX_WAVES, Tactic, Tile};
+use mla_host::tactic::{MAX_WAVES, MULTI_TILE_MAX_SPLITS, Tactic, Tile};
 use mla_host::{DecodeDtypes, DeviceInfo, MlaError};
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -19,6 +19,18 @@ fn h200() -> DeviceKey {
 
 fn shape() -> ShapeKey {
     ShapeKey::new(DecodeDtypes::Bf16, 128, 1, 64, 64, 4096)
+}
+
+/// `shape()`'s default split cap: 128 rows are two 64-row tiles.
+const D: u32 = MULTI_TILE_MAX_SPLITS;
+
+/// The untuned choice for `shape()` and the tuner's candidates for it.
+fn shape_default() -> Tactic {
+    Tactic::default_for(128)
+}
+
+fn shape_candidates() -> Vec<Tactic> {
+    Tactic::candidates_for(128)
 }
 
 fn tactic(waves: u32, max_splits: u32) -> Tactic {
@@ -92,10 +104,24 @@ fn shape_defaults_and_candidates_follow_the_rows() {
         assert_eq!(c[..5], Tactic::candidates()[..]);
         assert!(c[5..].iter().all(|t| t.tile == Tile::M16N64));
     }
-    // More rows: the 64-row tile only.
-    for rows in [33, 64, 256, 1024] {
+    // More rows: the 64-row tile only; from two row tiles on, splits capped at
+    // MULTI_TILE_MAX_SPLITS by default (and first among the candidates).
+    for rows in [33, 64] {
         assert_eq!(Tactic::default_for(rows), Tactic::default());
         assert_eq!(Tactic::candidates_for(rows), Tactic::candidates());
+    }
+    for rows in [65, 128, 256, 1024] {
+        assert_eq!(Tactic::default_for(rows), tactic(1, D));
+        assert_eq!(
+            Tactic::candidates_for(rows),
+            vec![
+                tactic(1, D),
+                tactic(1, 16),
+                tactic(2, D),
+                tactic(2, 16),
+                tactic(1, 1)
+            ]
+        );
     }
     // The tuner's untuned choice is the shape's default.
     let mut key = shape();
@@ -500,7 +526,7 @@ fn off_never_times_and_returns_the_default() {
             Ok(1.0)
         })
         .unwrap();
-    assert_eq!(t, Tactic::default());
+    assert_eq!(t, shape_default());
     assert_eq!(calls.get(), 0);
     assert!(tuner.cache.is_empty());
     // Even a cached winner is ignored when tuning is off.
@@ -508,23 +534,23 @@ fn off_never_times_and_returns_the_default() {
         .cache
         .insert(&h200(), &shape(), tactic(2, 16), 1.0)
         .unwrap();
-    assert_eq!(tuner.choose(&h200(), &shape()), Tactic::default());
+    assert_eq!(tuner.choose(&h200(), &shape()), shape_default());
     let t = tuner
         .choose_or_tune(&h200(), &shape(), |_| {
             calls.set(calls.get() + 1);
             Ok(1.0)
         })
         .unwrap();
-    assert_eq!(t, Tactic::default());
+    assert_eq!(t, shape_default());
     assert_eq!(calls.get(), 0);
 }
 
 #[test]
 fn on_picks_the_fastest_and_caches_it() {
     let times = table(&[
-        (tactic(1, 64), 50.0),
+        (tactic(1, D), 50.0),
         (tactic(1, 16), 45.0),
-        (tactic(2, 64), 30.5),
+        (tactic(2, D), 30.5),
         (tactic(2, 16), 31.0),
         (tactic(1, 1), 90.0),
     ]);
@@ -532,33 +558,33 @@ fn on_picks_the_fastest_and_caches_it() {
     let mut tuner = Autotuner::new(TuneMode::On);
     assert_eq!(
         tuner.choose(&h200(), &shape()),
-        Tactic::default(),
+        shape_default(),
         "nothing cached yet"
     );
     let t = tuner
         .tune(&h200(), &shape(), timer(&times, &calls))
         .unwrap();
-    assert_eq!(t, tactic(2, 64));
-    assert_eq!(calls.get(), Tactic::candidates().len());
+    assert_eq!(t, tactic(2, D));
+    assert_eq!(calls.get(), shape_candidates().len());
     assert_eq!(
         tuner.cache.get(&h200(), &shape()),
-        Some((tactic(2, 64), 30.5))
+        Some((tactic(2, D), 30.5))
     );
     // Cached: no more timing.
-    assert_eq!(tuner.choose(&h200(), &shape()), tactic(2, 64));
+    assert_eq!(tuner.choose(&h200(), &shape()), tactic(2, D));
     let t = tuner
         .choose_or_tune(&h200(), &shape(), timer(&times, &calls))
         .unwrap();
-    assert_eq!(t, tactic(2, 64));
-    assert_eq!(calls.get(), Tactic::candidates().len());
+    assert_eq!(t, tactic(2, D));
+    assert_eq!(calls.get(), shape_candidates().len());
     // Another shape is not covered by that entry.
     let other = ShapeKey::new(DecodeDtypes::Fp8, 128, 1, 64, 64, 4096);
-    assert_eq!(tuner.choose(&h200(), &other), Tactic::default());
+    assert_eq!(tuner.choose(&h200(), &other), shape_default());
     let t = tuner
         .choose_or_tune(&h200(), &other, timer(&times, &calls))
         .unwrap();
-    assert_eq!(t, tactic(2, 64));
-    assert_eq!(calls.get(), 2 * Tactic::candidates().len());
+    assert_eq!(t, tactic(2, D));
+    assert_eq!(calls.get(), 2 * shape_candidates().len());
     assert_eq!(tuner.cache.len(), 2);
 }
 
@@ -566,19 +592,19 @@ fn on_picks_the_fastest_and_caches_it() {
 fn ties_keep_the_earlier_candidate() {
     let calls = Cell::new(0);
     let flat = table(
-        &Tactic::candidates()
+        &shape_candidates()
             .iter()
             .map(|&t| (t, 10.0))
             .collect::<Vec<_>>(),
     );
     let mut tuner = Autotuner::new(TuneMode::On);
     let t = tuner.tune(&h200(), &shape(), timer(&flat, &calls)).unwrap();
-    assert_eq!(t, Tactic::candidates()[0]);
+    assert_eq!(t, shape_candidates()[0]);
 
     let later_tie = table(&[
-        (tactic(1, 64), 10.0),
+        (tactic(1, D), 10.0),
         (tactic(1, 16), 8.0),
-        (tactic(2, 64), 10.0),
+        (tactic(2, D), 10.0),
         (tactic(2, 16), 8.0),
         (tactic(1, 1), 8.0),
     ]);
@@ -596,9 +622,9 @@ fn ties_keep_the_earlier_candidate() {
 fn a_failing_candidate_is_skipped() {
     // The would-be winner (2, 16) is missing from the table, so its timing fails.
     let times = table(&[
-        (tactic(1, 64), 50.0),
+        (tactic(1, D), 50.0),
         (tactic(1, 16), 45.0),
-        (tactic(2, 64), 40.0),
+        (tactic(2, D), 40.0),
         (tactic(1, 1), 90.0),
     ]);
     let calls = Cell::new(0);
@@ -606,10 +632,10 @@ fn a_failing_candidate_is_skipped() {
     let t = tuner
         .tune(&h200(), &shape(), timer(&times, &calls))
         .unwrap();
-    assert_eq!(t, tactic(2, 64));
+    assert_eq!(t, tactic(2, D));
     assert_eq!(
         calls.get(),
-        Tactic::candidates().len(),
+        shape_candidates().len(),
         "every candidate tried"
     );
 
@@ -624,10 +650,10 @@ fn a_failing_candidate_is_skipped() {
             })
         })
         .unwrap();
-    assert_eq!(t, Tactic::default());
+    assert_eq!(t, shape_default());
     assert_eq!(
         tuner.cache.get(&h200(), &shape()),
-        Some((Tactic::default(), 6.0))
+        Some((shape_default(), 6.0))
     );
 }
 
@@ -639,14 +665,14 @@ fn all_failing_returns_the_first_error_and_caches_nothing() {
     let e = tuner
         .tune(&h200(), &shape(), timer(&empty, &calls))
         .unwrap_err();
-    assert_eq!(calls.get(), Tactic::candidates().len());
+    assert_eq!(calls.get(), shape_candidates().len());
     match &e {
         MlaError::InvalidShape { field, got, .. } => {
             assert_eq!(*field, "fake timing");
-            assert_eq!(*got, Tactic::candidates()[0].to_string());
+            assert_eq!(*got, shape_candidates()[0].to_string());
         }
         other => panic!("{other:?}"),
     }
     assert!(tuner.cache.is_empty());
-    assert_eq!(tuner.choose(&h200(), &shape()), Tactic::default());
+    assert_eq!(tuner.choose(&h200(), &shape()), shape_default());
 }
