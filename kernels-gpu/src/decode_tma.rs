@@ -105,23 +105,14 @@ unsafe fn read_pages(src: u32) -> [i32; 4] {
     unsafe { smem::ld_shared_v4(src) }.map(|w| w as i32)
 }
 
-/// Issues the slabs of half `h` (slabs 0-3 and 8, or 4-7) of block `blk` whose index `i`
-/// in that list has bit `i` set in `mask`, into the stage at `dst`, slab `s` completed on
-/// the mbarrier at `bars + 8 s`.
+/// Issues half `h` (slabs 0-3 and 8, or 4-7) of block `blk` into the stage at `dst`,
+/// slab `s` completed on the mbarrier at `bars + 8 s`.
 ///
 /// # Safety
-/// One thread per slab; the slabs' mbarriers initialised with no copy pending on them;
-/// nothing reads a slab until its mbarrier completes.
+/// One thread; the half's mbarriers initialised with no copy pending on them; nothing
+/// reads a slab until its mbarrier completes.
 #[inline(always)]
-unsafe fn issue_half(
-    p: &DecodeParams,
-    pages: [i32; 4],
-    blk: u32,
-    dst: u32,
-    h: u32,
-    bars: u32,
-    mask: u32,
-) {
+unsafe fn issue_half(p: &DecodeParams, pages: [i32; 4], blk: u32, dst: u32, h: u32, bars: u32) {
     let rows = p.page_size.min(BLOCK_N);
     let row_in_page = (blk * BLOCK_N) & (p.page_size - 1);
     let tmap = p.kv_tmap.ptr() as *const u8;
@@ -130,9 +121,6 @@ unsafe fn issue_half(
     // multiple of 1024 bytes (rows >= 8); the map is valid (host).
     unsafe {
         for i in 0..5 - h {
-            if mask & (1 << i) == 0 {
-                continue;
-            }
             let s = if h == 0 {
                 if i < 4 { i } else { 8 }
             } else {
@@ -194,16 +182,11 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
     let red = |k: u32, r: u32| arch::opaque(base + T::TMA_SMEM_RED as u32 + r * 4) + k * 256;
     // Stage `st`'s mbarriers, one per slab (slab `s` at `+ 8 s`).
     let bars = |st: u32| base + T::TMA_SMEM_BARS as u32 + 72 * st;
-    // Each issuer's page entries of the next pair's two blocks.
-    let pages_s = |which: u32| base + T::TMA_SMEM_PAGES as u32 + 32 * warp + 16 * which;
+    // The issuer's page entries of the next pair's two blocks.
+    let pages_s = |which: u32| base + T::TMA_SMEM_PAGES as u32 + 32 * wg + 16 * which;
     // The thread that issues this warpgroup's halves (warpgroup 0: slabs 0-3 and 8,
     // warpgroup 1: slabs 4-7, of both stages).
-    let issuer = lane == 0;
-    // A reload's slabs are spread over the warpgroup's four warps (lane 0 of each), so
-    // that a warp spends at most two slabs' boxes (eight at pages of 16) issuing them:
-    // the issuing warps hold up their warpgroup's next `wgmma`. Warp `wq` takes list
-    // index `wq` of either half, warp 0 also slab 8 (index 4 of half 0).
-    let my_slabs = [(1u32 << wq) | if wq == 0 { 1 << 4 } else { 0 }, 1u32 << wq];
+    let issuer = tid.is_multiple_of(128);
 
     // SAFETY: thread 0 initialises the mbarriers before any copy; every thread passes the
     // CTA barriers; the Q tile holds 64 slab-layout rows of a validated q.
@@ -225,8 +208,8 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
             while blk < kb1 && blk < kb0 + 2 {
                 let st = blk - kb0;
                 let pages = block_pages(&p, b, blk, len);
-                issue_half(&p, pages, blk, kv_s(st), 0, bars(st), 0x1f);
-                issue_half(&p, pages, blk, kv_s(st), 1, bars(st), 0xf);
+                issue_half(&p, pages, blk, kv_s(st), 0, bars(st));
+                issue_half(&p, pages, blk, kv_s(st), 1, bars(st));
                 blk += 1;
             }
         }
@@ -496,15 +479,7 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
                 wgmma::wgmma_wait_group::<0>();
                 // Slabs 0-3 and 8 of stage 0: last read by the P.V above (and S of A).
                 if issuer && next_a {
-                    issue_half(
-                        &p,
-                        read_pages(pages_s(0)),
-                        blk_a + 2,
-                        kv_s(0),
-                        0,
-                        bars(0),
-                        my_slabs[0],
-                    );
+                    issue_half(&p, read_pages(pages_s(0)), blk_a + 2, kv_s(0), 0, bars(0));
                 }
                 rescale(&mut o, scale1);
                 l_run = [l_run[0] * scale1[0], l_run[1] * scale1[1]];
@@ -524,15 +499,7 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
                             wgmma::wgmma_wait_group::<0>();
                         }
                         if issuer && next_b {
-                            issue_half(
-                                &p,
-                                read_pages(pages_s(1)),
-                                blk_b + 2,
-                                kv_s(1),
-                                0,
-                                bars(1),
-                                my_slabs[0],
-                            );
+                            issue_half(&p, read_pages(pages_s(1)), blk_b + 2, kv_s(1), 0, bars(1));
                         }
                     }
                 };
@@ -590,28 +557,12 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
                 wgmma::wgmma_wait_group::<1>();
                 // Slabs 4-7 of stage 0: last read by A's P.V above.
                 if issuer && next_a {
-                    issue_half(
-                        &p,
-                        read_pages(pages_s(0)),
-                        blk_a + 2,
-                        kv_s(0),
-                        1,
-                        bars(0),
-                        my_slabs[1],
-                    );
+                    issue_half(&p, read_pages(pages_s(0)), blk_a + 2, kv_s(0), 1, bars(0));
                 }
                 wgmma::wgmma_wait_group::<0>();
                 // Slabs 4-7 of stage 1: last read by B's P.V.
                 if issuer && next_b {
-                    issue_half(
-                        &p,
-                        read_pages(pages_s(1)),
-                        blk_b + 2,
-                        kv_s(1),
-                        1,
-                        bars(1),
-                        my_slabs[1],
-                    );
+                    issue_half(&p, read_pages(pages_s(1)), blk_b + 2, kv_s(1), 1, bars(1));
                 }
                 if next_b {
                     qk(&mut s, 1, parity ^ 1, &|| {});

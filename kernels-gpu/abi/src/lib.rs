@@ -190,10 +190,9 @@ pub mod decode_tile {
     pub const TMA_SMEM_RED: usize = TMA_SMEM_P0 + WG_SLAB_BYTES;
     pub const TMA_RED_BYTES: usize = 6 * BLOCK_M * 4;
     pub const TMA_SMEM_BARS: usize = TMA_SMEM_RED + TMA_RED_BYTES;
-    /// Each issuing thread's page entries of the next pair's two blocks (lane 0 of each of
-    /// the eight warps: 8 x 2 x 4 i32).
+    /// Each issuing thread's page entries of the next pair's two blocks (2 x 2 x 4 i32).
     pub const TMA_SMEM_PAGES: usize = TMA_SMEM_BARS + 2 * 9 * 8;
-    pub const TMA_SMEM_BYTES: usize = 1024 + TMA_SMEM_PAGES + 8 * 2 * 4 * 4;
+    pub const TMA_SMEM_BYTES: usize = 1024 + TMA_SMEM_PAGES + 2 * 2 * 4 * 4;
     /// Smallest page size the TMA decode takes (a box of fewer than 8 rows would break
     /// the swizzle atoms; 16 keeps a block at four boxes per slab at most).
     pub const TMA_MIN_PAGE: usize = 16;
