@@ -13,8 +13,10 @@
 //!   its softmax while the other's `wgmma`s run. Warpgroup 0 gives the P it shares the
 //!   pair's final scale, and rescales its O by it before multiplying B's P.
 //! - KV: `cp.async.bulk.tensor` (one box per slab and page, straight into the 128-byte
-//!   swizzled slab layout, with an L2 evict-first policy: measured 2-7% faster than
-//!   none) on one mbarrier per stage and slab, each slab's S waiting only for its own.
+//!   swizzled slab layout; no L2 policy: evict-first measured 2-7% faster in `mla bench`
+//!   but 5-10% slower in the peers' harness, where a sequence's two head tiles read its
+//!   KV further apart) on one mbarrier per stage and slab, each slab's S waiting only
+//!   for its own.
 //!   A stage is reloaded in two halves: slabs 0-3 and 8 (the only ones warpgroup 0's
 //!   P.V reads, and the slab that holds B's P once S of B is done), and slabs 4-7. Each
 //!   half is reloaded for the next pair by the warpgroup whose P.V read it last, as
@@ -116,7 +118,6 @@ unsafe fn issue_half(p: &DecodeParams, pages: [i32; 4], blk: u32, dst: u32, h: u
     let rows = p.page_size.min(BLOCK_N);
     let row_in_page = (blk * BLOCK_N) & (p.page_size - 1);
     let tmap = p.kv_tmap.ptr() as *const u8;
-    let policy = cp_async::l2_evict_first();
     // SAFETY: each box lands inside its slab (rows * (64 / rows) rows of 128 bytes), at a
     // multiple of 1024 bytes (rows >= 8); the map is valid (host).
     unsafe {
@@ -131,7 +132,7 @@ unsafe fn issue_half(p: &DecodeParams, pages: [i32; 4], blk: u32, dst: u32, h: u
             unroll!(q in [0, 1, 2, 3] {
                 if (q as u32) * rows < BLOCK_N {
                     let c = [(64 * s) as i32, row_in_page as i32, pages[q]];
-                    bulk::tma_load_3d_hint(dst + s * SLAB + q as u32 * rows * 128, tmap, c, bar, policy);
+                    bulk::tma_load_3d(dst + s * SLAB + q as u32 * rows * 128, tmap, c, bar);
                 }
             });
         }

@@ -109,20 +109,6 @@ pub unsafe fn tma_load_3d(dst: u32, tmap: *const u8, c: [i32; 3], bar: u32) {
     }
 }
 
-/// [`tma_load_3d`] with an L2 cache policy (from [`super::cp_async::l2_evict_first`]).
-///
-/// # Safety
-/// As [`tma_load_3d`].
-#[inline(always)]
-pub unsafe fn tma_load_3d_hint(dst: u32, tmap: *const u8, c: [i32; 3], bar: u32, policy: u64) {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        asm!("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [{d}], [{m}, {{{c0}, {c1}, {c2}}}], [{b}], {pol};",
-            d = in(reg32) dst, m = in(reg64) tmap, c0 = in(reg32) c[0], c1 = in(reg32) c[1],
-            c2 = in(reg32) c[2], b = in(reg32) bar, pol = in(reg64) policy, options(nostack))
-    }
-}
-
 /// `fence.proxy.tensormap::generic.acquire.gpu [tmap], 128;`: orders the tensor map's
 /// bytes, written through the generic proxy (by an earlier kernel), before this thread's
 /// tensor copies read it.
