@@ -446,11 +446,14 @@ impl Runtime {
             kernel = names::DECODE_TMA_BF16;
             smem = decode_tile::TMA_SMEM_BYTES;
         }
+        // Split-major (the kernels read tile, sequence, split from x, y, z): the graph-safe
+        // grid's CTAs past a sequence's split count (most of them at large batch) launch
+        // after every CTA that has work, instead of between them.
         let grid = LaunchShape {
             grid: (
-                grid_splits as u32,
                 tile.row_tiles(rows) as u32,
                 shape.batch as u32,
+                grid_splits as u32,
             ),
             block: decode_tile::THREADS as u32,
             smem: smem as u32,

@@ -532,9 +532,11 @@ pub(crate) fn cta_work(p: &DecodeParams, split: u32, b: u32) -> Option<CtaWork> 
 /// host validated (shapes, strides, alignment, workspace capacity).
 #[inline(always)]
 pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
-    let split = arch::block_idx_x();
-    let tile = arch::block_idx_y();
-    let b = arch::block_idx_z();
+    // Grid (row tiles, batch, splits): split-major, so every split-0 CTA (all of the work
+    // at large batch) launches before any CTA of a split a sequence may not have.
+    let tile = arch::block_idx_x();
+    let b = arch::block_idx_y();
+    let split = arch::block_idx_z();
     let Some(CtaWork {
         len,
         nsplit,

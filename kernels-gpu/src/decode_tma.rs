@@ -147,9 +147,11 @@ unsafe fn issue_half(p: &DecodeParams, pages: [i32; 4], blk: u32, dst: u32, h: u
 /// least `TMA_MIN_PAGE` tokens, `kv_tmap` the cache's map as `decode_tile` describes).
 #[inline(always)]
 pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
-    let split = arch::block_idx_x();
-    let tile = arch::block_idx_y();
-    let b = arch::block_idx_z();
+    // Grid (row tiles, batch, splits): split-major, so every split-0 CTA (all of the work
+    // at large batch) launches before any CTA of a split a sequence may not have.
+    let tile = arch::block_idx_x();
+    let b = arch::block_idx_y();
+    let split = arch::block_idx_z();
     let Some(decode::CtaWork {
         len,
         nsplit,

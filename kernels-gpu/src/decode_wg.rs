@@ -145,9 +145,11 @@ unsafe fn convert_fp8_stage<K: DecodeKind<Mma = Bf16>>(raw: u32, tile: u32) {
 /// (bf16 Q, a bf16 or (`K::KV_FP8`) fp8 e4m3 cache, shapes, strides, workspace capacity).
 #[inline(always)]
 pub unsafe fn decode_wg<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
-    let split = arch::block_idx_x();
-    let tile = arch::block_idx_y();
-    let b = arch::block_idx_z();
+    // Grid (row tiles, batch, splits): split-major, so every split-0 CTA (all of the work
+    // at large batch) launches before any CTA of a split a sequence may not have.
+    let tile = arch::block_idx_x();
+    let b = arch::block_idx_y();
+    let split = arch::block_idx_z();
     let Some(decode::CtaWork {
         len,
         nsplit,
