@@ -1,7 +1,9 @@
 //! CPU checks of the embedded kernel images: every PTX is self-contained, holds every
 //! kernel of the ABI with a `.param` block of exactly the host's params size, and `ptxas`
 //! assembles it for its arch with no spill, no stack frame, no local memory and no
-//! serialized `wgmma` (ptxas note C7520).
+//! serialized `wgmma` (ptxas note C7520); where `nvdisasm` is found (beside `ptxas`, or
+//! `MLA_NVDISASM`), no memory instruction's cache-policy descriptor names an odd uniform
+//! register (see [`odd_policy_descriptors`]).
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -124,6 +126,63 @@ fn parse_ptxas(report: &str) -> BTreeMap<String, Resources> {
     out
 }
 
+/// Memory instructions in `sass` (nvdisasm output) whose descriptor operand `desc[URn]`
+/// names an odd uniform register, as `kernel: instruction`. ptxas 13.0 emitted such
+/// LDGSTS for `cp.async ... .L2::cache_hint` in the `cp.async` `wgmma` decode
+/// (`desc[UR1]`), and the kernel died with CUDA_ERROR_ILLEGAL_INSTRUCTION on the H200
+/// (docs/PERF.md v10); every descriptor in the kernels that ran names an even register
+/// (the 64-bit pair's first half). `gdesc[...]` (wgmma descriptors) is not this operand.
+fn odd_policy_descriptors(sass: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut kernel = "";
+    for l in sass.lines() {
+        let t = l.trim();
+        if let Some(name) = t.strip_prefix(".text.").and_then(|n| n.strip_suffix(':')) {
+            kernel = name;
+            continue;
+        }
+        let mut rest = t;
+        while let Some(i) = rest.find("desc[UR") {
+            let before = rest[..i].chars().last();
+            let digits: String = rest[i + 7..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            let is_policy = !before.is_some_and(|c| c.is_ascii_alphanumeric());
+            if is_policy && digits.parse::<u32>().is_ok_and(|n| n % 2 == 1) {
+                out.push(format!("{kernel}: {t}"));
+                break;
+            }
+            rest = &rest[i + 7..];
+        }
+    }
+    out
+}
+
+#[test]
+fn odd_policy_descriptor_parser() {
+    let sass = "\
+        .text.mla_k:
+        /*0a90*/ LDGSTS.E.BYPASS.128.ZFILL [R19], desc[UR12][R2.64], P0 ;
+        /*0e50*/ LDGSTS.E.BYPASS.128.ZFILL [R11+UR0+0x12000], desc[UR1][R2.64], P3 ;
+        /*22f0*/ HGMMA.64x32x16.F32.BF16 R152, gdesc[UR9], RZ, !UPT ;
+        .text.mla_other:
+        /*0100*/ LDG.E R2, desc[UR4][R2.64] ;";
+    let found = odd_policy_descriptors(sass);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].starts_with("mla_k: /*0e50*/"), "{found:?}");
+}
+
+/// `nvdisasm` to use: `MLA_NVDISASM`, else the one beside `ptxas` (the PyPI wheel
+/// `nvidia-cuda-nvdisasm` installs into the same `nvidia/cu13/bin`).
+fn nvdisasm_beside(ptxas: &str) -> Option<std::path::PathBuf> {
+    let path = match std::env::var_os("MLA_NVDISASM") {
+        Some(p) => std::path::PathBuf::from(p),
+        None => std::path::Path::new(ptxas).with_file_name("nvdisasm"),
+    };
+    path.is_file().then_some(path)
+}
+
 #[test]
 fn ptxas_assembles_every_arch_without_spills() {
     let ptxas = std::env::var("MLA_PTXAS").unwrap_or_else(|_| images::PTXAS_PATH.to_string());
@@ -140,6 +199,15 @@ fn ptxas_assembles_every_arch_without_spills() {
     let dir = std::env::temp_dir().join(format!("mla-ptx-check-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut failures = Vec::new();
+    let nvdisasm = nvdisasm_beside(&ptxas);
+    if nvdisasm.is_none() {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "\n!!! SKIPPED SASS check: no nvdisasm beside ptxas (install the PyPI wheel \
+             nvidia-cuda-nvdisasm into ./.venv or set MLA_NVDISASM) !!!\n"
+        );
+    }
     eprintln!(
         "{:<8} {:<28} {:>5} {:>6} {:>7} {:>7}",
         "arch", "kernel", "regs", "stack", "spill-st", "spill-ld"
@@ -165,6 +233,16 @@ fn ptxas_assembles_every_arch_without_spills() {
             "ptxas -arch={tag}: wgmma serialized:\n{}",
             serialized.join("\n")
         );
+        if let Some(dis) = &nvdisasm {
+            let out = Command::new(dis)
+                .arg(dir.join(format!("{i}-{tag}.cubin")))
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "nvdisasm on the {tag} cubin failed");
+            for bad in odd_policy_descriptors(&String::from_utf8_lossy(&out.stdout)) {
+                failures.push(format!("{tag}: odd cache-policy descriptor: {bad}"));
+            }
+        }
         let res = parse_ptxas(&report);
         let want = expected(variant, prim);
         let listed: Vec<&str> = if prim {
@@ -192,7 +270,7 @@ fn ptxas_assembles_every_arch_without_spills() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(
         failures.is_empty(),
-        "local memory in kernels:\n{}",
+        "local memory or bad SASS in kernels:\n{}",
         failures.join("\n")
     );
 }
