@@ -194,21 +194,8 @@ pub(crate) unsafe fn launch<P>(
     stream: CUstream,
     params: &P,
 ) -> Result<()> {
-    let f = rt.function(kernel)?;
-    rt.context().bind_to_thread()?;
-    let mut args = [params as *const P as *mut c_void];
-    // SAFETY: forwarded from the caller; `args` outlives the call, which copies the params.
-    unsafe {
-        result::launch_kernel(
-            f.cu_function(),
-            shape.grid,
-            (shape.block, 1, 1),
-            shape.smem,
-            stream,
-            &mut args,
-        )
-    }
-    .map_err(|source| MlaError::Launch { kernel, source })
+    // SAFETY: forwarded from the caller.
+    unsafe { launch_with(rt, kernel, shape, stream, params, false) }
 }
 
 /// Whether the decode path launches with programmatic dependent launch: the image's
@@ -237,42 +224,70 @@ pub(crate) unsafe fn launch_dependent<P>(
     stream: CUstream,
     params: &P,
 ) -> Result<()> {
-    if !pdl_enabled(rt) {
-        // SAFETY: forwarded from the caller.
-        return unsafe { launch(rt, kernel, shape, stream, params) };
-    }
+    // SAFETY: forwarded from the caller.
+    unsafe { launch_with(rt, kernel, shape, stream, params, pdl_enabled(rt)) }
+}
+
+/// The one launch: `cuLaunchKernel`, or with `pdl` `cuLaunchKernelEx` with the
+/// programmatic-stream-serialization attribute.
+///
+/// # Safety
+/// As [`launch`]; with `pdl`, as [`launch_dependent`].
+unsafe fn launch_with<P>(
+    rt: &Runtime,
+    kernel: &'static str,
+    shape: LaunchShape,
+    stream: CUstream,
+    params: &P,
+    pdl: bool,
+) -> Result<()> {
     use cudarc::driver::sys;
     let f = rt.function(kernel)?;
     rt.context().bind_to_thread()?;
     let mut args = [params as *const P as *mut c_void];
-    // SAFETY: plain C structs; the attribute's union member is the one its id names.
-    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr.value.programmaticStreamSerializationAllowed = 1;
-    let config = sys::CUlaunchConfig {
-        gridDimX: shape.grid.0,
-        gridDimY: shape.grid.1,
-        gridDimZ: shape.grid.2,
-        blockDimX: shape.block,
-        blockDimY: 1,
-        blockDimZ: 1,
-        sharedMemBytes: shape.smem,
-        hStream: stream,
-        attrs: &mut attr,
-        numAttrs: 1,
+    let launched = if pdl {
+        // SAFETY: plain C structs; the attribute's union member is the one its id names.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: shape.grid.0,
+            gridDimY: shape.grid.1,
+            gridDimZ: shape.grid.2,
+            blockDimX: shape.block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: shape.smem,
+            hStream: stream,
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: forwarded from the caller; `args`, `attr` and `config` outlive the call,
+        // which copies the params.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                f.cu_function(),
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+    } else {
+        // SAFETY: forwarded from the caller; `args` outlives the call, which copies the
+        // params.
+        unsafe {
+            result::launch_kernel(
+                f.cu_function(),
+                shape.grid,
+                (shape.block, 1, 1),
+                shape.smem,
+                stream,
+                &mut args,
+            )
+        }
     };
-    // SAFETY: forwarded from the caller; `args`, `attr` and `config` outlive the call,
-    // which copies the params.
-    unsafe {
-        sys::cuLaunchKernelEx(
-            &config,
-            f.cu_function(),
-            args.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
-    }
-    .result()
-    .map_err(|source| MlaError::Launch { kernel, source })
+    launched.map_err(|source| MlaError::Launch { kernel, source })
 }
 
 /// Whether a bf16 request on the `wgmma` tile takes the TMA decode: it can
