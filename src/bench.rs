@@ -2,6 +2,13 @@
 //! flushed before every call, median of the repeats; and a device-to-device copy measured
 //! in the same run as the bandwidth ceiling. Inputs are random (drawn from a pooled
 //! generator so that large caches upload quickly), never zeros.
+//!
+//! By default it launches the decode with host-chosen splits on a grid of exactly those
+//! splits (`Runtime::decode_tiled`). `MLA_BENCH_PLAN=1` times the serving path instead
+//! (`DecodePlan::run`: the schedule kernel, the map store, the decode on the plan's
+//! graph-safe grid, the combine), which is what the peers' harness times through the C
+//! ABI; the two differed by up to 25% at large batch before the grid went split-major
+//! (docs/PERF.md v10).
 
 use std::sync::Arc;
 
@@ -100,6 +107,8 @@ pub struct BenchCase {
     pages_per_seq: usize,
     pub max_splits: i32,
     events: (CudaEvent, CudaEvent),
+    /// `MLA_BENCH_PLAN=1`: the serving path's plan for this shape.
+    plan: Option<crate::DecodePlan>,
 }
 
 impl BenchCase {
@@ -167,6 +176,19 @@ impl BenchCase {
             pages_per_seq,
             max_splits: splits.iter().copied().max().unwrap_or(1),
             events: rt.timing_events()?,
+            plan: if std::env::var("MLA_BENCH_PLAN").as_deref() == Ok("1") {
+                let config = crate::DecodeConfig {
+                    max_batch: s.batch,
+                    heads: s.heads,
+                    s_q: s.s_q,
+                    dtypes: s.dtypes,
+                    page_size: s.page,
+                    max_seq_len: s.len,
+                };
+                Some(rt.plan_decode(stream, config, tactic)?)
+            } else {
+                None
+            },
         })
     }
 
@@ -208,7 +230,14 @@ impl BenchCase {
         let req = self.request(stream);
         let (e0, e1) = &self.events;
         e0.record(stream)?;
-        rt.decode_tiled(stream, &req, &self.ws, self.shape.tile)?;
+        match &self.plan {
+            Some(plan) => {
+                plan.run(rt, stream, &req)?;
+            }
+            None => {
+                rt.decode_tiled(stream, &req, &self.ws, self.shape.tile)?;
+            }
+        }
         e1.record(stream)?;
         e1.synchronize()?;
         Ok(e0.elapsed_ms(e1)? as f64 * 1e3)
