@@ -1,10 +1,11 @@
 //! MLA decode over a paged latent KV cache with `mma.sync` tensor cores (sm_80+).
 //!
-//! - Grid: `(max_splits, ceil(s_q * heads / BM), batch)`. CTA `(split, tile, b)` takes
-//!   query rows `tile * BM .. +BM` of sequence `b` (row `r` is query token `r / heads`,
-//!   head `r % heads`: S_q is folded into the rows) over KV chunk `split` of `num_splits[b]`
-//!   (whole 64-token blocks, [`mla_abi::chunk_blocks`]). CTAs past `num_splits[b]` exit at once;
-//!   a sequence with 0 splits (skipped by the schedule: no KV) is not computed or written.
+//! - Grid: `(ceil(s_q * heads / BM), batch, max_splits)` ([`cta_coords`]). CTA
+//!   `(tile, b, split)` takes query rows `tile * BM .. +BM` of sequence `b` (row `r` is
+//!   query token `r / heads`, head `r % heads`: S_q is folded into the rows) over KV chunk
+//!   `split` of `num_splits[b]` (whole 64-token blocks, [`mla_abi::chunk_blocks`]). CTAs
+//!   past `num_splits[b]` exit at once; a sequence with 0 splits (skipped by the schedule:
+//!   no KV) is not computed or written.
 //! - Block: 256 threads, 8 warps, arranged by the [`Layout`]: `RG` row groups of 16 rows
 //!   (`BM = 16 RG`) times `CS` column splits. Warp `w` owns row group `rg = w % RG` and split
 //!   `ch = w / RG`: for QK^T it computes tokens `ch * 64/CS .. +64/CS` of the block, for PV
@@ -481,7 +482,19 @@ pub(crate) fn visible(p: &DecodeParams, len: u32, gr: u32) -> u32 {
     (len + t + 1).saturating_sub(p.s_q)
 }
 
-/// What CTA `(split, _, b)` of a decode grid (64- or 16-row tile, `mma.sync` or `wgmma`)
+/// This CTA's `(row tile, sequence, split)` in a decode grid (every decode kernel's).
+/// The grid is `(row tiles, batch, splits)`: split-major, so every split-0 CTA (all of the
+/// work at large batch) launches before any CTA of a split a sequence may not have.
+#[inline(always)]
+pub(crate) fn cta_coords() -> (u32, u32, u32) {
+    (
+        arch::block_idx_x(),
+        arch::block_idx_y(),
+        arch::block_idx_z(),
+    )
+}
+
+/// What CTA `(_, b, split)` of a decode grid (64- or 16-row tile, `mma.sync` or `wgmma`)
 /// works on.
 pub(crate) struct CtaWork {
     /// The sequence's KV length, cut to what its page table can address.
@@ -493,7 +506,7 @@ pub(crate) struct CtaWork {
     pub kb1: u32,
 }
 
-/// The work of CTA `(split, _, b)`, or `None` when it has none: `b` past the batch, a
+/// The work of CTA `(_, b, split)`, or `None` when it has none: `b` past the batch, a
 /// sequence the schedule skipped (0 splits: nothing is computed or written), or a split
 /// past the sequence's count.
 #[inline(always)]
@@ -532,11 +545,7 @@ pub(crate) fn cta_work(p: &DecodeParams, split: u32, b: u32) -> Option<CtaWork> 
 /// host validated (shapes, strides, alignment, workspace capacity).
 #[inline(always)]
 pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
-    // Grid (row tiles, batch, splits): split-major, so every split-0 CTA (all of the work
-    // at large batch) launches before any CTA of a split a sequence may not have.
-    let tile = arch::block_idx_x();
-    let b = arch::block_idx_y();
-    let split = arch::block_idx_z();
+    let (tile, b, split) = cta_coords();
     let Some(CtaWork {
         len,
         nsplit,

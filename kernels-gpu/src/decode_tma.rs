@@ -147,11 +147,7 @@ unsafe fn issue_half(p: &DecodeParams, pages: [i32; 4], blk: u32, dst: u32, h: u
 /// least `TMA_MIN_PAGE` tokens, `kv_tmap` the cache's map as `decode_tile` describes).
 #[inline(always)]
 pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
-    // Grid (row tiles, batch, splits): split-major, so every split-0 CTA (all of the work
-    // at large batch) launches before any CTA of a split a sequence may not have.
-    let tile = arch::block_idx_x();
-    let b = arch::block_idx_y();
-    let split = arch::block_idx_z();
+    let (tile, b, split) = decode::cta_coords();
     let Some(decode::CtaWork {
         len,
         nsplit,

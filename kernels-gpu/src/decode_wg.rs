@@ -2,7 +2,7 @@
 //! cache, the 64-row tile, the same grid, params and outputs as [`crate::decode`]'s 64-row
 //! kernel, so the host's split schedule, workspace and combine are shared.
 //!
-//! - Grid `(max_splits, ceil(s_q * heads / 64), batch)`, block 256 (two warpgroups),
+//! - Grid `(ceil(s_q * heads / 64), batch, max_splits)`, block 256 (two warpgroups),
 //!   dynamic shared memory `decode_tile::WG_SMEM_BYTES`: up to 1 KB of alignment slack, Q
 //!   and two KV stages as slab tiles (72 KB each, [`slab_off`]; with an fp8 cache the
 //!   second holds two raw stages and each block is converted into the first), the P slab
@@ -145,11 +145,7 @@ unsafe fn convert_fp8_stage<K: DecodeKind<Mma = Bf16>>(raw: u32, tile: u32) {
 /// (bf16 Q, a bf16 or (`K::KV_FP8`) fp8 e4m3 cache, shapes, strides, workspace capacity).
 #[inline(always)]
 pub unsafe fn decode_wg<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
-    // Grid (row tiles, batch, splits): split-major, so every split-0 CTA (all of the work
-    // at large batch) launches before any CTA of a split a sequence may not have.
-    let tile = arch::block_idx_x();
-    let b = arch::block_idx_y();
-    let split = arch::block_idx_z();
+    let (tile, b, split) = decode::cta_coords();
     let Some(decode::CtaWork {
         len,
         nsplit,

@@ -385,7 +385,7 @@ pub mod names {
 
 /// Params of `mla_decode_mma_*` (`BLOCK_M` rows per CTA), `mla_decode_mma16_*`
 /// (`BLOCK_M_SMALL`) and `mla_decode_ref_*` (one row per CTA, grid `(s_q*heads, batch)`).
-/// Grid of the first two: `(max_splits, ceil(s_q*heads / rows per CTA), batch)`,
+/// Grid of the first two: `(ceil(s_q*heads / rows per CTA), batch, max_splits)` (split-major),
 /// block `decode_tile::THREADS`, dynamic shared memory `decode_tile::SMEM_BYTES`.
 ///
 /// Strides are in elements. Element types follow the kernel: q and kv 16-bit (bf16 or
