@@ -203,14 +203,13 @@ fn compile_kernels(root: &Path, out: &Path, img: &Image, ptx_path: &Path) {
     if img.primitives {
         flags.push("--cfg=mla_primitives".into());
     }
-    if cpu != "sm_80" {
-        // sm_90+: programmatic dependent launch (`griddepcontrol`).
-        flags.push("--cfg=mla_pdl".into());
-    }
     if cpu == "sm_80" {
         // L2 cache-policy hints on the KV copies (`createpolicy`, `.L2::cache_hint`) need
         // PTX ISA 7.4 (CUDA 11.4 drivers); rustc's sm_80 default is 7.0.
         flags.push("-Ctarget-feature=+ptx74".into());
+    } else {
+        // sm_90+: programmatic dependent launch (`griddepcontrol`).
+        flags.push("--cfg=mla_pdl".into());
     }
     if img.wgmma {
         flags.push("--cfg=mla_wgmma".into());

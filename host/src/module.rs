@@ -248,29 +248,25 @@ impl Runtime {
             _ => None,
         };
         let (image, form) = match (file, cubin, want_jit) {
-            (Some((path, bytes)), _, _) => {
-                if path.to_string_lossy().ends_with(".cubin") {
-                    (Ptx::from_binary(bytes), ImageForm::Cubin)
-                } else {
-                    let src = String::from_utf8(bytes).map_err(|e| MlaError::Load {
-                        variant: variant.name().into(),
-                        detail: format!("MLA_IMAGE_FILE: not UTF-8 PTX: {e}"),
-                    })?;
-                    (Ptx::from_src(src), ImageForm::PtxJit)
-                }
+            (Some((path, bytes)), _, _) if path.to_string_lossy().ends_with(".cubin") => {
+                (Ptx::from_binary(bytes), ImageForm::Cubin)
             }
-            (None, cubin, want_jit) => match (cubin, want_jit) {
-                (Some(c), false) => (Ptx::from_binary(c.to_vec()), ImageForm::Cubin),
-                (None, _) if opts.form == Some(ImageForm::Cubin) => {
-                    return Err(MlaError::Load {
-                        variant: variant.name().into(),
-                        detail:
-                            "no cubin embedded for this arch (ptxas was not found at build time)"
-                                .into(),
-                    });
-                }
-                _ => (Ptx::from_src(ptx), ImageForm::PtxJit),
-            },
+            (Some((_, bytes)), _, _) => {
+                let src = String::from_utf8(bytes).map_err(|e| MlaError::Load {
+                    variant: variant.name().into(),
+                    detail: format!("MLA_IMAGE_FILE: not UTF-8 PTX: {e}"),
+                })?;
+                (Ptx::from_src(src), ImageForm::PtxJit)
+            }
+            (None, Some(c), false) => (Ptx::from_binary(c.to_vec()), ImageForm::Cubin),
+            (None, None, _) if opts.form == Some(ImageForm::Cubin) => {
+                return Err(MlaError::Load {
+                    variant: variant.name().into(),
+                    detail: "no cubin embedded for this arch (ptxas was not found at build time)"
+                        .into(),
+                });
+            }
+            (None, _, _) => (Ptx::from_src(ptx), ImageForm::PtxJit),
         };
         let module = ctx.load_module(image).map_err(|e| MlaError::Load {
             variant: variant.name().into(),
