@@ -309,38 +309,15 @@ fn bulk_copy_gathers_rows_exactly() {
     }
 }
 
-/// A 3-D tensor map over a contiguous paged bf16 cache `[num_pages, rows, 576]`: box `{64
-/// dims, rows tokens, 1 page}`, 128-byte swizzle (so a box lands as one slab's rows).
+/// The decode's tensor map (`mla::tmap::encode_paged_map`) over a contiguous paged bf16
+/// cache `[num_pages, rows, 576]`: box `{64 dims, rows tokens, 1 page}`, 128-byte swizzle
+/// (so a box lands as one slab's rows), as the 128 bytes the kernel reads.
 fn encode_cache_map(cache: u64, rows: usize, num_pages: usize) -> [u8; 128] {
-    use cudarc::driver::sys;
-    let dims: [u64; 3] = [576, rows as u64, num_pages as u64];
-    let strides: [u64; 2] = [1152, (rows * 1152) as u64];
-    let boxes: [u32; 3] = [64, rows as u32, 1];
-    let elem_strides: [u32; 3] = [1, 1, 1];
-    let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
-    // SAFETY: every array has the rank's length; the address is a live device allocation.
-    let r = unsafe {
-        sys::cuTensorMapEncodeTiled(
-            map.as_mut_ptr(),
-            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-            3,
-            cache as *mut c_void,
-            dims.as_ptr(),
-            strides.as_ptr(),
-            boxes.as_ptr(),
-            elem_strides.as_ptr(),
-            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        )
-    };
-    assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "cuTensorMapEncodeTiled");
-    // SAFETY: encoded above.
-    let map = unsafe { map.assume_init() };
+    let words = mla::tmap::encode_paged_map(cache, rows, num_pages, 576, rows * 576)
+        .expect("cuTensorMapEncodeTiled");
     let mut bytes = [0u8; 128];
-    for (i, w) in map.opaque.iter().enumerate() {
-        bytes[8 * i..8 * i + 8].copy_from_slice(&w.to_le_bytes());
+    for (i, w) in words.iter().enumerate() {
+        bytes[4 * i..4 * i + 4].copy_from_slice(&w.to_le_bytes());
     }
     bytes
 }

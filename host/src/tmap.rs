@@ -52,10 +52,29 @@ pub fn tma_pays(max_seq_len: usize, grid_splits: usize) -> bool {
 
 /// The map's 128 bytes as 32 words (the store kernel's params).
 pub fn encode_kv_map(req: &DecodeRequest, shape: &DecodeShape) -> Result<[u32; 32]> {
-    let elem = 2u64;
     let [stride_page, stride_token, _] = req.kv_cache.strides;
-    let rows = shape.page_size.min(decode_tile::BLOCK_N) as u32;
-    let dims: [u64; 3] = [D_QK as u64, shape.page_size as u64, shape.num_pages as u64];
+    encode_paged_map(
+        req.kv_cache.ptr,
+        shape.page_size,
+        shape.num_pages,
+        stride_token,
+        stride_page,
+    )
+}
+
+/// [`encode_kv_map`] from the cache's parts: a bf16 cache at device address `ptr` of
+/// `num_pages` pages of `page_size` token rows of 576 elements, `stride_token` and
+/// `stride_page` elements apart. Also what the TMA primitive's GPU test lands boxes with.
+pub fn encode_paged_map(
+    ptr: u64,
+    page_size: usize,
+    num_pages: usize,
+    stride_token: usize,
+    stride_page: usize,
+) -> Result<[u32; 32]> {
+    let elem = 2u64;
+    let rows = page_size.min(decode_tile::BLOCK_N) as u32;
+    let dims: [u64; 3] = [D_QK as u64, page_size as u64, num_pages as u64];
     let strides: [u64; 2] = [stride_token as u64 * elem, stride_page as u64 * elem];
     let boxes: [u32; 3] = [64, rows, 1];
     let elem_strides: [u32; 3] = [1, 1, 1];
@@ -67,7 +86,7 @@ pub fn encode_kv_map(req: &DecodeRequest, shape: &DecodeShape) -> Result<[u32; 3
             map.as_mut_ptr(),
             sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
             3,
-            req.kv_cache.ptr as *mut c_void,
+            ptr as *mut c_void,
             dims.as_ptr(),
             strides.as_ptr(),
             boxes.as_ptr(),
@@ -81,10 +100,7 @@ pub fn encode_kv_map(req: &DecodeRequest, shape: &DecodeShape) -> Result<[u32; 3
     if r != sys::CUresult::CUDA_SUCCESS {
         return Err(MlaError::Unsupported {
             what: "kv_cache tensor map",
-            got: format!(
-                "dims {dims:?}, byte strides {strides:?}, box {boxes:?} at {:#x}",
-                req.kv_cache.ptr
-            ),
+            got: format!("dims {dims:?}, byte strides {strides:?}, box {boxes:?} at {ptr:#x}"),
             why: format!("cuTensorMapEncodeTiled returned {r:?}"),
         });
     }
