@@ -545,6 +545,14 @@ pub(crate) fn cta_work(p: &DecodeParams, split: u32, b: u32) -> Option<CtaWork> 
 /// host validated (shapes, strides, alignment, workspace capacity).
 #[inline(always)]
 pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
+    // The 16-row tile with an fp8 cache converts in registers where the arch converts fp8
+    // in hardware (crate::decode_f8); this body's shared-memory conversion pass elsewhere.
+    #[cfg(mla_hw_fp8)]
+    if K::KV_FP8 && L::RING {
+        // SAFETY: forwarded from the caller (the 16-row layout, an fp8 cache).
+        unsafe { crate::decode_f8::decode16_fp8::<K>(p) };
+        return;
+    }
     let (tile, b, split) = cta_coords();
     let Some(CtaWork {
         len,
@@ -805,7 +813,7 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
 /// # Safety
 /// `red` is the exchange buffer and the writes to it are ordered by a barrier.
 #[inline(always)]
-unsafe fn red_max<L: Layout>(red: u32, r: u32) -> f32 {
+pub(crate) unsafe fn red_max<L: Layout>(red: u32, r: u32) -> f32 {
     let mut m = f32::NEG_INFINITY;
     for c in 0..L::CS {
         // SAFETY: c * BM + r < CS * BM = 128 floats.
@@ -820,7 +828,7 @@ unsafe fn red_max<L: Layout>(red: u32, r: u32) -> f32 {
 /// # Safety
 /// As [`red_max`].
 #[inline(always)]
-unsafe fn red_sum<L: Layout>(red: u32, r: u32) -> f32 {
+pub(crate) unsafe fn red_sum<L: Layout>(red: u32, r: u32) -> f32 {
     let mut l = 0.0;
     for c in 0..L::CS {
         // SAFETY: as above.

@@ -19,6 +19,8 @@ macro_rules! unroll {
 pub mod arch;
 pub mod combine;
 pub mod decode;
+#[cfg(mla_hw_fp8)]
+pub mod decode_f8;
 pub mod decode_ref;
 #[cfg(mla_wgmma)]
 pub mod decode_tma;

@@ -70,6 +70,47 @@ pub fn e4m3x2_to_f16x2(pair: u16) -> u32 {
     r
 }
 
+/// Four fp8 e4m3 values (low byte first) to two registers of two fp16 values each (bytes
+/// 0-1, then bytes 2-3), exactly: two `cvt.rn.f16x2.e4m3x2`.
+#[cfg(mla_hw_fp8)]
+#[inline(always)]
+pub fn e4m3x4_to_f16x2x2(quad: u32) -> [u32; 2] {
+    [
+        e4m3x2_to_f16x2((quad & 0xffff) as u16),
+        e4m3x2_to_f16x2((quad >> 16) as u16),
+    ]
+}
+
+/// `prmt.b32 d, a, b, sel`: byte `i` of the result is byte `sel[4i..4i+4]` of `b:a` (0-3
+/// from `a`, 4-7 from `b`).
+#[inline(always)]
+pub fn prmt(a: u32, b: u32, sel: u32) -> u32 {
+    let r: u32;
+    // SAFETY: a pure byte permutation.
+    unsafe {
+        asm!("prmt.b32 {r}, {a}, {b}, {s};", r = out(reg32) r, a = in(reg32) a, b = in(reg32) b, s = in(reg32) sel, options(nostack, pure, nomem))
+    }
+    r
+}
+
+/// Transposes a 4 x 4 byte matrix held as four words (word `i` = row `i`, byte `j` = column
+/// `j`): word `j` of the result holds column `j` (byte `i` = row `i`). Eight `prmt`.
+#[inline(always)]
+pub fn transpose_bytes_4x4(r: [u32; 4]) -> [u32; 4] {
+    // Interleave rows 0/1 and 2/3 byte-wise: [r0.b0 r1.b0 r0.b1 r1.b1], [.b2 .b3].
+    let t0 = prmt(r[0], r[1], 0x5140);
+    let t1 = prmt(r[0], r[1], 0x7362);
+    let t2 = prmt(r[2], r[3], 0x5140);
+    let t3 = prmt(r[2], r[3], 0x7362);
+    // Then 16-bit halves: [col j of rows 0-1, col j of rows 2-3].
+    [
+        prmt(t0, t2, 0x5410),
+        prmt(t0, t2, 0x7632),
+        prmt(t1, t3, 0x5410),
+        prmt(t1, t3, 0x7632),
+    ]
+}
+
 /// Two fp8 e4m3 values (low byte first) as two f32 values, exactly: through the hardware
 /// conversion where the arch has one and the build asked for it (`mla_hw_fp8`: build.rs with
 /// sm_90a / sm_100a unless `MLA_HW_FP8=0`), else [`e4m3_to_f32`] twice.

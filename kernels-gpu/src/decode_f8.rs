@@ -1,0 +1,459 @@
+//! The 16-row decode of fp8 caches (`s_q * heads <= 16`: the memory-bound shapes) where
+//! the arch converts fp8 in hardware (sm_90a, sm_100a): `mma.sync` in fp16 with the KV
+//! operands converted in registers, straight from the raw fp8 blocks in shared memory. No
+//! converted KV tile, no conversion pass between barriers.
+//!
+//! - Grid, block, params and outputs: as [`crate::decode`]'s 16-row tile (one row group x
+//!   eight column splits: warp `ch` computes S for tokens `8 ch .. +8` of each block and O
+//!   for dims `64 ch .. +64`).
+//! - Shared memory (`decode_tile::SMEM_F8_*`): Q as fp16 rows, a ring of five raw fp8
+//!   blocks (rows of 576 bytes; the first 32 16-byte chunks of row `r` XOR-swizzled by
+//!   `2 ((r / 4) % 4)`, so both fragment loads below are conflict-free), P as fp16 rows, the
+//!   exchange, each Q row's scale. One block is computed while four are in flight (147 KB,
+//!   256 tokens: the 16-bit ring holds 96 tokens in flight). Three barriers per block.
+//! - Q in fp16: a bf16 Q row is scaled by a power of two that puts its largest magnitude in
+//!   `[2^14, 2^15)`, so its values convert exactly down to `2^-17` of that scale (below,
+//!   the error is under `2^-38` of the row's largest value); the row's logits are scaled
+//!   back with the softmax scale. An fp8 Q is exact in fp16 as it is.
+//! - Fragments. The order of the 16 products inside one MMA step is free, so each step's
+//!   dims (QK^T) or tokens (P.V) are permuted to make every thread's operand bytes adjacent:
+//!   - QK^T: lane `(g, t)` (`g = lane / 4`, `t = lane % 4`) takes dims `16 t + 4 j .. +4` of
+//!     each 64-dim group in step `j`: one 16-byte load of its K row and two of each Q row
+//!     give four steps, each K word two `cvt.rn.f16x2.e4m3x2`.
+//!   - P.V: the lane takes tokens `4 t .. +4` of each 16-token step, and the output dims are
+//!     permuted too: it loads dims `d0 + 4 g .. +4` of its four tokens (four words),
+//!     transposes the bytes, and so holds column `g` of n-tile `j` as dim `d0 + 4 g + j`.
+//!     Its accumulators then hold dims `d0 + 8 t .. +8` of rows `g` and `g + 8`.
+
+use crate::arch::{self, cp_async, cvt, mma, smem, sync};
+use crate::decode::{self, CtaWork, DecodeKind, M16};
+use crate::elem::Half16;
+use mla_abi::{D_QK, D_V, DecodeParams, decode_tile as T};
+
+const LOG2E: f32 = core::f32::consts::LOG2_E;
+const LN2: f32 = core::f32::consts::LN_2;
+const THREADS: u32 = T::THREADS as u32;
+const BLOCK_N: u32 = T::BLOCK_N as u32;
+/// Bytes (and 16-byte chunks) of one raw fp8 KV row.
+const ROW: u32 = D_QK as u32;
+const ROW_CHUNKS: u32 = ROW / 16;
+/// Threads per KV row of an issue: thread `i` copies row `i / TPR`, chunks `i % TPR + TPR n`.
+const TPR: u32 = THREADS / BLOCK_N;
+const SLOTS: u32 = T::RING_SLOTS as u32;
+/// Blocks in flight while one is computed.
+const AHEAD: u32 = SLOTS - 1;
+const SLOT_BYTES: u32 = T::FP8_STAGE_BYTES as u32;
+const QS: u32 = T::F8_Q_STRIDE as u32;
+const PS: u32 = T::F8_P_STRIDE as u32;
+/// Dims of O per warp.
+const O_DIMS: u32 = (D_V / 8) as u32;
+const _: () = assert!(TPR * BLOCK_N == THREADS && ROW_CHUNKS.is_multiple_of(TPR));
+const _: () = assert!(AHEAD == 4 && O_DIMS == 64 && D_V == 512);
+
+/// Byte offset of dim (byte) `d` of row `r` in a raw block: the 16-byte chunks of the first
+/// 512 dims are XOR-swizzled by `2 ((r / 4) % 4)` (the rope chunks 32..36 are not).
+#[inline(always)]
+fn raw_off(r: u32, d: u32) -> u32 {
+    let k = d >> 4;
+    let k = if k < 32 { k ^ (((r >> 2) & 3) << 1) } else { k };
+    r * ROW + (k << 4) + (d & 15)
+}
+
+/// Issues this thread's `cp.async` copies of one block (tokens `n0 ..`) into ring slot
+/// `slot`; `entry` is its row's page-table entry ([`decode::kv_row_page_entry`]).
+#[inline(always)]
+unsafe fn issue_block(p: &DecodeParams, entry: i32, n0: u32, slot: u32) {
+    let r = arch::thread_idx_x() / TPR;
+    let k0 = arch::thread_idx_x() % TPR;
+    let (src, n) = decode::kv_row_source(p, entry, n0 + r, 1);
+    let policy = cp_async::l2_evict_first();
+    for i in 0..ROW_CHUNKS / TPR {
+        let k = k0 + TPR * i;
+        // SAFETY: the destination lies in the slot; when n == 16, src + 16k is chunk k of a
+        // cache row that checked_page bounds-checked; unread when n == 0 (zero fill).
+        unsafe {
+            let s = if n == 16 {
+                src.add((k << 4) as usize)
+            } else {
+                src
+            };
+            cp_async::cp_async_cg_16_hint(slot + raw_off(r, k << 4), s, n, policy);
+        }
+    }
+}
+
+/// Loads the CTA's 16 query rows as fp16 into the Q tile (row `r` at `r * QS`; zeros past
+/// the last row) and each row's scale-back factor (`2^-s`, f32) at `qscale + 4 r`. Warp `w`
+/// loads rows `2 w` and `2 w + 1`; lane `l` words `l + 32 i` (dims `2 (l + 32 i)`, `+1`).
+#[inline(always)]
+unsafe fn load_q<K: DecodeKind>(p: &DecodeParams, b: u32, row0: u32, q_s: u32, qscale: u32) {
+    let warp = arch::thread_idx_x() / 32;
+    let lane = arch::thread_idx_x() % 32;
+    let rows = p.s_q * p.heads;
+    for rr in 0..2 {
+        let r = 2 * warp + rr;
+        let gr = row0 + r;
+        let mut w = [0u32; 9];
+        if gr < rows {
+            let (t, h) = (gr / p.heads, gr % p.heads);
+            let off = b as u64 * p.q_stride_b + t as u64 * p.q_stride_s + h as u64 * p.q_stride_h;
+            unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+                let e = off + 2 * (lane as u64 + 32 * i as u64);
+                // SAFETY: element e, e + 1 < D_QK of a validated q row (2-byte aligned for
+                // fp8, 4-byte for 16-bit elements).
+                w[i] = unsafe {
+                    if K::Q_FP8 {
+                        cvt::e4m3x2_to_f16x2(*(p.q.ptr().add(e as usize) as *const u16))
+                    } else {
+                        *(p.q.ptr().add(2 * e as usize) as *const u32)
+                    }
+                };
+            });
+        }
+        let mut down = 1.0f32;
+        if !K::Q_FP8 {
+            // The row's largest magnitude (bf16 bits), then the power of two 2^s that puts
+            // it in [2^14, 2^15).
+            let mut m = 0u32;
+            unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+                m = m.max(w[i] & 0x7fff).max((w[i] >> 16) & 0x7fff);
+            });
+            unroll!(k in [0, 1, 2, 3, 4] {
+                // SAFETY: converged warp (r is warp-uniform).
+                let o = unsafe { sync::shfl_xor_f32(f32::from_bits(m), 16 >> k) }.to_bits();
+                m = m.max(o);
+            });
+            let s = if m == 0 {
+                0
+            } else {
+                (14 - ((m >> 7) as i32 - 127)).clamp(-100, 100)
+            };
+            let up = f32::from_bits(((127 + s) as u32) << 23);
+            down = f32::from_bits(((127 - s) as u32) << 23);
+            unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+                let lo = f32::from_bits(w[i] << 16) * up;
+                let hi = f32::from_bits(w[i] & 0xffff_0000) * up;
+                w[i] = cvt::pack_f16x2(lo, hi);
+            });
+        }
+        // SAFETY: row r < 16 of the Q tile, words < 288 of its 292; the scale slot r < 16.
+        unsafe {
+            unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+                smem::st_shared_u32(q_s + r * QS + 4 * (lane + 32 * i as u32), w[i]);
+            });
+            if lane == 0 {
+                smem::st_shared_f32(qscale + 4 * r, down);
+            }
+        }
+    }
+}
+
+/// S (16 rows x this warp's 8 tokens: `C` fragment of one n-tile) = Q . K^T over all 576
+/// dims, K rows `8 ch .. +8` of the raw block at `blk`.
+#[inline(always)]
+unsafe fn qk(q_s: u32, blk: u32, ch: u32, g: u32, t: u32) -> [f32; 4] {
+    let mut s = [[0.0f32; 4]; 4];
+    let krow = ch * 8 + g;
+    let qa = q_s + g * QS + 32 * t;
+    let qb = qa + 8 * QS;
+    for kq in 0..(D_QK / 64) as u32 {
+        // SAFETY: rows < 16 of the Q tile and < 64 of the block, inside their regions;
+        // converged warp.
+        unsafe {
+            let kw = smem::ld_shared_v4(blk + raw_off(krow, 64 * kq + 16 * t));
+            let a = [
+                smem::ld_shared_v4(qa + 128 * kq),
+                smem::ld_shared_v4(qa + 128 * kq + 16),
+            ];
+            let c = [
+                smem::ld_shared_v4(qb + 128 * kq),
+                smem::ld_shared_v4(qb + 128 * kq + 16),
+            ];
+            unroll!(j in [0, 1, 2, 3] {
+                let (ra, rc) = (a[j / 2], c[j / 2]);
+                let w = 2 * (j % 2);
+                let bk = cvt::e4m3x4_to_f16x2x2(kw[j]);
+                mma::mma_m16n8k16_f16(&mut s[j], [ra[w], rc[w], ra[w + 1], rc[w + 1]], bk);
+            });
+        }
+    }
+    let mut r = [0.0f32; 4];
+    unroll!(e in [0, 1, 2, 3] {
+        r[e] = (s[0][e] + s[1][e]) + (s[2][e] + s[3][e]);
+    });
+    r
+}
+
+/// O (rows `g`, `g + 8`; 8 n-tiles over dims `64 ch .. +64`, permuted as the module docs
+/// say) += P . V over the 64 tokens of the raw block at `blk`.
+#[inline(always)]
+unsafe fn pv(o: &mut [[f32; 4]; 8], p_s: u32, blk: u32, ch: u32, g: u32, t: u32) {
+    for kk in 0..BLOCK_N / 16 {
+        let tok = 16 * kk + 4 * t;
+        // SAFETY: rows < 16 of P (tokens < 64) and < 64 of the block, dims < 512; converged
+        // warp.
+        unsafe {
+            let pa = smem::ld_shared_u64(p_s + g * PS + 2 * tok);
+            let pc = smem::ld_shared_u64(p_s + (g + 8) * PS + 2 * tok);
+            let a = [pa as u32, pc as u32, (pa >> 32) as u32, (pc >> 32) as u32];
+            unroll!(gi in [0, 1] {
+                let d = ch * O_DIMS + 32 * gi as u32 + 4 * g;
+                let rows = [
+                    smem::ld_shared_u32(blk + raw_off(tok, d)),
+                    smem::ld_shared_u32(blk + raw_off(tok + 1, d)),
+                    smem::ld_shared_u32(blk + raw_off(tok + 2, d)),
+                    smem::ld_shared_u32(blk + raw_off(tok + 3, d)),
+                ];
+                let cols = cvt::transpose_bytes_4x4(rows);
+                unroll!(j in [0, 1, 2, 3] {
+                    let bv = cvt::e4m3x4_to_f16x2x2(cols[j]);
+                    mma::mma_m16n8k16_f16(&mut o[4 * gi + j], a, bv);
+                });
+            });
+        }
+    }
+}
+
+/// The kernel body (see the module docs).
+///
+/// # Safety
+/// As [`decode::decode`] with the 16-row layout and an fp8 cache.
+#[inline(always)]
+pub unsafe fn decode16_fp8<K: DecodeKind>(p: DecodeParams) {
+    let (tile, b, split) = decode::cta_coords();
+    let Some(CtaWork {
+        len,
+        nsplit,
+        kb0,
+        kb1,
+    }) = decode::cta_work(&p, split, b)
+    else {
+        return;
+    };
+    let row0 = tile * 16;
+    let tid = arch::thread_idx_x();
+    let ch = tid / 32;
+    let lane = tid % 32;
+    let g = lane / 4;
+    let t = lane % 4;
+
+    let base = smem::smem_base();
+    let q_s = base + T::SMEM_F8_Q as u32;
+    let slot = |i: u32| base + T::SMEM_F8_RING as u32 + (i % SLOTS) * SLOT_BYTES;
+    let p_s = base + T::SMEM_F8_P as u32;
+    let red = base + T::SMEM_F8_RED as u32;
+    let qscale = base + T::SMEM_F8_QSCALE as u32;
+
+    let row_a = row0 + g;
+    let vis_r = [
+        decode::visible(&p, len, row_a),
+        decode::visible(&p, len, row_a + 8),
+    ];
+    // Block i of the chunk: this thread's row's page-table entry, loaded one issue ahead.
+    let blocks = kb1 - kb0;
+    let kv_r = tid / TPR;
+    let entry = |i: u32| {
+        if i < blocks {
+            decode::kv_row_page_entry(&p, b, (kb0 + i) * BLOCK_N + kv_r, len)
+        } else {
+            -1
+        }
+    };
+
+    // SAFETY (whole pipeline): every shared address stays inside decode_tile's SMEM_F8_*
+    // regions; every barrier is reached by all threads (loop bounds are CTA-uniform).
+    unsafe {
+        // Blocks 0 .. AHEAD, one commit group each (empty past the chunk).
+        unroll!(i in [0, 1, 2, 3] {
+            let i = i as u32;
+            if i < blocks {
+                issue_block(&p, entry(i), (kb0 + i) * BLOCK_N, slot(i));
+            }
+            cp_async::cp_async_commit_group();
+        });
+        load_q::<K>(&p, b, row0, q_s, qscale);
+        sync::bar_sync();
+    }
+    let mut next_entry = entry(AHEAD);
+    let scale_log2 = p.softmax_scale * LOG2E;
+    // SAFETY: the scale slots were written before the barrier above.
+    let row_scale = unsafe {
+        [
+            scale_log2 * smem::ld_shared_f32(qscale + 4 * g),
+            scale_log2 * smem::ld_shared_f32(qscale + 4 * (g + 8)),
+        ]
+    };
+
+    let mut o = [[0.0f32; 4]; 8];
+    let mut m_run = [f32::NEG_INFINITY; 2];
+    let mut l_run = [0.0f32; 2];
+    let mut i = 0;
+    while i < blocks {
+        // SAFETY: see above. Block i has landed once this thread's group i has and every
+        // thread passed the barrier; slot i - 1 (the next issue's), P and the exchange are
+        // free then too (their last readers ran before it).
+        unsafe {
+            cp_async::cp_async_wait_group::<{ AHEAD - 1 }>();
+            sync::bar_sync();
+            if i + AHEAD < blocks {
+                issue_block(&p, next_entry, (kb0 + i + AHEAD) * BLOCK_N, slot(i + AHEAD));
+            }
+            cp_async::cp_async_commit_group();
+        }
+        next_entry = entry(i + AHEAD + 1);
+        let blk = slot(i);
+
+        // SAFETY: see above.
+        let mut s = unsafe { qk(q_s, blk, ch, g, t) };
+        // Mask, scale to log2 units, local row maxima.
+        let n0 = (kb0 + i) * BLOCK_N + ch * 8 + 2 * t;
+        let mut m_loc = [f32::NEG_INFINITY; 2];
+        unroll!(e in [0, 1, 2, 3] {
+            let j = n0 + (e % 2) as u32;
+            let x = if j < vis_r[e / 2] { s[e] * row_scale[e / 2] } else { f32::NEG_INFINITY };
+            s[e] = x;
+            m_loc[e / 2] = sync::fmax(m_loc[e / 2], x);
+        });
+        // SAFETY: converged warp; the exchange holds [8][16] f32; all threads reach the
+        // barrier.
+        let m_new = unsafe {
+            let m0 = decode::quad_max(m_loc[0]);
+            let m1 = decode::quad_max(m_loc[1]);
+            if t == 0 {
+                smem::st_shared_f32(red + (ch * 16 + g) * 4, m0);
+                smem::st_shared_f32(red + (ch * 16 + g + 8) * 4, m1);
+            }
+            sync::bar_sync();
+            [
+                sync::fmax(m_run[0], decode::red_max::<M16>(red, g)),
+                sync::fmax(m_run[1], decode::red_max::<M16>(red, g + 8)),
+            ]
+        };
+        let (m_ref, alpha) = decode::rescale_rows(&mut m_run, &mut l_run, m_new);
+        let p0 = sync::ex2(s[0] - m_ref[0]);
+        let p1 = sync::ex2(s[1] - m_ref[0]);
+        let p2 = sync::ex2(s[2] - m_ref[1]);
+        let p3 = sync::ex2(s[3] - m_ref[1]);
+        l_run[0] += p0 + p1;
+        l_run[1] += p2 + p3;
+        // SAFETY: rows < 16, tokens < 64 of the P tile.
+        unsafe {
+            let col = 2 * (ch * 8 + 2 * t);
+            smem::st_shared_u32(p_s + g * PS + col, cvt::pack_f16x2(p0, p1));
+            smem::st_shared_u32(p_s + (g + 8) * PS + col, cvt::pack_f16x2(p2, p3));
+        }
+        unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7] {
+            o[n][0] *= alpha[0];
+            o[n][1] *= alpha[0];
+            o[n][2] *= alpha[1];
+            o[n][3] *= alpha[1];
+        });
+        // SAFETY: see above.
+        unsafe {
+            sync::bar_sync();
+            pv(&mut o, p_s, blk, ch, g, t);
+        }
+        i += 1;
+    }
+    // Drain the (possibly empty) last groups before the CTA may exit.
+    cp_async::cp_async_wait_group::<0>();
+
+    // Row sums: quad reduce, then add the other warps' through the exchange.
+    // SAFETY: converged warps; barriers reached by all threads.
+    let l_tot = unsafe {
+        let l0 = decode::quad_sum(l_run[0]);
+        let l1 = decode::quad_sum(l_run[1]);
+        sync::bar_sync();
+        if t == 0 {
+            smem::st_shared_f32(red + (ch * 16 + g) * 4, l0);
+            smem::st_shared_f32(red + (ch * 16 + g + 8) * 4, l1);
+        }
+        sync::bar_sync();
+        [
+            decode::red_sum::<M16>(red, g),
+            decode::red_sum::<M16>(red, g + 8),
+        ]
+    };
+    // SAFETY: the host sized out, lse and the workspace for these indices (validated).
+    unsafe { write_rows::<K>(&p, &o, l_tot, m_run, b, row_a, split, nsplit, ch, t) };
+}
+
+/// Normalises and stores this thread's rows `row_a`, `row_a + 8`: dims
+/// `64 ch + 32 gi + 8 t .. +8` for `gi` in 0..2 (see the module docs), to `out` / `lse` when
+/// the sequence has one split, else to the partials.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn write_rows<K: DecodeKind>(
+    p: &DecodeParams,
+    o: &[[f32; 4]; 8],
+    l_tot: [f32; 2],
+    m_run: [f32; 2],
+    b: u32,
+    row_a: u32,
+    split: u32,
+    nsplit: u32,
+    ch: u32,
+    t: u32,
+) {
+    let rows = p.s_q * p.heads;
+    unroll!(half in [0, 1] {
+        let gr = row_a + 8 * half as u32;
+        if gr < rows {
+            let l = l_tot[half];
+            let (inv, lse) = if l > 0.0 {
+                (sync::rcp(l), (m_run[half] + sync::lg2(l)) * LN2)
+            } else {
+                (0.0, f32::NEG_INFINITY)
+            };
+            let row_idx = (b * rows + gr) as usize;
+            // Dims d + 0..4 and d + 4..8 of group gi: n-tiles 4 gi + j, columns 2t, 2t + 1.
+            let vals = |gi: usize, scale: f32| {
+                let mut v = [0.0f32; 8];
+                unroll!(j in [0, 1, 2, 3] {
+                    v[j] = o[4 * gi + j][2 * half] * scale;
+                    v[4 + j] = o[4 * gi + j][2 * half + 1] * scale;
+                });
+                v
+            };
+            if nsplit == 1 {
+                let scale = inv * p.value_scale * p.output_scale;
+                let (tq, h) = (gr / p.heads, gr % p.heads);
+                let row_off = b as u64 * p.out_stride_b + tq as u64 * p.out_stride_s + h as u64 * p.out_stride_h;
+                unroll!(gi in [0, 1] {
+                    let v = vals(gi, scale);
+                    let d = (ch * O_DIMS + 32 * gi as u32 + 8 * t) as usize;
+                    // SAFETY: dims d .. d + 8 < 512 of a validated out row; 4-byte aligned pairs.
+                    unsafe {
+                        let dst = (p.out.ptr() as *mut u16).add(row_off as usize + d) as *mut u32;
+                        unroll!(k in [0, 1, 2, 3] {
+                            *dst.add(k) = K::Mma::pack2(v[2 * k], v[2 * k + 1]);
+                        });
+                    }
+                });
+                if ch == 0 && t == 0 {
+                    // SAFETY: row_idx < batch * rows entries of lse.
+                    unsafe { *p.lse.ptr().add(row_idx) = lse };
+                }
+            } else {
+                let scale = inv * p.value_scale;
+                let part = split as usize * (p.batch * rows) as usize + row_idx;
+                unroll!(gi in [0, 1] {
+                    let v = vals(gi, scale).map(f32::to_bits);
+                    let d = (ch * O_DIMS + 32 * gi as u32 + 8 * t) as usize;
+                    // SAFETY: split < max_splits: inside the workspace the host sized; the
+                    // row's D_V f32 start 2 KB aligned and d is a multiple of 8: 16-byte
+                    // aligned.
+                    unsafe {
+                        let dst = p.partial_o.ptr().add(part * D_V + d) as *mut u8;
+                        smem::st_global_v4(dst, [v[0], v[1], v[2], v[3]]);
+                        smem::st_global_v4(dst.add(16), [v[4], v[5], v[6], v[7]]);
+                    }
+                });
+                if ch == 0 && t == 0 {
+                    // SAFETY: as above.
+                    unsafe { *p.partial_lse.ptr().add(part) = lse };
+                }
+            }
+        }
+    });
+}
