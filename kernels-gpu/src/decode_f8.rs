@@ -8,9 +8,10 @@
 //!   for dims `64 ch .. +64`).
 //! - Shared memory (`decode_tile::SMEM_F8_*`): Q as fp16 rows, a ring of five raw fp8
 //!   blocks (rows of 576 bytes; the first 32 16-byte chunks of row `r` XOR-swizzled by
-//!   `2 ((r / 4) % 4)`, so both fragment loads below are conflict-free), P as fp16 rows, the
-//!   exchange, each Q row's scale. One block is computed while four are in flight (147 KB,
-//!   256 tokens: the 16-bit ring holds 96 tokens in flight). Three barriers per block.
+//!   `2 ((r / 4) % 4)`, so both fragment loads below are conflict-free), P as fp16 rows of
+//!   128 tokens, the exchange, each Q row's scale. Blocks go in pairs: one pair is computed
+//!   while three blocks are in flight (110 KB, 192 tokens: the 16-bit ring holds 96), with
+//!   one max exchange, one P tile and three barriers per pair.
 //! - Q in fp16: a bf16 Q row is scaled by a power of two that puts its largest magnitude in
 //!   `[2^14, 2^15)`, so its values convert exactly down to `2^-17` of that scale (below,
 //!   the error is under `2^-38` of the row's largest value); the row's logits are scaled
@@ -40,15 +41,15 @@ const ROW_CHUNKS: u32 = ROW / 16;
 /// Threads per KV row of an issue: thread `i` copies row `i / TPR`, chunks `i % TPR + TPR n`.
 const TPR: u32 = THREADS / BLOCK_N;
 const SLOTS: u32 = T::RING_SLOTS as u32;
-/// Blocks in flight while one is computed.
-const AHEAD: u32 = SLOTS - 1;
+/// Blocks in flight while a pair is computed.
+const AHEAD: u32 = SLOTS - 2;
 const SLOT_BYTES: u32 = T::FP8_STAGE_BYTES as u32;
 const QS: u32 = T::F8_Q_STRIDE as u32;
 const PS: u32 = T::F8_P_STRIDE as u32;
 /// Dims of O per warp.
 const O_DIMS: u32 = (D_V / 8) as u32;
 const _: () = assert!(TPR * BLOCK_N == THREADS && ROW_CHUNKS.is_multiple_of(TPR));
-const _: () = assert!(AHEAD == 4 && O_DIMS == 64 && D_V == 512);
+const _: () = assert!(AHEAD == 3 && O_DIMS == 64 && D_V == 512);
 
 /// Byte offset of dim (byte) `d` of row `r` in a raw block: the 16-byte chunks of the first
 /// 512 dims are XOR-swizzled by `2 ((r / 4) % 4)` (the rope chunks 32..36 are not).
@@ -148,19 +149,24 @@ unsafe fn load_q<K: DecodeKind>(p: &DecodeParams, b: u32, row0: u32, q_s: u32, q
     }
 }
 
-/// S (16 rows x this warp's 8 tokens: `C` fragment of one n-tile) = Q . K^T over all 576
-/// dims, K rows `8 ch .. +8` of the raw block at `blk`.
+/// S (16 rows x this warp's 8 tokens: the `C` fragment of one n-tile) = Q . K^T over all
+/// 576 dims for K rows `8 ch .. +8` of the raw blocks at `blk[0]` and `blk[1]` (each Q
+/// fragment load serves both).
 #[inline(always)]
-unsafe fn qk(q_s: u32, blk: u32, ch: u32, g: u32, t: u32) -> [f32; 4] {
-    let mut s = [[0.0f32; 4]; 4];
+unsafe fn qk2(q_s: u32, blk: [u32; 2], ch: u32, g: u32, t: u32) -> [[f32; 4]; 2] {
+    let mut s = [[[0.0f32; 4]; 4]; 2];
     let krow = ch * 8 + g;
     let qa = q_s + g * QS + 32 * t;
     let qb = qa + 8 * QS;
     for kq in 0..(D_QK / 64) as u32 {
-        // SAFETY: rows < 16 of the Q tile and < 64 of the block, inside their regions;
+        // SAFETY: rows < 16 of the Q tile and < 64 of the blocks, inside their regions;
         // converged warp.
         unsafe {
-            let kw = smem::ld_shared_v4(blk + raw_off(krow, 64 * kq + 16 * t));
+            let koff = raw_off(krow, 64 * kq + 16 * t);
+            let kw = [
+                smem::ld_shared_v4(blk[0] + koff),
+                smem::ld_shared_v4(blk[1] + koff),
+            ];
             let a = [
                 smem::ld_shared_v4(qa + 128 * kq),
                 smem::ld_shared_v4(qa + 128 * kq + 16),
@@ -172,29 +178,37 @@ unsafe fn qk(q_s: u32, blk: u32, ch: u32, g: u32, t: u32) -> [f32; 4] {
             unroll!(j in [0, 1, 2, 3] {
                 let (ra, rc) = (a[j / 2], c[j / 2]);
                 let w = 2 * (j % 2);
-                let bk = cvt::e4m3x4_to_f16x2x2(kw[j]);
-                mma::mma_m16n8k16_f16(&mut s[j], [ra[w], rc[w], ra[w + 1], rc[w + 1]], bk);
+                let frag = [ra[w], rc[w], ra[w + 1], rc[w + 1]];
+                unroll!(x in [0, 1] {
+                    let bk = cvt::e4m3x4_to_f16x2x2(kw[x][j]);
+                    mma::mma_m16n8k16_f16(&mut s[x][j], frag, bk);
+                });
             });
         }
     }
-    let mut r = [0.0f32; 4];
-    unroll!(e in [0, 1, 2, 3] {
-        r[e] = (s[0][e] + s[1][e]) + (s[2][e] + s[3][e]);
+    let mut r = [[0.0f32; 4]; 2];
+    unroll!(x in [0, 1] {
+        unroll!(e in [0, 1, 2, 3] {
+            r[x][e] = (s[x][0][e] + s[x][1][e]) + (s[x][2][e] + s[x][3][e]);
+        });
     });
     r
 }
 
 /// O (rows `g`, `g + 8`; 8 n-tiles over dims `64 ch .. +64`, permuted as the module docs
-/// say) += P . V over the 64 tokens of the raw block at `blk`.
+/// say) += P . V over the 128 tokens of the raw blocks at `blk[0]` and `blk[1]` (P columns
+/// `0..64` and `64..128`).
 #[inline(always)]
-unsafe fn pv(o: &mut [[f32; 4]; 8], p_s: u32, blk: u32, ch: u32, g: u32, t: u32) {
-    for kk in 0..BLOCK_N / 16 {
-        let tok = 16 * kk + 4 * t;
+unsafe fn pv2(o: &mut [[f32; 4]; 8], p_s: u32, blk: [u32; 2], ch: u32, g: u32, t: u32) {
+    for kk in 0..2 * BLOCK_N / 16 {
+        let blk = if kk < BLOCK_N / 16 { blk[0] } else { blk[1] };
+        let tok = 16 * (kk % (BLOCK_N / 16)) + 4 * t;
+        let ptok = 16 * kk + 4 * t;
         // SAFETY: rows < 16 of P (tokens < 64) and < 64 of the block, dims < 512; converged
         // warp.
         unsafe {
-            let pa = smem::ld_shared_u64(p_s + g * PS + 2 * tok);
-            let pc = smem::ld_shared_u64(p_s + (g + 8) * PS + 2 * tok);
+            let pa = smem::ld_shared_u64(p_s + g * PS + 2 * ptok);
+            let pc = smem::ld_shared_u64(p_s + (g + 8) * PS + 2 * ptok);
             let a = [pa as u32, pc as u32, (pa >> 32) as u32, (pc >> 32) as u32];
             unroll!(gi in [0, 1] {
                 let d = ch * O_DIMS + 32 * gi as u32 + 4 * g;
@@ -264,7 +278,7 @@ pub unsafe fn decode16_fp8<K: DecodeKind>(p: DecodeParams) {
     // regions; every barrier is reached by all threads (loop bounds are CTA-uniform).
     unsafe {
         // Blocks 0 .. AHEAD, one commit group each (empty past the chunk).
-        unroll!(i in [0, 1, 2, 3] {
+        unroll!(i in [0, 1, 2] {
             let i = i as u32;
             if i < blocks {
                 issue_block(&p, entry(i), (kb0 + i) * BLOCK_N, slot(i));
@@ -274,7 +288,7 @@ pub unsafe fn decode16_fp8<K: DecodeKind>(p: DecodeParams) {
         load_q::<K>(&p, b, row0, q_s, qscale);
         sync::bar_sync();
     }
-    let mut next_entry = entry(AHEAD);
+    let mut next_entry = [entry(AHEAD), entry(AHEAD + 1)];
     let scale_log2 = p.softmax_scale * LOG2E;
     // SAFETY: the scale slots were written before the barrier above.
     let row_scale = unsafe {
@@ -287,32 +301,42 @@ pub unsafe fn decode16_fp8<K: DecodeKind>(p: DecodeParams) {
     let mut o = [[0.0f32; 4]; 8];
     let mut m_run = [f32::NEG_INFINITY; 2];
     let mut l_run = [0.0f32; 2];
+    // Blocks are taken in pairs (i, i + 1): one exchange, one P tile and three barriers
+    // per pair. An odd chunk's last pair has no second block (its S is masked).
     let mut i = 0;
     while i < blocks {
-        // SAFETY: see above. Block i has landed once this thread's group i has and every
-        // thread passed the barrier; slot i - 1 (the next issue's), P and the exchange are
-        // free then too (their last readers ran before it).
+        let has_b = i + 1 < blocks;
+        // SAFETY: see above. Blocks i and i + 1 have landed once this thread's groups up to
+        // i + 1 have (one newer group, block i + 2, may be pending) and every thread passed
+        // the barrier; the slots of blocks i - 2 and i - 1 (the next issues'), P and the
+        // exchange are free then too (their last readers ran before it).
         unsafe {
-            cp_async::cp_async_wait_group::<{ AHEAD - 1 }>();
+            cp_async::cp_async_wait_group::<{ AHEAD - 2 }>();
             sync::bar_sync();
-            if i + AHEAD < blocks {
-                issue_block(&p, next_entry, (kb0 + i + AHEAD) * BLOCK_N, slot(i + AHEAD));
-            }
-            cp_async::cp_async_commit_group();
+            unroll!(x in [0, 1] {
+                let j = i + AHEAD + x as u32;
+                if j < blocks {
+                    issue_block(&p, next_entry[x], (kb0 + j) * BLOCK_N, slot(j));
+                }
+                cp_async::cp_async_commit_group();
+            });
         }
-        next_entry = entry(i + AHEAD + 1);
-        let blk = slot(i);
+        next_entry = [entry(i + AHEAD + 2), entry(i + AHEAD + 3)];
+        let blk = [slot(i), if has_b { slot(i + 1) } else { slot(i) }];
 
         // SAFETY: see above.
-        let mut s = unsafe { qk(q_s, blk, ch, g, t) };
+        let mut s = unsafe { qk2(q_s, blk, ch, g, t) };
         // Mask, scale to log2 units, local row maxima.
         let n0 = (kb0 + i) * BLOCK_N + ch * 8 + 2 * t;
         let mut m_loc = [f32::NEG_INFINITY; 2];
-        unroll!(e in [0, 1, 2, 3] {
-            let j = n0 + (e % 2) as u32;
-            let x = if j < vis_r[e / 2] { s[e] * row_scale[e / 2] } else { f32::NEG_INFINITY };
-            s[e] = x;
-            m_loc[e / 2] = sync::fmax(m_loc[e / 2], x);
+        unroll!(x in [0, 1] {
+            unroll!(e in [0, 1, 2, 3] {
+                let j = n0 + x as u32 * BLOCK_N + (e % 2) as u32;
+                let seen = j < vis_r[e / 2] && (x == 0 || has_b);
+                let v = if seen { s[x][e] * row_scale[e / 2] } else { f32::NEG_INFINITY };
+                s[x][e] = v;
+                m_loc[e / 2] = sync::fmax(m_loc[e / 2], v);
+            });
         });
         // SAFETY: converged warp; the exchange holds [8][16] f32; all threads reach the
         // barrier.
@@ -330,18 +354,20 @@ pub unsafe fn decode16_fp8<K: DecodeKind>(p: DecodeParams) {
             ]
         };
         let (m_ref, alpha) = decode::rescale_rows(&mut m_run, &mut l_run, m_new);
-        let p0 = sync::ex2(s[0] - m_ref[0]);
-        let p1 = sync::ex2(s[1] - m_ref[0]);
-        let p2 = sync::ex2(s[2] - m_ref[1]);
-        let p3 = sync::ex2(s[3] - m_ref[1]);
-        l_run[0] += p0 + p1;
-        l_run[1] += p2 + p3;
-        // SAFETY: rows < 16, tokens < 64 of the P tile.
-        unsafe {
-            let col = 2 * (ch * 8 + 2 * t);
-            smem::st_shared_u32(p_s + g * PS + col, cvt::pack_f16x2(p0, p1));
-            smem::st_shared_u32(p_s + (g + 8) * PS + col, cvt::pack_f16x2(p2, p3));
-        }
+        unroll!(x in [0, 1] {
+            let p0 = sync::ex2(s[x][0] - m_ref[0]);
+            let p1 = sync::ex2(s[x][1] - m_ref[0]);
+            let p2 = sync::ex2(s[x][2] - m_ref[1]);
+            let p3 = sync::ex2(s[x][3] - m_ref[1]);
+            l_run[0] += p0 + p1;
+            l_run[1] += p2 + p3;
+            // SAFETY: rows < 16, tokens < 128 of the P tile.
+            unsafe {
+                let col = 2 * (x as u32 * BLOCK_N + ch * 8 + 2 * t);
+                smem::st_shared_u32(p_s + g * PS + col, cvt::pack_f16x2(p0, p1));
+                smem::st_shared_u32(p_s + (g + 8) * PS + col, cvt::pack_f16x2(p2, p3));
+            }
+        });
         unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7] {
             o[n][0] *= alpha[0];
             o[n][1] *= alpha[0];
@@ -351,9 +377,9 @@ pub unsafe fn decode16_fp8<K: DecodeKind>(p: DecodeParams) {
         // SAFETY: see above.
         unsafe {
             sync::bar_sync();
-            pv(&mut o, p_s, blk, ch, g, t);
+            pv2(&mut o, p_s, blk, ch, g, t);
         }
-        i += 1;
+        i += 2;
     }
     // Drain the (possibly empty) last groups before the CTA may exit.
     cp_async::cp_async_wait_group::<0>();
