@@ -44,12 +44,15 @@ const SLOTS: u32 = T::RING_SLOTS as u32;
 /// Blocks in flight while a pair is computed.
 const AHEAD: u32 = SLOTS - 2;
 const SLOT_BYTES: u32 = T::FP8_STAGE_BYTES as u32;
-const QS: u32 = T::F8_Q_STRIDE as u32;
-const PS: u32 = T::F8_P_STRIDE as u32;
+/// Steps of 16 dims (QK^T) or tokens (P.V, two blocks) per tile in fragment order.
+const Q_STEPS: u32 = (D_QK / 16) as u32;
+const P_STEPS: u32 = 2 * BLOCK_N / 16;
 /// Dims of O per warp.
 const O_DIMS: u32 = (D_V / 8) as u32;
 const _: () = assert!(TPR * BLOCK_N == THREADS && ROW_CHUNKS.is_multiple_of(TPR));
 const _: () = assert!(AHEAD == 3 && O_DIMS == 64 && D_V == 512);
+const _: () =
+    assert!(512 * Q_STEPS as usize == T::F8_Q_BYTES && 512 * P_STEPS as usize == T::F8_P_BYTES);
 
 /// Byte offset of dim (byte) `d` of row `r` in a raw block: the 16-byte chunks of the first
 /// 512 dims are XOR-swizzled by `2 ((r / 4) % 4)` (the rope chunks 32..36 are not).
@@ -58,6 +61,29 @@ fn raw_off(r: u32, d: u32) -> u32 {
     let k = d >> 4;
     let k = if k < 32 { k ^ (((r >> 2) & 3) << 1) } else { k };
     r * ROW + (k << 4) + (d & 15)
+}
+
+/// Byte offset, in a fragment-order tile (Q or P), of the 16-bit pair at column `c` (a dim
+/// of Q, a token of P; even) of row `r` (< 16). Step `c / 16` holds, for lane `(g, t)`,
+/// 16 bytes at `16 (4 (8 step + g) + t)`: the A fragment `[row g cols u, u + 1;
+/// row g + 8 cols u, u + 1; row g cols u + 2, u + 3; row g + 8 cols u + 2, u + 3]` with
+/// `u = 16 step + 4 t` (the permuted step of the module docs; Q's steps are permuted
+/// within 64-dim groups, see [`q_col`]).
+#[inline(always)]
+fn frag_off(r: u32, c: u32) -> u32 {
+    let (step, q) = (c / 16, c % 16);
+    let word = 2 * ((q % 4) / 2) + r / 8;
+    16 * (4 * (8 * step + r % 8) + q / 4) + 4 * word
+}
+
+/// Q's column order: dim `d` sits at fragment column `q_col(d)`, so that step `4 kq + j` of
+/// lane `t` takes dims `64 kq + 16 t + 4 j .. +4` (the four dims one K word of the lane
+/// holds).
+#[inline(always)]
+fn q_col(d: u32) -> u32 {
+    let (kq, w) = (d / 64, d % 64);
+    let (t, j, e) = (w / 16, (w % 16) / 4, w % 4);
+    16 * (4 * kq + j) + 4 * t + e
 }
 
 /// Issues this thread's `cp.async` copies of one block (tokens `n0 ..`) into ring slot
@@ -83,8 +109,8 @@ unsafe fn issue_block(p: &DecodeParams, entry: i32, n0: u32, slot: u32) {
     }
 }
 
-/// Loads the CTA's 16 query rows as fp16 into the Q tile (row `r` at `r * QS`; zeros past
-/// the last row) and each row's scale-back factor (`2^-s`, f32) at `qscale + 4 r`. Warp `w`
+/// Loads the CTA's 16 query rows as fp16 into the Q tile (fragment order, [`frag_off`] of
+/// [`q_col`]; zeros past the last row) and each row's scale-back factor (`2^-s`, f32) at `qscale + 4 r`. Warp `w`
 /// loads rows `2 w` and `2 w + 1`; lane `l` words `l + 32 i` (dims `2 (l + 32 i)`, `+1`).
 #[inline(always)]
 unsafe fn load_q<K: DecodeKind>(p: &DecodeParams, b: u32, row0: u32, q_s: u32, qscale: u32) {
@@ -137,10 +163,11 @@ unsafe fn load_q<K: DecodeKind>(p: &DecodeParams, b: u32, row0: u32, q_s: u32, q
                 w[i] = cvt::pack_f16x2(lo, hi);
             });
         }
-        // SAFETY: row r < 16 of the Q tile, words < 288 of its 292; the scale slot r < 16.
+        // SAFETY: row r < 16, dims < 576: inside the Q tile; the scale slot r < 16.
         unsafe {
             unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
-                smem::st_shared_u32(q_s + r * QS + 4 * (lane + 32 * i as u32), w[i]);
+                let d = 2 * (lane + 32 * i as u32);
+                smem::st_shared_u32(q_s + frag_off(r, q_col(d)), w[i]);
             });
             if lane == 0 {
                 smem::st_shared_f32(qscale + 4 * r, down);
@@ -156,10 +183,10 @@ unsafe fn load_q<K: DecodeKind>(p: &DecodeParams, b: u32, row0: u32, q_s: u32, q
 unsafe fn qk2(q_s: u32, blk: [u32; 2], ch: u32, g: u32, t: u32) -> [[f32; 4]; 2] {
     let mut s = [[[0.0f32; 4]; 4]; 2];
     let krow = ch * 8 + g;
-    let qa = q_s + g * QS + 32 * t;
-    let qb = qa + 8 * QS;
-    for kq in 0..(D_QK / 64) as u32 {
-        // SAFETY: rows < 16 of the Q tile and < 64 of the blocks, inside their regions;
+    let lane_off = 16 * (4 * g + t);
+    unroll!(kq in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+        let kq = kq as u32;
+        // SAFETY: rows < 64 of the blocks, steps < 36 of the Q tile, inside their regions;
         // converged warp.
         unsafe {
             let koff = raw_off(krow, 64 * kq + 16 * t);
@@ -167,25 +194,15 @@ unsafe fn qk2(q_s: u32, blk: [u32; 2], ch: u32, g: u32, t: u32) -> [[f32; 4]; 2]
                 smem::ld_shared_v4(blk[0] + koff),
                 smem::ld_shared_v4(blk[1] + koff),
             ];
-            let a = [
-                smem::ld_shared_v4(qa + 128 * kq),
-                smem::ld_shared_v4(qa + 128 * kq + 16),
-            ];
-            let c = [
-                smem::ld_shared_v4(qb + 128 * kq),
-                smem::ld_shared_v4(qb + 128 * kq + 16),
-            ];
             unroll!(j in [0, 1, 2, 3] {
-                let (ra, rc) = (a[j / 2], c[j / 2]);
-                let w = 2 * (j % 2);
-                let frag = [ra[w], rc[w], ra[w + 1], rc[w + 1]];
+                let frag = smem::ld_shared_v4(q_s + 512 * (4 * kq + j as u32) + lane_off);
                 unroll!(x in [0, 1] {
                     let bk = cvt::e4m3x4_to_f16x2x2(kw[x][j]);
                     mma::mma_m16n8k16_f16(&mut s[x][j], frag, bk);
                 });
             });
         }
-    }
+    });
     let mut r = [[0.0f32; 4]; 2];
     unroll!(x in [0, 1] {
         unroll!(e in [0, 1, 2, 3] {
@@ -200,16 +217,15 @@ unsafe fn qk2(q_s: u32, blk: [u32; 2], ch: u32, g: u32, t: u32) -> [[f32; 4]; 2]
 /// `0..64` and `64..128`).
 #[inline(always)]
 unsafe fn pv2(o: &mut [[f32; 4]; 8], p_s: u32, blk: [u32; 2], ch: u32, g: u32, t: u32) {
-    for kk in 0..2 * BLOCK_N / 16 {
+    let lane_off = 16 * (4 * g + t);
+    unroll!(kk in [0, 1, 2, 3, 4, 5, 6, 7] {
+        let kk = kk as u32;
         let blk = if kk < BLOCK_N / 16 { blk[0] } else { blk[1] };
         let tok = 16 * (kk % (BLOCK_N / 16)) + 4 * t;
-        let ptok = 16 * kk + 4 * t;
-        // SAFETY: rows < 16 of P (tokens < 64) and < 64 of the block, dims < 512; converged
+        // SAFETY: steps < 8 of the P tile; rows < 64 of the block, dims < 512; converged
         // warp.
         unsafe {
-            let pa = smem::ld_shared_u64(p_s + g * PS + 2 * ptok);
-            let pc = smem::ld_shared_u64(p_s + (g + 8) * PS + 2 * ptok);
-            let a = [pa as u32, pc as u32, (pa >> 32) as u32, (pc >> 32) as u32];
+            let a = smem::ld_shared_v4(p_s + 512 * kk + lane_off);
             unroll!(gi in [0, 1] {
                 let d = ch * O_DIMS + 32 * gi as u32 + 4 * g;
                 let rows = [
@@ -225,7 +241,7 @@ unsafe fn pv2(o: &mut [[f32; 4]; 8], p_s: u32, blk: [u32; 2], ch: u32, g: u32, t
                 });
             });
         }
-    }
+    });
 }
 
 /// The kernel body (see the module docs).
@@ -363,9 +379,9 @@ pub unsafe fn decode16_fp8<K: DecodeKind>(p: DecodeParams) {
             l_run[1] += p2 + p3;
             // SAFETY: rows < 16, tokens < 128 of the P tile.
             unsafe {
-                let col = 2 * (x as u32 * BLOCK_N + ch * 8 + 2 * t);
-                smem::st_shared_u32(p_s + g * PS + col, cvt::pack_f16x2(p0, p1));
-                smem::st_shared_u32(p_s + (g + 8) * PS + col, cvt::pack_f16x2(p2, p3));
+                let col = x as u32 * BLOCK_N + ch * 8 + 2 * t;
+                smem::st_shared_u32(p_s + frag_off(g, col), cvt::pack_f16x2(p0, p1));
+                smem::st_shared_u32(p_s + frag_off(g + 8, col), cvt::pack_f16x2(p2, p3));
             }
         });
         unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7] {

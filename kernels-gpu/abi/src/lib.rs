@@ -160,17 +160,17 @@ pub mod decode_tile {
     const _: () = assert!(SMEM_RING_BYTES <= SMEM_BYTES);
 
     /// The 16-row kernels with fp8 caches where the arch converts fp8 in hardware (sm_90a,
-    /// sm_100a): KV is never converted in shared memory. Q as fp16 rows of `F8_Q_STRIDE`
-    /// bytes (16 bytes of padding keep the 16-byte fragment loads conflict-free), a ring of
-    /// `RING_SLOTS` whole raw fp8 blocks (a pair computed, three in flight), P as fp16 rows
-    /// of two blocks' tokens (`F8_P_STRIDE` bytes), the exchange, and each Q row's
-    /// power-of-two scale (f32).
-    pub const F8_Q_STRIDE: usize = D_QK * 2 + 16;
-    pub const F8_P_STRIDE: usize = 2 * BLOCK_N * 2 + 32;
+    /// sm_100a): KV is never converted in shared memory. Q as fp16 in `mma` fragment order
+    /// (16 bytes per lane and step: one load gives a lane its A fragment), a ring of
+    /// `RING_SLOTS` whole raw fp8 blocks (a pair computed, three in flight), P as fp16 in
+    /// fragment order for two blocks' tokens, the exchange, and each Q row's power-of-two
+    /// scale (f32).
+    pub const F8_Q_BYTES: usize = BLOCK_M_SMALL * D_QK * 2;
+    pub const F8_P_BYTES: usize = BLOCK_M_SMALL * 2 * BLOCK_N * 2;
     pub const SMEM_F8_Q: usize = 0;
-    pub const SMEM_F8_RING: usize = SMEM_F8_Q + BLOCK_M_SMALL * F8_Q_STRIDE;
+    pub const SMEM_F8_RING: usize = SMEM_F8_Q + F8_Q_BYTES;
     pub const SMEM_F8_P: usize = SMEM_F8_RING + RING_SLOTS * FP8_STAGE_BYTES;
-    pub const SMEM_F8_RED: usize = SMEM_F8_P + BLOCK_M_SMALL * F8_P_STRIDE;
+    pub const SMEM_F8_RED: usize = SMEM_F8_P + F8_P_BYTES;
     pub const SMEM_F8_QSCALE: usize = SMEM_F8_RED + RED_BYTES;
     pub const SMEM_F8_BYTES: usize = SMEM_F8_QSCALE + BLOCK_M_SMALL * 4;
     const _: () = assert!(SMEM_F8_BYTES <= SMEM_BYTES && SMEM_F8_RING.is_multiple_of(16));
