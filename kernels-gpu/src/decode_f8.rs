@@ -6,27 +6,27 @@
 //! - Grid, block, params and outputs: as [`crate::decode`]'s 16-row tile (one row group x
 //!   eight column splits: warp `ch` computes S for tokens `8 ch .. +8` of each block and O
 //!   for dims `64 ch .. +64`).
-//! - Shared memory (`decode_tile::SMEM_F8_*`): Q as fp16 rows, a ring of five raw fp8
-//!   blocks (rows of 576 bytes; the first 32 16-byte chunks of row `r` XOR-swizzled by
-//!   `2 ((r / 4) % 4)`, so both fragment loads below are conflict-free), P as fp16 rows of
-//!   128 tokens, the exchange, each Q row's scale. Blocks go in pairs: one pair is computed
-//!   while three blocks are in flight (110 KB, 192 tokens: the 16-bit ring holds 96), with
-//!   one max exchange, one P tile and three barriers per pair.
+//! - Shared memory (`decode_tile::SMEM_F8_*`): Q as fp16, a ring of five raw fp8 blocks
+//!   (rows of 576 bytes, 16-byte chunks XOR-swizzled by row, [`raw_off`]), P as fp16 for
+//!   128 tokens, the exchange, each Q row's scale. Q and P are stored in `mma` fragment
+//!   order ([`frag_off`]): one 16-byte load is a lane's whole A fragment of a step. Blocks
+//!   go in pairs: one pair is computed while three blocks are in flight (110 KB, 192
+//!   tokens: the 16-bit ring holds 96), with one max exchange, one P tile and three barriers
+//!   per pair.
 //! - Q in fp16: a bf16 Q row is scaled by a power of two that puts its largest magnitude in
 //!   `[2^14, 2^15)`, so its values convert exactly down to `2^-17` of that scale (below,
 //!   the error is under `2^-38` of the row's largest value); the row's logits are scaled
 //!   back with the softmax scale. An fp8 Q is exact in fp16 as it is.
-//! - Fragments. The order of the 16 products inside one MMA step is free, so each step's
-//!   dims (QK^T) or tokens (P.V) are permuted to make every thread's operand bytes adjacent:
-//!   - QK^T: lane `(g, t)` (`g = lane / 4`, `t = lane % 4`) takes dims `16 t + 4 j .. +4` of
-//!     each 64-dim group in step `j`: one 16-byte load of its K row and two of each Q row
-//!     give four steps, each K word two `cvt.rn.f16x2.e4m3x2`.
-//!   - P.V: the lane takes tokens `4 t .. +4` of each 16-token step, and the output dims are
-//!     permuted too: it loads dims `d0 + 4 g .. +4` of its four tokens (four words),
-//!     transposes the bytes, and so holds column `g` of n-tile `j` as dim `d0 + 4 g + j`.
-//!     Its accumulators then hold dims `d0 + 8 t .. +8` of rows `g` and `g + 8`.
+//! - QK^T: the order of the 16 products inside one MMA step is free, so lane `(g, t)`
+//!   (`g = lane / 4`, `t = lane % 4`) takes dims `16 t + 4 j .. +4` of each 64-dim group in
+//!   step `j` (Q is stored in that order): one 16-byte load of its K row gives four steps,
+//!   each K word two `cvt.rn.f16x2.e4m3x2`.
+//! - P.V: `ldmatrix.trans` of the fp8 bytes as 16-bit pairs gives a lane tokens `2t, 2t + 1`
+//!   of dims `2g, 2g + 1`; one `prmt` per word splits them into two n-tiles whose column
+//!   `g` is dim `2g` ("even") or `2g + 1` ("odd") of a 16-dim chunk ([`pv2`]). A lane's
+//!   accumulators then hold dims `16 c + 4 t .. +4` of each chunk `c`, rows `g`, `g + 8`.
 
-use crate::arch::{self, cp_async, cvt, mma, smem, sync};
+use crate::arch::{self, cp_async, cvt, ldmatrix, mma, smem, sync};
 use crate::decode::{self, CtaWork, DecodeKind, M16};
 use crate::elem::Half16;
 use mla_abi::{D_QK, D_V, DecodeParams, decode_tile as T};
@@ -54,26 +54,30 @@ const _: () = assert!(AHEAD == 3 && O_DIMS == 64 && D_V == 512);
 const _: () =
     assert!(512 * Q_STEPS as usize == T::F8_Q_BYTES && 512 * P_STEPS as usize == T::F8_P_BYTES);
 
-/// Byte offset of dim (byte) `d` of row `r` in a raw block: the 16-byte chunks of the first
-/// 512 dims are XOR-swizzled by `2 ((r / 4) % 4)` (the rope chunks 32..36 are not).
+/// Byte offset of dim (byte) `d` of row `r` in a raw block: 16-byte chunk `k` of row `r`
+/// sits at chunk `k ^ ((r / 2) % 4)` (within its aligned group of four), so eight
+/// consecutive rows' same chunk (an `ldmatrix` of V) and two rows' four chunks (a K
+/// fragment load) hit distinct banks.
 #[inline(always)]
 fn raw_off(r: u32, d: u32) -> u32 {
-    let k = d >> 4;
-    let k = if k < 32 { k ^ (((r >> 2) & 3) << 1) } else { k };
-    r * ROW + (k << 4) + (d & 15)
+    r * ROW + (((d >> 4) ^ ((r >> 1) & 3)) << 4) + (d & 15)
 }
 
-/// Byte offset, in a fragment-order tile (Q or P), of the 16-bit pair at column `c` (a dim
-/// of Q, a token of P; even) of row `r` (< 16). Step `c / 16` holds, for lane `(g, t)`,
-/// 16 bytes at `16 (4 (8 step + g) + t)`: the A fragment `[row g cols u, u + 1;
-/// row g + 8 cols u, u + 1; row g cols u + 2, u + 3; row g + 8 cols u + 2, u + 3]` with
-/// `u = 16 step + 4 t` (the permuted step of the module docs; Q's steps are permuted
-/// within 64-dim groups, see [`q_col`]).
+/// Byte offset, in a fragment-order tile (Q or P), of the 16-bit pair at column `c` (even)
+/// of row `r` (< 16). Step `c / 16` holds, for lane `(g, t)`, 16 bytes at
+/// `16 (4 (8 step + g) + t)`: its A fragment `[row g k 2t, 2t + 1; row g + 8 k 2t, 2t + 1;
+/// row g k 2t + 8, 2t + 9; row g + 8 k 2t + 8, 2t + 9]`. Step `k` is column `16 step + k`
+/// for P; for Q (`permuted`) k `2t, 2t + 1, 2t + 8, 2t + 9` are columns `16 step + 4 t ..
+/// +4` (the permuted step of the module docs, with [`q_col`]).
 #[inline(always)]
-fn frag_off(r: u32, c: u32) -> u32 {
+fn frag_off(r: u32, c: u32, permuted: bool) -> u32 {
     let (step, q) = (c / 16, c % 16);
-    let word = 2 * ((q % 4) / 2) + r / 8;
-    16 * (4 * (8 * step + r % 8) + q / 4) + 4 * word
+    let (t, hi) = if permuted {
+        (q / 4, (q % 4) / 2)
+    } else {
+        ((q % 8) / 2, q / 8)
+    };
+    16 * (4 * (8 * step + r % 8) + t) + 4 * (2 * hi + r / 8)
 }
 
 /// Q's column order: dim `d` sits at fragment column `q_col(d)`, so that step `4 kq + j` of
@@ -167,7 +171,7 @@ unsafe fn load_q<K: DecodeKind>(p: &DecodeParams, b: u32, row0: u32, q_s: u32, q
         unsafe {
             unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
                 let d = 2 * (lane + 32 * i as u32);
-                smem::st_shared_u32(q_s + frag_off(r, q_col(d)), w[i]);
+                smem::st_shared_u32(q_s + frag_off(r, q_col(d), true), w[i]);
             });
             if lane == 0 {
                 smem::st_shared_f32(qscale + 4 * r, down);
@@ -212,32 +216,43 @@ unsafe fn qk2(q_s: u32, blk: [u32; 2], ch: u32, g: u32, t: u32) -> [[f32; 4]; 2]
     r
 }
 
-/// O (rows `g`, `g + 8`; 8 n-tiles over dims `64 ch .. +64`, permuted as the module docs
-/// say) += P . V over the 128 tokens of the raw blocks at `blk[0]` and `blk[1]` (P columns
-/// `0..64` and `64..128`).
+/// O (rows `g`, `g + 8`; 8 n-tiles over dims `64 ch .. +64`, see [`write_rows`]) += P . V
+/// over the 128 tokens of the raw blocks at `blk[0]` and `blk[1]` (P columns `0..64` and
+/// `64..128`). Per step and 32 dims one `ldmatrix.x4.trans` of the fp8 bytes as 16-bit
+/// pairs gives lane `(g, t)` tokens `2t, 2t + 1` (and `+8`) of dims `2g, 2g + 1` of two
+/// chunks; one `prmt` per word splits the dims into the n-tiles "even" and "odd" (column `g`
+/// is dim `2g` or `2g + 1` of the chunk), each half one `cvt.rn.f16x2.e4m3x2`.
 #[inline(always)]
-unsafe fn pv2(o: &mut [[f32; 4]; 8], p_s: u32, blk: [u32; 2], ch: u32, g: u32, t: u32) {
-    let lane_off = 16 * (4 * g + t);
+unsafe fn pv2(o: &mut [[f32; 4]; 8], p_s: u32, blk: [u32; 2], ch: u32, lane: u32) {
+    let lane_off = 16 * lane;
+    // The row this lane addresses in each ldmatrix: matrix lane / 8 (tokens +8 for odd
+    // matrices, the next chunk for matrices 2 and 3), row lane % 8.
+    let m_tok = 8 * ((lane / 8) % 2) + lane % 8;
+    let m_chunk = lane / 16;
     unroll!(kk in [0, 1, 2, 3, 4, 5, 6, 7] {
         let kk = kk as u32;
         let blk = if kk < BLOCK_N / 16 { blk[0] } else { blk[1] };
-        let tok = 16 * (kk % (BLOCK_N / 16)) + 4 * t;
+        let tok = 16 * (kk % (BLOCK_N / 16)) + m_tok;
         // SAFETY: steps < 8 of the P tile; rows < 64 of the block, dims < 512; converged
         // warp.
         unsafe {
             let a = smem::ld_shared_v4(p_s + 512 * kk + lane_off);
             unroll!(gi in [0, 1] {
-                let d = ch * O_DIMS + 32 * gi as u32 + 4 * g;
-                let rows = [
-                    smem::ld_shared_u32(blk + raw_off(tok, d)),
-                    smem::ld_shared_u32(blk + raw_off(tok + 1, d)),
-                    smem::ld_shared_u32(blk + raw_off(tok + 2, d)),
-                    smem::ld_shared_u32(blk + raw_off(tok + 3, d)),
+                let chunk = 4 * ch + 2 * gi as u32 + m_chunk;
+                let v = ldmatrix::ldmatrix_x4_trans(blk + raw_off(tok, 16 * chunk));
+                // v[0]: chunk c0 tokens 2t, 2t + 1; v[1]: the same + 8; v[2], v[3]: c0 + 1.
+                // Each byte pair [dim 2g, 2g + 1] of token 2t then 2t + 1 -> [even | odd].
+                let w = [
+                    cvt::prmt(v[0], 0, 0x3120),
+                    cvt::prmt(v[1], 0, 0x3120),
+                    cvt::prmt(v[2], 0, 0x3120),
+                    cvt::prmt(v[3], 0, 0x3120),
                 ];
-                let cols = cvt::transpose_bytes_4x4(rows);
-                unroll!(j in [0, 1, 2, 3] {
-                    let bv = cvt::e4m3x4_to_f16x2x2(cols[j]);
-                    mma::mma_m16n8k16_f16(&mut o[4 * gi + j], a, bv);
+                unroll!(c in [0, 1] {
+                    let lo = cvt::e4m3x4_to_f16x2x2(w[2 * c]);
+                    let hi = cvt::e4m3x4_to_f16x2x2(w[2 * c + 1]);
+                    mma::mma_m16n8k16_f16(&mut o[4 * gi + 2 * c], a, [lo[0], hi[0]]);
+                    mma::mma_m16n8k16_f16(&mut o[4 * gi + 2 * c + 1], a, [lo[1], hi[1]]);
                 });
             });
         }
@@ -380,8 +395,8 @@ pub unsafe fn decode16_fp8<K: DecodeKind>(p: DecodeParams) {
             // SAFETY: rows < 16, tokens < 128 of the P tile.
             unsafe {
                 let col = x as u32 * BLOCK_N + ch * 8 + 2 * t;
-                smem::st_shared_u32(p_s + frag_off(g, col), cvt::pack_f16x2(p0, p1));
-                smem::st_shared_u32(p_s + frag_off(g + 8, col), cvt::pack_f16x2(p2, p3));
+                smem::st_shared_u32(p_s + frag_off(g, col, false), cvt::pack_f16x2(p0, p1));
+                smem::st_shared_u32(p_s + frag_off(g + 8, col, false), cvt::pack_f16x2(p2, p3));
             }
         });
         unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7] {
@@ -393,7 +408,7 @@ pub unsafe fn decode16_fp8<K: DecodeKind>(p: DecodeParams) {
         // SAFETY: see above.
         unsafe {
             sync::bar_sync();
-            pv2(&mut o, p_s, blk, ch, g, t);
+            pv2(&mut o, p_s, blk, ch, lane);
         }
         i += 2;
     }
@@ -421,8 +436,8 @@ pub unsafe fn decode16_fp8<K: DecodeKind>(p: DecodeParams) {
 }
 
 /// Normalises and stores this thread's rows `row_a`, `row_a + 8`: dims
-/// `64 ch + 32 gi + 8 t .. +8` for `gi` in 0..2 (see the module docs), to `out` / `lse` when
-/// the sequence has one split, else to the partials.
+/// `64 ch + 16 c + 4 t .. +4` for the warp's chunks `c` in 0..4 (see [`pv2`]), to `out` /
+/// `lse` when the sequence has one split, else to the partials.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn write_rows<K: DecodeKind>(
@@ -448,12 +463,17 @@ unsafe fn write_rows<K: DecodeKind>(
                 (0.0, f32::NEG_INFINITY)
             };
             let row_idx = (b * rows + gr) as usize;
-            // Dims d + 0..4 and d + 4..8 of group gi: n-tiles 4 gi + j, columns 2t, 2t + 1.
+            // Group gi (dims 64 ch + 32 gi ..): dims 4t .. +4 of its first chunk from
+            // n-tiles 4 gi (even) and 4 gi + 1 (odd), columns 2t, 2t + 1; dims 16 + 4t .. +4
+            // of its second chunk from n-tiles 4 gi + 2 and 4 gi + 3.
             let vals = |gi: usize, scale: f32| {
                 let mut v = [0.0f32; 8];
-                unroll!(j in [0, 1, 2, 3] {
-                    v[j] = o[4 * gi + j][2 * half] * scale;
-                    v[4 + j] = o[4 * gi + j][2 * half + 1] * scale;
+                unroll!(c in [0, 1] {
+                    let (ev, od) = (o[4 * gi + 2 * c], o[4 * gi + 2 * c + 1]);
+                    v[4 * c] = ev[2 * half] * scale;
+                    v[4 * c + 1] = od[2 * half] * scale;
+                    v[4 * c + 2] = ev[2 * half + 1] * scale;
+                    v[4 * c + 3] = od[2 * half + 1] * scale;
                 });
                 v
             };
@@ -463,14 +483,16 @@ unsafe fn write_rows<K: DecodeKind>(
                 let row_off = b as u64 * p.out_stride_b + tq as u64 * p.out_stride_s + h as u64 * p.out_stride_h;
                 unroll!(gi in [0, 1] {
                     let v = vals(gi, scale);
-                    let d = (ch * O_DIMS + 32 * gi as u32 + 8 * t) as usize;
-                    // SAFETY: dims d .. d + 8 < 512 of a validated out row; 4-byte aligned pairs.
-                    unsafe {
-                        let dst = (p.out.ptr() as *mut u16).add(row_off as usize + d) as *mut u32;
-                        unroll!(k in [0, 1, 2, 3] {
-                            *dst.add(k) = K::Mma::pack2(v[2 * k], v[2 * k + 1]);
-                        });
-                    }
+                    unroll!(c in [0, 1] {
+                        let d = (ch * O_DIMS + 32 * gi as u32 + 16 * c as u32 + 4 * t) as usize;
+                        // SAFETY: dims d .. d + 4 < 512 of a validated out row; 4-byte
+                        // aligned pairs.
+                        unsafe {
+                            let dst = (p.out.ptr() as *mut u16).add(row_off as usize + d) as *mut u32;
+                            *dst = K::Mma::pack2(v[4 * c], v[4 * c + 1]);
+                            *dst.add(1) = K::Mma::pack2(v[4 * c + 2], v[4 * c + 3]);
+                        }
+                    });
                 });
                 if ch == 0 && t == 0 {
                     // SAFETY: row_idx < batch * rows entries of lse.
@@ -481,15 +503,16 @@ unsafe fn write_rows<K: DecodeKind>(
                 let part = split as usize * (p.batch * rows) as usize + row_idx;
                 unroll!(gi in [0, 1] {
                     let v = vals(gi, scale).map(f32::to_bits);
-                    let d = (ch * O_DIMS + 32 * gi as u32 + 8 * t) as usize;
-                    // SAFETY: split < max_splits: inside the workspace the host sized; the
-                    // row's D_V f32 start 2 KB aligned and d is a multiple of 8: 16-byte
-                    // aligned.
-                    unsafe {
-                        let dst = p.partial_o.ptr().add(part * D_V + d) as *mut u8;
-                        smem::st_global_v4(dst, [v[0], v[1], v[2], v[3]]);
-                        smem::st_global_v4(dst.add(16), [v[4], v[5], v[6], v[7]]);
-                    }
+                    unroll!(c in [0, 1] {
+                        let d = (ch * O_DIMS + 32 * gi as u32 + 16 * c as u32 + 4 * t) as usize;
+                        // SAFETY: split < max_splits: inside the workspace the host sized;
+                        // the row's D_V f32 start 2 KB aligned and d is a multiple of 4:
+                        // 16-byte aligned.
+                        unsafe {
+                            let dst = p.partial_o.ptr().add(part * D_V + d) as *mut u8;
+                            smem::st_global_v4(dst, [v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]]);
+                        }
+                    });
                 });
                 if ch == 0 && t == 0 {
                     // SAFETY: as above.
