@@ -117,9 +117,9 @@ pub struct MlaPlanConfig {
     /// 0: the default tactic; otherwise waves (1..=4) of the split schedule.
     pub waves: u32,
     /// 0: the default tile for the shape (`Tile::default_on`: 16 rows when
-    /// `s_q * heads <= 16`, else the `wgmma` tile on sm_90a for bf16, else the 64-row
-    /// tile); 1: the 16-row tile; 2: the 64-row `mma.sync` tile; 3: the `wgmma` tile
-    /// (sm_90a, bf16).
+    /// `s_q * heads <= 16` or, on sm_90a, an fp8 cache with up to 32 rows; else the `wgmma`
+    /// tile on sm_90a for bf16 Q, else the 64-row tile); 1: the 16-row tile; 2: the 64-row
+    /// `mma.sync` tile; 3: the `wgmma` tile (sm_90a, bf16 Q).
     pub tile: u32,
 }
 

@@ -34,8 +34,9 @@ typedef struct MlaPlanConfig {
   uint32_t max_batch, heads, s_q, page_size, max_seq_len;
   uint32_t q_dtype, kv_dtype;
   uint32_t waves; /* 0: default tactic */
-  uint32_t tile;  /* 0: the shape's default (16-row tile when s_q * heads <= 16, else the wgmma
-                     tile on sm_90a for bf16, else 64-row); 1: 16-row; 2: 64-row mma.sync;
+  uint32_t tile;  /* 0: the shape's default (16-row tile when s_q * heads <= 16 or, on sm_90a,
+                     an fp8 cache with up to 32 rows; else the wgmma tile on sm_90a for bf16
+                     Q, else 64-row); 1: 16-row; 2: 64-row mma.sync;
                      3: 64-row wgmma (sm_90a, bf16) */
 } MlaPlanConfig;
 

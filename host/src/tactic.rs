@@ -39,7 +39,8 @@ pub enum Tile {
     M64N64,
     /// `decode_tile::BLOCK_M_SMALL` = 16 query rows x 64 tokens (1 row group x 8 column
     /// splits): a quarter of the MMA work of `M64N64` when `s_q * heads <= 16`; the default
-    /// there ([`Tile::default_for`]), and a tuner candidate up to 32 rows.
+    /// there ([`Tile::default_for`]) and, on sm_90a, for fp8 caches up to 32 rows
+    /// ([`Tile::default_on`]); a tuner candidate up to 32 rows.
     M16N64,
     /// 64 rows x 64 tokens with `wgmma` (two warpgroups, accumulators in registers): sm_90a
     /// image, bf16 Q with a bf16 or fp8 cache ([`Tile::check`]); the default there for more
@@ -50,10 +51,20 @@ pub enum Tile {
 impl Tile {
     pub const ALL: [Tile; 3] = [Tile::M64N64, Tile::M16N64, Tile::Wg64N64];
 
-    /// The default tile for `rows` query rows on `backend` with `dtypes`: the `wgmma` tile
-    /// where it runs (sm_90a; bf16 Q, bf16 or fp8 cache) and the rows fill more than a 16-row tile, else
-    /// [`Tile::default_for`].
+    /// The default tile for `rows` query rows on `backend` with `dtypes`: on sm_90a the
+    /// 16-row tile for fp8 caches up to two row tiles (32 rows); the `wgmma` tile where it
+    /// runs (sm_90a; bf16 Q, bf16 or fp8 cache) and the rows fill more than a 16-row tile;
+    /// else [`Tile::default_for`].
     pub fn default_on(rows: usize, backend: Backend, dtypes: DecodeDtypes) -> Tile {
+        // fp8 caches in up to two 16-row tiles: the sm_90a image's 16-row kernel converts
+        // fp8 in registers and beats the `wgmma` tile there (H200, B=64 L=4096 H=16 S_q=2:
+        // 107.6 against 133.5 us, docs/PERF.md v11).
+        if backend == Backend::Sm90a
+            && dtypes.kv() == mla_abi::ElemType::Fp8E4m3
+            && rows <= 2 * decode_tile::BLOCK_M_SMALL
+        {
+            return Tile::M16N64;
+        }
         let portable = Tile::default_for(rows);
         if portable == Tile::M64N64 && Tile::Wg64N64.check(backend, dtypes).is_ok() {
             Tile::Wg64N64
@@ -233,16 +244,27 @@ impl Tactic {
         }
     }
 
-    /// [`Tactic::candidates_for`] with the `wgmma` tile where `backend` runs it for `dtypes`
-    /// and rows are more than 16 (first: it is [`Tile::default_on`] there).
+    /// The candidates on `backend` for `dtypes`: [`Tile::default_on`]'s tile first (so a tie
+    /// keeps it), then the `wgmma` tile where `backend` runs it for `dtypes` and rows are more
+    /// than 16, the 64-row tile, and the 16-row tile up to 32 rows; each with the knobs of
+    /// [`Tactic::candidates_with`]. Without the `wgmma` tile this is
+    /// [`Tactic::candidates_for`].
     pub fn candidates_on(rows: usize, backend: Backend, dtypes: DecodeDtypes) -> Vec<Tactic> {
-        let portable = Self::candidates_for(rows);
-        if Tile::default_on(rows, backend, dtypes) != Tile::Wg64N64 {
-            return portable;
+        let first = Tile::default_on(rows, backend, dtypes);
+        let mut tiles = vec![first];
+        for t in [Tile::Wg64N64, Tile::M64N64, Tile::M16N64] {
+            let fits = match t {
+                Tile::Wg64N64 => {
+                    rows > decode_tile::BLOCK_M_SMALL && t.check(backend, dtypes).is_ok()
+                }
+                Tile::M64N64 => true,
+                Tile::M16N64 => rows <= 2 * decode_tile::BLOCK_M_SMALL,
+            };
+            if t != first && fits {
+                tiles.push(t);
+            }
         }
-        let mut out = Self::candidates_with(&[Tile::Wg64N64], rows);
-        out.extend(portable);
-        out
+        Self::candidates_with(&tiles, rows)
     }
 
     /// The small, fixed set the autotuner measures, the default first (so a tie keeps it):

@@ -676,3 +676,56 @@ fn all_failing_returns_the_first_error_and_caches_nothing() {
     assert!(tuner.cache.is_empty());
     assert_eq!(tuner.choose(&h200(), &shape()), shape_default());
 }
+
+#[test]
+fn backend_defaults_and_candidates() {
+    use mla_host::gate::Backend;
+    let all = [
+        DecodeDtypes::Bf16,
+        DecodeDtypes::Fp16,
+        DecodeDtypes::Fp8KvBf16Q,
+        DecodeDtypes::Fp8,
+    ];
+    for backend in Backend::ALL {
+        for dtypes in all {
+            for rows in [1, 16, 17, 32, 33, 64, 128] {
+                let d = Tactic::default_on(rows, backend, dtypes);
+                let c = Tactic::candidates_on(rows, backend, dtypes);
+                assert_eq!(c[0], d, "{backend:?} {dtypes:?} rows {rows}: default first");
+                let tiles: Vec<Tile> = c.iter().map(|t| t.tile).collect();
+                let has = |t| tiles.contains(&t);
+                assert!(has(Tile::M64N64), "{backend:?} {dtypes:?} rows {rows}");
+                assert_eq!(
+                    has(Tile::M16N64),
+                    rows <= 32,
+                    "{backend:?} {dtypes:?} rows {rows}"
+                );
+                // Tile::check admits the wgmma tile on the reference backend too.
+                let wg = backend != Backend::Portable
+                    && rows > 16
+                    && matches!(dtypes, DecodeDtypes::Bf16 | DecodeDtypes::Fp8KvBf16Q);
+                assert_eq!(has(Tile::Wg64N64), wg, "{backend:?} {dtypes:?} rows {rows}");
+            }
+        }
+    }
+    // On sm_90a an fp8 cache in one or two 16-row tiles takes the 16-row tile (its kernel
+    // converts fp8 in registers); bf16 above 16 rows the wgmma tile; the portable image
+    // keeps the portable rule.
+    for rows in [1, 16, 17, 32] {
+        for dtypes in [DecodeDtypes::Fp8KvBf16Q, DecodeDtypes::Fp8] {
+            assert_eq!(Tile::default_on(rows, Backend::Sm90a, dtypes), Tile::M16N64);
+        }
+    }
+    assert_eq!(
+        Tile::default_on(33, Backend::Sm90a, DecodeDtypes::Fp8KvBf16Q),
+        Tile::Wg64N64
+    );
+    assert_eq!(
+        Tile::default_on(32, Backend::Sm90a, DecodeDtypes::Bf16),
+        Tile::Wg64N64
+    );
+    assert_eq!(
+        Tile::default_on(32, Backend::Portable, DecodeDtypes::Fp8KvBf16Q),
+        Tile::M64N64
+    );
+}
