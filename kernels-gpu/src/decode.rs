@@ -837,6 +837,17 @@ pub(crate) unsafe fn red_sum<L: Layout>(red: u32, r: u32) -> f32 {
     l
 }
 
+/// A row's output factor and natural-log LSE from its exp-sum `l` and running max `m`
+/// (log2 units): `(1 / l, (m + log2 l) ln 2)`, or `(0, -inf)` for a row that saw nothing.
+#[inline(always)]
+pub(crate) fn row_norm(l: f32, m: f32) -> (f32, f32) {
+    if l > 0.0 {
+        (sync::rcp(l), (m + sync::lg2(l)) * LN2)
+    } else {
+        (0.0, f32::NEG_INFINITY)
+    }
+}
+
 /// Normalises the accumulators and stores this thread's two rows: to `out`/`lse` when the
 /// sequence has one split, else to the workspace partials.
 #[inline(always)]
@@ -858,12 +869,7 @@ pub(crate) unsafe fn write_rows<K: DecodeKind, L: Layout>(
     unroll!(half in [0, 1] {
         let gr = row_a + 8 * half as u32;
         if gr < rows {
-            let l = l_tot[half];
-            let (inv, lse) = if l > 0.0 {
-                (sync::rcp(l), (m_run[half] + sync::lg2(l)) * LN2)
-            } else {
-                (0.0, f32::NEG_INFINITY)
-            };
+            let (inv, lse) = row_norm(l_tot[half], m_run[half]);
             let row_idx = (b * rows + gr) as usize;
             let dim0 = (ch as usize * (D_V / L::CS as usize)) + 2 * c4 as usize;
             if direct {

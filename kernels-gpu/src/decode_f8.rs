@@ -32,7 +32,6 @@ use crate::elem::Half16;
 use mla_abi::{D_QK, D_V, DecodeParams, decode_tile as T};
 
 const LOG2E: f32 = core::f32::consts::LOG2_E;
-const LN2: f32 = core::f32::consts::LN_2;
 const THREADS: u32 = T::THREADS as u32;
 const BLOCK_N: u32 = T::BLOCK_N as u32;
 /// Bytes (and 16-byte chunks) of one raw fp8 KV row.
@@ -456,12 +455,7 @@ unsafe fn write_rows<K: DecodeKind>(
     unroll!(half in [0, 1] {
         let gr = row_a + 8 * half as u32;
         if gr < rows {
-            let l = l_tot[half];
-            let (inv, lse) = if l > 0.0 {
-                (sync::rcp(l), (m_run[half] + sync::lg2(l)) * LN2)
-            } else {
-                (0.0, f32::NEG_INFINITY)
-            };
+            let (inv, lse) = decode::row_norm(l_tot[half], m_run[half]);
             let row_idx = (b * rows + gr) as usize;
             // Group gi (dims 64 ch + 32 gi ..): dims 4t .. +4 of its first chunk from
             // n-tiles 4 gi (even) and 4 gi + 1 (odd), columns 2t, 2t + 1; dims 16 + 4t .. +4
