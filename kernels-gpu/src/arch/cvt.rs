@@ -93,24 +93,6 @@ pub fn prmt(a: u32, b: u32, sel: u32) -> u32 {
     r
 }
 
-/// Transposes a 4 x 4 byte matrix held as four words (word `i` = row `i`, byte `j` = column
-/// `j`): word `j` of the result holds column `j` (byte `i` = row `i`). Eight `prmt`.
-#[inline(always)]
-pub fn transpose_bytes_4x4(r: [u32; 4]) -> [u32; 4] {
-    // Interleave rows 0/1 and 2/3 byte-wise: [r0.b0 r1.b0 r0.b1 r1.b1], [.b2 .b3].
-    let t0 = prmt(r[0], r[1], 0x5140);
-    let t1 = prmt(r[0], r[1], 0x7362);
-    let t2 = prmt(r[2], r[3], 0x5140);
-    let t3 = prmt(r[2], r[3], 0x7362);
-    // Then 16-bit halves: [col j of rows 0-1, col j of rows 2-3].
-    [
-        prmt(t0, t2, 0x5410),
-        prmt(t0, t2, 0x7632),
-        prmt(t1, t3, 0x5410),
-        prmt(t1, t3, 0x7632),
-    ]
-}
-
 /// Two fp8 e4m3 values (low byte first) as two f32 values, exactly: through the hardware
 /// conversion where the arch has one and the build asked for it (`mla_hw_fp8`: build.rs with
 /// sm_90a / sm_100a unless `MLA_HW_FP8=0`), else [`e4m3_to_f32`] twice.

@@ -74,20 +74,6 @@ pub unsafe fn st_shared_f32_if(addr: u32, v: f32, pred: u32) {
     }
 }
 
-/// `ld.shared.u32`.
-///
-/// # Safety
-/// As [`st_shared_u32`].
-#[inline(always)]
-pub unsafe fn ld_shared_u32(addr: u32) -> u32 {
-    let r: u32;
-    // SAFETY: the caller guarantees the address is valid.
-    unsafe {
-        asm!("ld.shared.u32 {r}, [{a}];", r = out(reg32) r, a = in(reg32) addr, options(nostack, readonly))
-    }
-    r
-}
-
 /// `ld.shared.f32`.
 ///
 /// # Safety
