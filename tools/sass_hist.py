@@ -4,12 +4,13 @@
     python3 tools/sass_hist.py mla_decode_mma16_fp8kv_bf16q [path/to/image.cubin] [--top N]
 
 Disassembles the cubin (default: the newest built sm_90a image under target/release/build)
-with nvdisasm (MLA_NVDISASM, else next to MLA_PTXAS, else on PATH), cuts out the kernel's
+with nvdisasm (MLA_NVDISASM, else next to MLA_PTXAS, else the .venv wheel, else on PATH), cuts out the kernel's
 .text section, and prints the opcode counts of the whole function and of every loop (a
 backward branch and the code between its target label and it), largest loop first. Used to
 count what a block of the main loop costs (conversions, MMAs, moves) before and after a
 kernel change, without a GPU.
 """
+import argparse
 import collections
 import glob
 import os
@@ -77,19 +78,16 @@ def show(title, counts, top):
 
 
 def main():
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    top = 16
-    if "--top" in sys.argv:
-        top = int(sys.argv[sys.argv.index("--top") + 1])
-        args = [a for a in args if a != str(top)]
-    if not args:
-        sys.exit(__doc__)
-    kernel = args[0]
-    cubin = args[1] if len(args) > 1 else newest_cubin()
+    ap = argparse.ArgumentParser(description="SASS opcode counts of one kernel, whole and per loop.")
+    ap.add_argument("kernel")
+    ap.add_argument("cubin", nargs="?", help="default: the newest built sm_90a image")
+    ap.add_argument("--top", type=int, default=16, help="opcodes shown per table")
+    args = ap.parse_args()
+    cubin = args.cubin or newest_cubin()
     sass = subprocess.run([find_nvdisasm(), cubin], capture_output=True, text=True, check=True).stdout
-    lines = kernel_lines(sass, kernel)
-    print(f"{kernel} in {cubin}")
-    show("whole function", histogram(lines), top)
+    lines = kernel_lines(sass, args.kernel)
+    print(f"{args.kernel} in {cubin}")
+    show("whole function", histogram(lines), args.top)
     labels = {}
     loops = []
     for i, line in enumerate(lines):
@@ -104,7 +102,7 @@ def main():
         body = lines[a:b + 1]
         first = INSN.search("\n".join(body))
         where = f"from /*{first.group(1)}*/" if first else ""
-        show(f"loop {where}", histogram(body), top)
+        show(f"loop {where}", histogram(body), args.top)
 
 
 if __name__ == "__main__":
