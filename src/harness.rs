@@ -353,15 +353,25 @@ fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
 
 impl DeviceCase {
     pub fn upload(stream: &Arc<CudaStream>, h: &HostCase) -> Result<Self, MlaError> {
+        Self::upload_with_kv(stream, h, &h.kv_bytes, [h.spec.page_size * D_QK, D_QK, 1])
+    }
+
+    /// The case's buffers with `kv` (cache bytes laid out by `kv_strides`) as the cache.
+    fn upload_with_kv(
+        stream: &Arc<CudaStream>,
+        h: &HostCase,
+        kv: &[u8],
+        kv_strides: [usize; 3],
+    ) -> Result<Self, MlaError> {
         let rows = h.spec.lens.len() * h.spec.s_q * h.spec.heads;
         Ok(Self {
             q: stream.clone_htod(&h.q_bytes)?,
-            kv: stream.clone_htod(&h.kv_bytes)?,
+            kv: stream.clone_htod(kv)?,
             table: stream.clone_htod(&h.page_table)?,
             lens: stream.clone_htod(&h.seq_lens)?,
             out: stream.alloc_zeros(rows * D_V)?,
             lse: stream.alloc_zeros(rows)?,
-            kv_strides: [h.spec.page_size * D_QK, D_QK, 1],
+            kv_strides,
         })
     }
 
@@ -393,10 +403,7 @@ impl DeviceCase {
                     .copy_from_slice(&h.kv_bytes[src..src + D_QK * width]);
             }
         }
-        let mut d = Self::upload(stream, h)?;
-        d.kv = stream.clone_htod(&bytes)?;
-        d.kv_strides = [page, row, 1];
-        Ok(d)
+        Self::upload_with_kv(stream, h, &bytes, [page, row, 1])
     }
 
     /// The decode request over these buffers (host mirrors included, so the validator also
