@@ -18,7 +18,9 @@
 //!   stages), the P tile 64 x 64 16-bit (8 KB), 512 B of row-max / row-sum exchange. 16-row
 //!   tile with 16-bit caches: Q 16 x 576 (18 KB), a ring of five 32-token slots (180 KB), P,
 //!   exchange (`SMEM_RING*`). 16-byte chunks of every row are XOR-swizzled by `row % 8` so
-//!   `ldmatrix` is conflict-free.
+//!   `ldmatrix` is conflict-free. The 16-row tile with an fp8 cache runs this body only
+//!   where the arch lacks the hardware fp8 conversion (sm_80); elsewhere
+//!   [`crate::decode_f8`] (conversion in registers).
 //! - Pipeline: every thread copies one KV row per issue with `cp.async`, its page looked up
 //!   one issue ahead. Two stages: block `i + 1` is prefetched while block `i` is computed.
 //!   Ring: one commit group per half-block; three half-blocks are in flight while a block
