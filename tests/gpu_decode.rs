@@ -5,7 +5,9 @@
 //! before each launch, fills unused cache slots with NaN and unused table entries with
 //! invalid page ids, and checks every element of `out` and `lse`.
 //! `MLA_GPU_MATRIX=quick` (about 1 case in 6) or `sparse` (1 in 24) thins the matrix for
-//! compute-sanitizer; `MLA_GPU_MATRIX_DTYPES=bf16,fp8` keeps only the named dtypes.
+//! compute-sanitizer; `MLA_GPU_MATRIX_DTYPES=bf16,fp8` keeps only the named dtypes and
+//! `MLA_GPU_MATRIX_MAX=N` the first N kept cases; `MLA_GPU_TILES=wg64n64,m16n64` runs only
+//! the named tiles (in every test that runs cases), to aim a sanitizer at one kernel family.
 
 mod common;
 
@@ -90,7 +92,21 @@ fn matrix() -> Vec<CaseSpec> {
             }
         }
     }
+    if let Some(max) = std::env::var("MLA_GPU_MATRIX_MAX")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        out.truncate(max);
+    }
     out
+}
+
+/// Whether `MLA_GPU_TILES` (a comma-separated list of tile names; unset: every tile) keeps
+/// `tile`.
+fn tile_wanted(tile: Tile) -> bool {
+    std::env::var("MLA_GPU_TILES")
+        .map(|v| v.split(',').any(|n| n == tile.name()))
+        .unwrap_or(true)
 }
 
 /// Runs `specs` with every split mode of `splits` and returns the failures.
@@ -138,7 +154,7 @@ fn run_cases_with(
             // fp8 cache).
             let tiles: Vec<Tile> = Tile::ALL
                 .into_iter()
-                .filter(|t| t.check(rt.backend(), h.spec.dtypes).is_ok())
+                .filter(|&t| t.check(rt.backend(), h.spec.dtypes).is_ok() && tile_wanted(t))
                 .collect();
             for (&sp, tile) in splits
                 .iter()
