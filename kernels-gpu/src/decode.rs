@@ -183,7 +183,7 @@ const HALF_TPR: u32 = THREADS / HALF_N;
 const RING_SLOTS: u32 = T::RING_SLOTS as u32;
 /// Half-blocks in flight while a block (two slots) is computed; the prologue issues as many.
 const RING_AHEAD: u32 = RING_SLOTS - 2;
-const _: () = assert!(RING_AHEAD >= 1 && RING_AHEAD <= 4);
+const _: () = assert!(RING_AHEAD >= 2 && RING_AHEAD <= 4);
 const HALF_TILE_BYTES: u32 = T::HALF_TILE_BYTES as u32;
 const _: () = assert!(KV_TPR * BLOCK_N == THREADS && ROW_CHUNKS.is_multiple_of(KV_TPR));
 const _: () = assert!(FP8_ROW_CHUNKS.is_multiple_of(KV_TPR));
@@ -653,9 +653,13 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
         // SAFETY: see above.
         unsafe {
             if ring {
-                // Half-blocks hb + RING_AHEAD and the next go to the slots block kb - 1 used
-                // (free since the last barrier of the previous iteration); then wait for hb
-                // and hb + 1, leaving RING_AHEAD half-blocks in flight.
+                // Wait for hb and hb + 1 (one newer half-block, hb + 2, may stay in
+                // flight); once every thread is past the barrier, block kb - 1's slots, P
+                // and the exchange are free (their last readers ran before it), so
+                // half-blocks hb + RING_AHEAD and the next go there, leaving RING_AHEAD
+                // half-blocks in flight, and no barrier is needed after the P.V.
+                cp_async::cp_async_wait_group::<{ RING_AHEAD - 2 }>();
+                sync::bar_sync();
                 unroll!(i in [0, 1] {
                     let h = hb + RING_AHEAD + i as u32;
                     if h < halves {
@@ -667,7 +671,6 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
                     half_entry(hb + RING_AHEAD + 2),
                     half_entry(hb + RING_AHEAD + 3),
                 ];
-                cp_async::cp_async_wait_group::<RING_AHEAD>();
             } else {
                 if kb + 1 < kb1 {
                     issue_kv_row::<K, KV_TPR>(
@@ -682,8 +685,8 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
                 }
                 cp_async::cp_async_commit_group();
                 cp_async::cp_async_wait_group::<1>();
+                sync::bar_sync();
             }
-            sync::bar_sync();
         }
         // Where this block's tokens 0..32 and 32..64 are.
         let (kv_lo, kv_hi) = if ring {
@@ -782,7 +785,12 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
                 ch,
                 lane,
             );
-            sync::bar_sync();
+            // Two stages: the next issue (before the top barrier) overwrites this block's
+            // stage, P and the exchange, so every thread must be past this P.V first. The
+            // ring issues after its top barrier and needs none here.
+            if !ring {
+                sync::bar_sync();
+            }
         }
         kb += 1;
         stage ^= 1;
