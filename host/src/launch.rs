@@ -497,9 +497,10 @@ impl Runtime {
                 shape.batch * rows,
                 self.device().sm_count,
             );
+            let per_cta = names::combine_rows_per_cta(kernel);
             let grid = LaunchShape {
-                grid: (rows as u32, shape.batch as u32, 1),
-                block: combine_tile::THREADS as u32,
+                grid: ((rows as u32).div_ceil(per_cta), shape.batch as u32, 1),
+                block: combine_tile::THREADS as u32 * per_cta,
                 smem: 0,
             };
             // SAFETY: the combine reads what the decode wrote, in stream order.
@@ -642,8 +643,12 @@ impl Runtime {
                 self,
                 kernel,
                 LaunchShape {
-                    grid: (rows as u32, batch as u32, 1),
-                    block: combine_tile::THREADS as u32,
+                    grid: (
+                        (rows as u32).div_ceil(names::combine_rows_per_cta(kernel)),
+                        batch as u32,
+                        1,
+                    ),
+                    block: combine_tile::THREADS as u32 * names::combine_rows_per_cta(kernel),
                     smem: 0,
                 },
                 stream.cu_stream(),

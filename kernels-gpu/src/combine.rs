@@ -2,8 +2,9 @@
 //! final output with the exact log-sum-exp rule
 //! `lse = log(sum_i exp(lse_i))`, `O = sum_i exp(lse_i - lse) * O_i`.
 //!
-//! - Grid: `(s_q * heads, batch)`: one CTA per query row. Block: `combine_tile::THREADS`
-//!   (128); thread `t` owns output dims `4t .. 4t + 4`.
+//! - Grid: `(ceil(s_q * heads / R), batch)`: `R` query rows per CTA (`combine_tile::
+//!   ROWS_NARROW` in the narrow build, 1 in the wide one), `combine_tile::THREADS` (128)
+//!   threads per row; thread `t` of a row owns output dims `4t .. 4t + 4`.
 //! - Shared memory: none. Each warp loads all of the row's `lse_i` at once (lane `j`: chunks
 //!   `j` and `j + 32`) and reduces them with shuffles; the `O_i` loads go out `UNROLL`
 //!   chunks at a time, so a row costs a few memory latencies, not one per chunk (a 64-chunk
@@ -28,8 +29,10 @@ const LN2: f32 = core::f32::consts::LN_2;
 /// # Safety
 /// Launched with the grid and block above on params that the host validated.
 #[inline(always)]
-pub unsafe fn combine<O: Half16, const UNROLL: usize>(p: CombineParams) {
-    let row = arch::block_idx_x();
+pub unsafe fn combine<O: Half16, const UNROLL: usize, const ROWS: u32>(p: CombineParams) {
+    // ROWS query rows per CTA, `combine_tile::THREADS` threads each (whole warps: no CTA
+    // barrier below, so a row's warps may leave early).
+    let row = arch::block_idx_x() * ROWS + arch::thread_idx_x() / combine_tile::THREADS as u32;
     let b = arch::block_idx_y();
     let rows = p.s_q * p.heads;
     if row >= rows || b >= p.batch {
@@ -83,7 +86,7 @@ pub unsafe fn combine<O: Half16, const UNROLL: usize>(p: CombineParams) {
     // O: this thread's four dims of each chunk, UNROLL chunk loads in flight at a time. A
     // chunk of weight 0 may hold garbage (an empty chunk's O is never written): its value
     // is replaced by 0, never multiplied.
-    let t = arch::thread_idx_x() as usize;
+    let t = (arch::thread_idx_x() % combine_tile::THREADS as u32) as usize;
     let dim0 = t * combine_tile::DIMS_PER_THREAD;
     let mut acc = [0.0f32; combine_tile::DIMS_PER_THREAD];
     let mut i0 = 0;

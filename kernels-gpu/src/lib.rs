@@ -47,21 +47,31 @@ fn panic(_: &core::panic::PanicInfo) -> ! {
 }
 
 macro_rules! combine_kernel {
-    ($name:ident, $out:ty, $unroll:expr) => {
+    ($name:ident, $out:ty, $unroll:expr, $rows:expr) => {
         /// A combine entry point: see [`combine`].
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: CombineParams) {
             arch::grid_dep_wait();
             // SAFETY: launched by the host with the documented grid on validated params.
-            unsafe { combine::combine::<$out, { $unroll }>(p) }
+            unsafe { combine::combine::<$out, { $unroll }, { $rows }>(p) }
         }
     };
 }
 
-combine_kernel!(mla_combine_bf16, Bf16, combine_tile::UNROLL_NARROW);
-combine_kernel!(mla_combine_fp16, Fp16, combine_tile::UNROLL_NARROW);
-combine_kernel!(mla_combine_wide_bf16, Bf16, combine_tile::UNROLL_WIDE);
-combine_kernel!(mla_combine_wide_fp16, Fp16, combine_tile::UNROLL_WIDE);
+combine_kernel!(
+    mla_combine_bf16,
+    Bf16,
+    combine_tile::UNROLL_NARROW,
+    combine_tile::ROWS_NARROW
+);
+combine_kernel!(
+    mla_combine_fp16,
+    Fp16,
+    combine_tile::UNROLL_NARROW,
+    combine_tile::ROWS_NARROW
+);
+combine_kernel!(mla_combine_wide_bf16, Bf16, combine_tile::UNROLL_WIDE, 1);
+combine_kernel!(mla_combine_wide_fp16, Fp16, combine_tile::UNROLL_WIDE, 1);
 
 /// Every decode kernel's first step: the host launches decodes with programmatic
 /// dependent launch (sm_90+), so the decode waits for the kernel before it (the split

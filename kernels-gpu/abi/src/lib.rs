@@ -253,6 +253,10 @@ pub mod combine_tile {
     /// H200 at B = 32-64: the wide build alone was up to 22% slower there).
     pub const NARROW_MAX_SPLITS: u32 = 8;
     pub const WIDE_CTAS_PER_SM: u32 = 3;
+    /// Query rows per CTA of the narrow build (`THREADS` threads each): a large batch's
+    /// combine is thousands of rows, most of them exiting at once when their sequence had
+    /// one split; four rows per CTA launch a quarter of the CTAs.
+    pub const ROWS_NARROW: u32 = 4;
 }
 
 /// Launch shape of the reference decode: one CTA of 128 threads per query row; thread `t`
@@ -351,6 +355,14 @@ pub mod names {
             (true, false) => COMBINE_FP16,
             (false, true) => COMBINE_WIDE_BF16,
             (true, true) => COMBINE_WIDE_FP16,
+        }
+    }
+    /// Query rows per CTA of combine kernel `kernel` (one of [`combine`]'s symbols).
+    pub fn combine_rows_per_cta(kernel: &str) -> u32 {
+        if kernel == COMBINE_WIDE_BF16 || kernel == COMBINE_WIDE_FP16 {
+            1
+        } else {
+            super::combine_tile::ROWS_NARROW
         }
     }
     pub const APPEND_BF16: &str = "mla_append_bf16";
