@@ -8,7 +8,11 @@
 //! - `cp.async.bulk` rows gathered by index into shared memory on an `mbarrier`;
 //! - TMA (`cp.async.bulk.tensor`, a host-encoded 3-D tensor map with the 128-byte swizzle)
 //!   writing a paged bf16 block exactly in the `wgmma` decode's slab layout, pages of 64
-//!   and of 16 tokens.
+//!   and of 16 tokens;
+//! - the TMA decode's two-warpgroup exchange (`bar.arrive` / `bar.sync` on named barriers,
+//!   then a CTA barrier) alone, with and without an `mbarrier` / `cp.async.bulk` prologue:
+//!   the kernel compute-sanitizer's racecheck is pointed at to tell a tool report on that
+//!   protocol from a race in the decode.
 
 mod common;
 
@@ -19,9 +23,10 @@ use cudarc::driver::{CudaContext, CudaStream, DevicePtr};
 use cudarc::nvrtc::Ptx;
 use mla::abi::DevPtr;
 use mla::abi::primitives::{
-    BULK_COPY, BULK_MAX_ROW_BYTES, BULK_MAX_ROWS, BULK_SMEM_BYTES, BulkCopyParams, TMA_SLABS,
-    TMA_SMEM_BYTES, TmaSlabsParams, WGMMA_LAYOUT_SMEM_BYTES, WGMMA_M64N64K16_BF16, WGMMA_RS_MN_B,
-    WGMMA_SMEM_BYTES, WGMMA_SW128_KMAJOR, WGMMA_SW128_MN_B, WgmmaLayoutParams, WgmmaPrimParams,
+    BULK_COPY, BULK_MAX_ROW_BYTES, BULK_MAX_ROWS, BULK_SMEM_BYTES, BulkCopyParams, EXCHANGE,
+    EXCHANGE_SMEM_BYTES, ExchangeParams, TMA_SLABS, TMA_SMEM_BYTES, TmaSlabsParams,
+    WGMMA_LAYOUT_SMEM_BYTES, WGMMA_M64N64K16_BF16, WGMMA_RS_MN_B, WGMMA_SMEM_BYTES,
+    WGMMA_SW128_KMAJOR, WGMMA_SW128_MN_B, WgmmaLayoutParams, WgmmaPrimParams,
 };
 use mla::numeric;
 use mla::rng::SplitMix64;
@@ -141,6 +146,18 @@ fn launch_one<P>(
     p: &P,
     smem: usize,
 ) {
+    launch_block(stream, module, name, p, smem, 128)
+}
+
+/// [`launch_one`] with `threads` threads.
+fn launch_block<P>(
+    stream: &CudaStream,
+    module: &std::sync::Arc<cudarc::driver::CudaModule>,
+    name: &str,
+    p: &P,
+    smem: usize,
+    threads: u32,
+) {
     let f = module.load_function(name).unwrap();
     f.set_attribute(
         cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -153,7 +170,7 @@ fn launch_one<P>(
         result::launch_kernel(
             f.cu_function(),
             (1, 1, 1),
-            (128, 1, 1),
+            (threads, 1, 1),
             smem as u32,
             stream.cu_stream(),
             &mut args,
@@ -366,5 +383,53 @@ fn tma_slabs_land_in_the_slab_layout() {
         }
         eprintln!("[{test}] pages of {rows} tokens: {bad} of 4608 chunks misplaced (seed {seed})");
         assert_eq!(bad, 0, "TMA slab layout, pages of {rows}");
+    }
+}
+
+#[test]
+fn exchange_protocol_passes_every_value() {
+    let test = "prim_exchange";
+    let seed = common::seed(test);
+    let Some((stream, module)) = prim_module(test) else {
+        return;
+    };
+    let mut rng = SplitMix64::new(seed);
+    for bulk_prologue in [0u32, 1] {
+        let rounds = 1 + (rng.next_u64() % 8) as u32;
+        // The copied word starts warpgroup 0's sum in the prologue variant.
+        let start = if bulk_prologue != 0 { 0.25f32 } else { 0.0 };
+        let src: Vec<f32> = vec![start; 4];
+        let dsrc = stream.clone_htod(&src).unwrap();
+        let dout = stream.clone_htod(&vec![f32::NAN; 512]).unwrap();
+        let p = ExchangeParams {
+            src: DevPtr::from_addr(dsrc.device_ptr(&stream).0),
+            out: DevPtr::from_addr(dout.device_ptr(&stream).0),
+            rounds,
+            bulk_prologue,
+        };
+        launch_block(&stream, &module, EXCHANGE, &p, EXCHANGE_SMEM_BYTES, 256);
+        let got: Vec<f32> = stream.clone_dtoh(&dout).unwrap();
+        // Row r, round k: warpgroup 0 sends a = 64 k + r and a + 1/2; warpgroup 1 sums
+        // 2a + 1/2 and sends back 2a + 1/2 and 2a; warpgroup 0 sums 4a + 1/2.
+        let sums = |r: usize| {
+            let a = |k: u32| (64 * k) as f32 + r as f32;
+            let s0: f32 = (0..rounds).map(|k| 4.0 * a(k) + 0.5).sum::<f32>() + start;
+            let s1: f32 = (0..rounds).map(|k| 2.0 * a(k) + 0.5).sum();
+            (s0, s1)
+        };
+        let bad = (0..256usize)
+            .filter(|&tid| {
+                let (s0, s1) = sums(tid % 64);
+                let want = if tid < 128 { [s0, s1] } else { [s1, s0] };
+                got[2 * tid..2 * tid + 2] != want
+            })
+            .count();
+        eprintln!(
+            "[{test}] prologue {bulk_prologue}, {rounds} rounds: {bad} of 256 threads wrong (seed {seed})"
+        );
+        assert_eq!(
+            bad, 0,
+            "exchange, prologue {bulk_prologue}, {rounds} rounds"
+        );
     }
 }

@@ -281,6 +281,11 @@ prim_kernel!(
     mla_abi::primitives::BulkCopyParams
 );
 prim_kernel!(
+    mla_prim_exchange,
+    exchange,
+    mla_abi::primitives::ExchangeParams
+);
+prim_kernel!(
     mla_prim_tma_slabs,
     tma_slabs,
     mla_abi::primitives::TmaSlabsParams

@@ -11,7 +11,9 @@
 
 use crate::arch::{self, bulk, smem, sync, wgmma};
 use crate::decode_wg::aligned_base;
-use mla_abi::primitives::{BulkCopyParams, TmaSlabsParams, WgmmaLayoutParams, WgmmaPrimParams};
+use mla_abi::primitives::{
+    BulkCopyParams, ExchangeParams, TmaSlabsParams, WgmmaLayoutParams, WgmmaPrimParams,
+};
 
 /// Byte offset of element `(r, k)` of a `64 x 16` operand in the no-swizzle K-major layout.
 #[inline(always)]
@@ -325,5 +327,62 @@ pub unsafe fn tma_slabs(p: TmaSlabsParams) {
             }
         }
         wait_then_write_back(bar, tile, p.dst.ptr(), 9 * SLAB);
+    }
+}
+
+/// `mla_prim_exchange`: see `mla_abi::primitives`.
+///
+/// # Safety
+/// Launched with one CTA of 256 threads and `EXCHANGE_SMEM_BYTES` of dynamic shared
+/// memory; `out` holds 512 f32, `src` 16 bytes when `bulk_prologue != 0`.
+#[inline(always)]
+pub unsafe fn exchange(p: ExchangeParams) {
+    let tid = arch::thread_idx_x();
+    let base = smem::smem_base();
+    let bar = base;
+    let copied = base + 16;
+    let wg = tid / 128;
+    let t = tid % 128;
+    let r = t % 64;
+    let writer = (t < 64) as u32;
+    // Slot k, row r: [m0, scale0, m1, scale1, l0, l1] as in the decode.
+    let slot = |k: u32| arch::opaque(base + 128 + r * 4) + k * 256;
+    // SAFETY: every address is inside the documented shared memory; all 256 threads reach
+    // every barrier in the same order (the rounds and the prologue flag are uniform).
+    unsafe {
+        let mut sum = 0.0f32;
+        if p.bulk_prologue != 0 {
+            init_mbarrier(bar);
+            if tid == 0 {
+                bulk::mbarrier_arrive_expect_tx(bar, 16);
+                bulk::bulk_copy_g2s(copied, p.src.ptr() as *const u8, 16, bar);
+            }
+            if !bulk::mbarrier_wait_parity_bounded(bar, 0, 1 << 24) {
+                arch::trap();
+            }
+            sum = smem::ld_shared_f32(copied);
+        }
+        for k in 0..p.rounds {
+            if wg == 0 {
+                let a = (64 * k + r) as f32;
+                smem::st_shared_f32_if(slot(0), a, writer);
+                smem::st_shared_f32_if(slot(1), a + 0.5, writer);
+                sync::bar_arrive_named::<1, 256>();
+                sync::bar_sync_named::<2, 256>();
+                sum += smem::ld_shared_f32(slot(2)) + smem::ld_shared_f32(slot(3));
+            } else {
+                sync::bar_sync_named::<1, 256>();
+                let (a, b) = (smem::ld_shared_f32(slot(0)), smem::ld_shared_f32(slot(1)));
+                sum += a + b;
+                smem::st_shared_f32_if(slot(2), a + b, writer);
+                smem::st_shared_f32_if(slot(3), 2.0 * a, writer);
+                sync::bar_arrive_named::<2, 256>();
+            }
+        }
+        smem::st_shared_f32_if(slot(4 + wg), sum, writer);
+        sync::bar_sync();
+        let other = smem::ld_shared_f32(slot(5 - wg));
+        *p.out.ptr().add(2 * tid as usize) = sum;
+        *p.out.ptr().add(2 * tid as usize + 1) = other;
     }
 }

@@ -13,12 +13,12 @@ echo "commit $(cat stage/COMMIT) rcctl $(cat stage/variants/rcctl.rev) seed $MLA
 sv() { tar czf "$OUT/s8a.tgz" -C stage s8a 2>/dev/null; }
 export MLA_GPU_MATRIX=sparse MLA_GPU_MATRIX_DTYPES=bf16 MLA_GPU_MATRIX_MAX=7 MLA_GPU_TILES=wg64n64 MLA_TRACE=1
 ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-timeout 90 $ncu --kernel-name regex:mla_decode_tma --launch-count 3 --section LaunchStats \
+[[ -n "${SKIP_NCU:-}" ]] || timeout 90 $ncu --kernel-name regex:mla_decode_tma --launch-count 3 --section LaunchStats \
   stage/bin/test-gpu_decode --test-threads=1 case_matrix > $L/ncu-tma.log 2>&1
 echo "ncu rc=$? tma launches seen: $(grep -c 'mla_decode_tma' $L/ncu-tma.log)" | tee -a $L/head.txt; sv
 for v in main rcctl; do
   img=(); [[ $v == rcctl ]] && img=(env MLA_IMAGE_FILE=stage/variants/rcctl.cubin)
-  "${img[@]}" timeout 220 compute-sanitizer --tool racecheck --print-limit 10 --kernel-name regex:mla_decode_tma \
+  "${img[@]}" timeout 220 compute-sanitizer --tool racecheck --print-limit 10 --kernel-name kns=mla_decode_tma \
     stage/bin/test-gpu_decode --test-threads=1 --nocapture case_matrix > $L/racecheck-$v.log 2>&1
   echo "racecheck $v rc=$? $(grep -E 'RACECHECK SUMMARY' $L/racecheck-$v.log | tail -1); $(grep -oE '[0-9]+ decodes checked, [0-9]+ failed' $L/racecheck-$v.log | tail -1)" | tee -a $L/head.txt; sv
 done

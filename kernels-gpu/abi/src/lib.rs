@@ -698,6 +698,32 @@ pub mod primitives {
     /// mbarrier, then the 72 KB tile.
     pub const TMA_SMEM_BYTES: usize = 1024 + 128 + 64 * 1152;
 
+    /// `mla_prim_exchange`: the TMA decode's two-warpgroup exchange protocol alone, to check
+    /// it and to run compute-sanitizer's racecheck on it without the rest of the decode.
+    /// 256 threads; `rounds` rounds of: warpgroup 0 writes two 64-row slots and
+    /// `bar.arrive`s barrier 1; warpgroup 1 `bar.sync`s it, reads them, writes two more from
+    /// them and `bar.arrive`s barrier 2; warpgroup 0 `bar.sync`s that and reads them. Then
+    /// each warpgroup writes its running sum to its own slot, `bar.sync 0`, and reads the
+    /// other's. `out[tid] = [own sum, other's sum]`. With `bulk_prologue != 0` the kernel
+    /// first waits on an `mbarrier` for one 16-byte `cp.async.bulk` from `src`, as the
+    /// decode does before its loop.
+    pub const EXCHANGE: &str = "mla_prim_exchange";
+
+    /// Params of `mla_prim_exchange`: grid `(1)`, block 256, `EXCHANGE_SMEM_BYTES`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug)]
+    pub struct ExchangeParams {
+        /// 16 bytes, read only with `bulk_prologue != 0`.
+        pub src: DevPtr<u8>,
+        /// `[256, 2]` f32.
+        pub out: DevPtr<f32>,
+        pub rounds: u32,
+        pub bulk_prologue: u32,
+    }
+
+    /// The mbarrier and the 16 copied bytes (128), then six 64-row f32 slots.
+    pub const EXCHANGE_SMEM_BYTES: usize = 128 + 6 * 256;
+
     /// Every primitive kernel with the size of its params struct.
     pub const ALL: &[(&str, usize)] = &[
         (
@@ -712,6 +738,7 @@ pub mod primitives {
         (WGMMA_RS_MN_B, core::mem::size_of::<WgmmaLayoutParams>()),
         (BULK_COPY, core::mem::size_of::<BulkCopyParams>()),
         (TMA_SLABS, core::mem::size_of::<TmaSlabsParams>()),
+        (EXCHANGE, core::mem::size_of::<ExchangeParams>()),
     ];
 }
 
