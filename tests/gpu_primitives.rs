@@ -396,7 +396,7 @@ fn exchange_protocol_passes_every_value() {
     let mut rng = SplitMix64::new(seed);
     for bulk_prologue in [0u32, 1] {
         let rounds = 1 + (rng.next_u64() % 8) as u32;
-        // The copied word starts warpgroup 0's sum in the prologue variant.
+        // The copied word starts every thread's sum in the prologue variant.
         let start = if bulk_prologue != 0 { 0.25f32 } else { 0.0 };
         let src: Vec<f32> = vec![start; 4];
         let dsrc = stream.clone_htod(&src).unwrap();
@@ -414,7 +414,7 @@ fn exchange_protocol_passes_every_value() {
         let sums = |r: usize| {
             let a = |k: u32| (64 * k) as f32 + r as f32;
             let s0: f32 = (0..rounds).map(|k| 4.0 * a(k) + 0.5).sum::<f32>() + start;
-            let s1: f32 = (0..rounds).map(|k| 2.0 * a(k) + 0.5).sum();
+            let s1: f32 = (0..rounds).map(|k| 2.0 * a(k) + 0.5).sum::<f32>() + start;
             (s0, s1)
         };
         let bad = (0..256usize)
