@@ -7,6 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../../.."
 [[ -n "${SKIP_SUITE:-}" ]] || MLA_TIMEOUT_MAX=150 MLA_SANITIZE=0 bash tests/gpu/run.sh 2>&1 | tail -30
 L=stage/s8d; mkdir -p $L
+[[ -f stage/bin.tgz ]] && tar xzf stage/bin.tgz -C stage && rm stage/bin.tgz
 echo "commit $(cat stage/COMMIT)" > $L/head.txt
 sv() { tar czf "$OUT/s8d.tgz" -C stage s8d 2>/dev/null; }
 timeout 60 stage/bin/test-gpu_primitives --test-threads=1 --nocapture exchange > $L/prim.log 2>&1; echo "prim exchange rc=$? $(grep -E "^test result" $L/prim.log)" | tee -a $L/head.txt
