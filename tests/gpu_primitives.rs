@@ -394,6 +394,13 @@ fn exchange_protocol_passes_every_value() {
         return;
     };
     let mut rng = SplitMix64::new(seed);
+    // MLA_PRIM_SYNC_MODE=1 or 2: the exchange with bar.sync pairs or CTA barriers instead
+    // (the racecheck controls); default 0, the decode's bar.arrive / bar.sync.
+    let sync_mode = std::env::var("MLA_PRIM_SYNC_MODE")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .unwrap_or(0)
+        .min(2);
     for bulk_prologue in [0u32, 1] {
         let rounds = 1 + (rng.next_u64() % 8) as u32;
         // The copied word starts every thread's sum in the prologue variant.
@@ -406,6 +413,7 @@ fn exchange_protocol_passes_every_value() {
             out: DevPtr::from_addr(dout.device_ptr(&stream).0),
             rounds,
             bulk_prologue,
+            sync_mode,
         };
         launch_block(&stream, &module, EXCHANGE, &p, EXCHANGE_SMEM_BYTES, 256);
         let got: Vec<f32> = stream.clone_dtoh(&dout).unwrap();
@@ -425,7 +433,7 @@ fn exchange_protocol_passes_every_value() {
             })
             .count();
         eprintln!(
-            "[{test}] prologue {bulk_prologue}, {rounds} rounds: {bad} of 256 threads wrong (seed {seed})"
+            "[{test}] sync mode {sync_mode}, prologue {bulk_prologue}, {rounds} rounds: {bad} of 256 threads wrong (seed {seed})"
         );
         assert_eq!(
             bad, 0,

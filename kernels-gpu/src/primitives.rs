@@ -362,21 +362,35 @@ pub unsafe fn exchange(p: ExchangeParams) {
             }
             sum = smem::ld_shared_f32(copied);
         }
+        // The producer's and the consumer's side of named barrier `ID` in the chosen form.
+        let (mode, send, recv) = (p.sync_mode, 1u32, 2u32);
+        let give = |id: u32| match (mode, id) {
+            (0, 1) => sync::bar_arrive_named::<1, 256>(),
+            (0, _) => sync::bar_arrive_named::<2, 256>(),
+            (1, 1) => sync::bar_sync_named::<1, 256>(),
+            (1, _) => sync::bar_sync_named::<2, 256>(),
+            _ => sync::bar_sync(),
+        };
+        let take = |id: u32| match (mode, id) {
+            (0 | 1, 1) => sync::bar_sync_named::<1, 256>(),
+            (0 | 1, _) => sync::bar_sync_named::<2, 256>(),
+            _ => sync::bar_sync(),
+        };
         for k in 0..p.rounds {
             if wg == 0 {
                 let a = (64 * k + r) as f32;
                 smem::st_shared_f32_if(slot(0), a, writer);
                 smem::st_shared_f32_if(slot(1), a + 0.5, writer);
-                sync::bar_arrive_named::<1, 256>();
-                sync::bar_sync_named::<2, 256>();
+                give(send);
+                take(recv);
                 sum += smem::ld_shared_f32(slot(2)) + smem::ld_shared_f32(slot(3));
             } else {
-                sync::bar_sync_named::<1, 256>();
+                take(send);
                 let (a, b) = (smem::ld_shared_f32(slot(0)), smem::ld_shared_f32(slot(1)));
                 sum += a + b;
                 smem::st_shared_f32_if(slot(2), a + b, writer);
                 smem::st_shared_f32_if(slot(3), 2.0 * a, writer);
-                sync::bar_arrive_named::<2, 256>();
+                give(recv);
             }
         }
         smem::st_shared_f32_if(slot(4 + wg), sum, writer);

@@ -706,7 +706,9 @@ pub mod primitives {
     /// each warpgroup writes its running sum to its own slot, `bar.sync 0`, and reads the
     /// other's. `out[tid] = [own sum, other's sum]`. With `bulk_prologue != 0` the kernel
     /// first waits on an `mbarrier` for one 16-byte `cp.async.bulk` from `src`, as the
-    /// decode does before its loop.
+    /// decode does before its loop. `sync_mode` 1 replaces each `bar.arrive` with a
+    /// `bar.sync` on the same named barrier, 2 every named barrier with `bar.sync 0`: the
+    /// controls that tell which barrier forms racecheck orders accesses by.
     pub const EXCHANGE: &str = "mla_prim_exchange";
 
     /// Params of `mla_prim_exchange`: grid `(1)`, block 256, `EXCHANGE_SMEM_BYTES`.
@@ -719,6 +721,9 @@ pub mod primitives {
         pub out: DevPtr<f32>,
         pub rounds: u32,
         pub bulk_prologue: u32,
+        /// 0: `bar.arrive` / `bar.sync` on named barriers (the decode's protocol); 1:
+        /// `bar.sync` on both sides; 2: `bar.sync 0` everywhere.
+        pub sync_mode: u32,
     }
 
     /// The mbarrier and the 16 copied bytes (128), then six 64-row f32 slots.
