@@ -14,7 +14,7 @@ mod common;
 use mla::harness::{self, CaseSpec, DeviceCase, HostCase, Splits, Values};
 use mla::rng::SplitMix64;
 use mla::tactic::Tile;
-use mla::{DecodeDtypes, MlaError, abi::MAX_SPLITS};
+use mla::{DecodeDtypes, DecodeWorkspace, MlaError, abi::MAX_SPLITS};
 
 const PAGE_SIZES: [usize; 5] = [1, 16, 64, 128, 256];
 const HEADS: [usize; 7] = [1, 3, 16, 32, 64, 100, 128];
@@ -277,6 +277,79 @@ fn padded_cache_strides() {
         seed,
         Some((64, 64)),
     );
+    report(test, seed, runs, &failures);
+}
+
+/// The same inputs decoded many times give the same bits: every kernel reduces in a fixed
+/// order, so a run-to-run difference can only come from a race. Aimed at the kernels whose
+/// warps hand values over through shared memory (the TMA decode's two warpgroups, the ring
+/// and fp8 16-row decodes), where racecheck's reports are not taken at face value
+/// (docs/PERF.md v12). `MLA_GPU_REPEATS` runs per case (default 300), outputs poisoned
+/// before each; the first run of each is checked against the oracle.
+#[test]
+fn repeated_runs_are_bitwise_identical() {
+    let test = "repeat";
+    let seed = common::seed(test);
+    let Some((rt, stream)) = common::gpu(test) else {
+        return;
+    };
+    let reps = std::env::var("MLA_GPU_REPEATS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(300)
+        .max(2);
+    let sms = rt.device().sm_count as usize;
+    let specs = [
+        // The TMA decode at page 16 with a partial last block (racecheck's case), and at
+        // page 64 over many pairs; the ring and fp8 16-row decodes at H = 16.
+        CaseSpec::new(DecodeDtypes::Bf16, 16, 32, 2, vec![197, 197, 197]),
+        CaseSpec::new(DecodeDtypes::Bf16, 64, 128, 1, vec![1031, 4096, 77]),
+        CaseSpec::new(DecodeDtypes::Bf16, 64, 16, 1, vec![2049, 300]),
+        CaseSpec::new(DecodeDtypes::Fp8KvBf16Q, 64, 16, 2, vec![2049, 300]),
+    ];
+    let prepared = common::prepare(&specs, seed);
+    let (mut runs, mut failures) = (0usize, Vec::new());
+    for (h, refs) in &prepared {
+        let mut d = DeviceCase::upload(&stream, h).expect("upload");
+        let mut ws = harness::workspace_for(&stream, h).expect("workspace");
+        let tiles = Tile::ALL
+            .into_iter()
+            .filter(|&t| t.check(rt.backend(), h.spec.dtypes).is_ok() && tile_wanted(t));
+        for (tile, sp) in tiles.flat_map(|t| [(t, Splits::Fixed(1)), (t, Splits::Fixed(3))]) {
+            let counts = sp.counts(&h.spec.lens, h.spec.s_q * h.spec.heads, sms);
+            let name = format!(
+                "{} P={} H={} S_q={} lens={:?} splits={sp:?} tile={tile}",
+                h.spec.dtypes.name(),
+                h.spec.page_size,
+                h.spec.heads,
+                h.spec.s_q,
+                h.spec.lens
+            );
+            let run = |d: &mut DeviceCase, ws: &mut DecodeWorkspace| {
+                harness::run_decode_tiled(&rt, &stream, h, d, ws, &counts, tile).expect("decode")
+            };
+            let first = run(&mut d, &mut ws);
+            let chk = harness::check(&first, refs);
+            if !chk.ok() {
+                failures.push(format!("{name}: out {} | lse {}", chk.out, chk.lse));
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let want = (bits(&first.0), bits(&first.1));
+            let differing = (1..reps)
+                .filter(|_| {
+                    let got = run(&mut d, &mut ws);
+                    (bits(&got.0), bits(&got.1)) != want
+                })
+                .count();
+            runs += reps;
+            if differing > 0 {
+                failures.push(format!(
+                    "{name}: {differing} of {reps} runs differ from the first"
+                ));
+            }
+        }
+    }
+    eprintln!("[{test}] {reps} runs per case");
     report(test, seed, runs, &failures);
 }
 
