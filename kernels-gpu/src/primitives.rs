@@ -367,14 +367,28 @@ pub unsafe fn exchange(p: ExchangeParams) {
         let give = |id: u32| match (mode, id) {
             (0, 1) => sync::bar_arrive_named::<1, 256>(),
             (0, _) => sync::bar_arrive_named::<2, 256>(),
-            (1, 1) => sync::bar_sync_named::<1, 256>(),
-            (1, _) => sync::bar_sync_named::<2, 256>(),
+            (1 | 3, 1) => sync::bar_sync_named::<1, 256>(),
+            (1 | 3, _) => sync::bar_sync_named::<2, 256>(),
             _ => sync::bar_sync(),
         };
         let take = |id: u32| match (mode, id) {
-            (0 | 1, 1) => sync::bar_sync_named::<1, 256>(),
-            (0 | 1, _) => sync::bar_sync_named::<2, 256>(),
+            (0 | 1 | 3, 1) => sync::bar_sync_named::<1, 256>(),
+            (0 | 1 | 3, _) => sync::bar_sync_named::<2, 256>(),
             _ => sync::bar_sync(),
+        };
+        // Mode 3: each round also passes a per-warpgroup barrier (128 threads, as the
+        // decode's tail zeroing does) and, after the prologue, polls the completed mbarrier.
+        let extras = || {
+            if mode == 3 {
+                if wg == 0 {
+                    sync::bar_sync_named::<5, 128>();
+                } else {
+                    sync::bar_sync_named::<6, 128>();
+                }
+                if p.bulk_prologue != 0 && !bulk::mbarrier_wait_parity_bounded(bar, 0, 1 << 24) {
+                    arch::trap();
+                }
+            }
         };
         for k in 0..p.rounds {
             if wg == 0 {
@@ -382,6 +396,7 @@ pub unsafe fn exchange(p: ExchangeParams) {
                 smem::st_shared_f32_if(slot(0), a, writer);
                 smem::st_shared_f32_if(slot(1), a + 0.5, writer);
                 give(send);
+                extras();
                 take(recv);
                 sum += smem::ld_shared_f32(slot(2)) + smem::ld_shared_f32(slot(3));
             } else {
@@ -390,6 +405,7 @@ pub unsafe fn exchange(p: ExchangeParams) {
                 sum += a + b;
                 smem::st_shared_f32_if(slot(2), a + b, writer);
                 smem::st_shared_f32_if(slot(3), 2.0 * a, writer);
+                extras();
                 give(recv);
             }
         }

@@ -707,8 +707,10 @@ pub mod primitives {
     /// other's. `out[tid] = [own sum, other's sum]`. With `bulk_prologue != 0` the kernel
     /// first waits on an `mbarrier` for one 16-byte `cp.async.bulk` from `src`, as the
     /// decode does before its loop. `sync_mode` 1 replaces each `bar.arrive` with a
-    /// `bar.sync` on the same named barrier, 2 every named barrier with `bar.sync 0`: the
-    /// controls that tell which barrier forms racecheck orders accesses by.
+    /// `bar.sync` on the same named barrier, 2 every named barrier with `bar.sync 0`, 3 is
+    /// 1 plus a per-warpgroup (128-thread) named barrier and, after the prologue, an
+    /// `mbarrier` poll each round: the controls that tell which barrier forms racecheck
+    /// orders accesses by.
     pub const EXCHANGE: &str = "mla_prim_exchange";
 
     /// Params of `mla_prim_exchange`: grid `(1)`, block 256, `EXCHANGE_SMEM_BYTES`.
@@ -722,7 +724,8 @@ pub mod primitives {
         pub rounds: u32,
         pub bulk_prologue: u32,
         /// 0: `bar.arrive` / `bar.sync` on named barriers (the decode's protocol); 1:
-        /// `bar.sync` on both sides; 2: `bar.sync 0` everywhere.
+        /// `bar.sync` on both sides; 2: `bar.sync 0` everywhere; 3: 1 with the decode's
+        /// other barrier kinds in each round.
         pub sync_mode: u32,
     }
 
