@@ -18,7 +18,9 @@ use mla_abi::{ScheduleParams, names, ref_tile, schedule_tile};
 use crate::autotune::{Autotuner, DeviceKey, ShapeKey};
 use crate::error::{MlaError, Result};
 use crate::gate::{Backend, Geometry, Registry, is_available, is_supported};
-use crate::launch::{DecodeWorkspace, LaunchShape, check_workspace, decode_params, launch};
+use crate::launch::{
+    DecodeGrid, DecodeWorkspace, LaunchShape, check_workspace, decode_params, launch,
+};
 use crate::module::Runtime;
 use crate::plan::{self, ScheduleConfig, WorkspaceCapacity};
 use crate::request::{DecodeDtypes, DecodeRequest, DecodeShape};
@@ -307,11 +309,33 @@ impl DecodePlan {
             block: schedule_tile::THREADS as u32,
             smem: (schedule_tile::WARPS * 8) as u32,
         };
+        // Small batches: every decode CTA runs the schedule's rule itself (SchedFold), so the
+        // decode does not wait out a schedule kernel; larger ones launch it (and so does
+        // every batch with MLA_SCHED_FOLD=0, read once: for tests and A/B measurements).
+        static FOLD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let fold_on = *FOLD.get_or_init(|| std::env::var("MLA_SCHED_FOLD").as_deref() != Ok("0"));
+        let fold = if fold_on && shape.batch <= mla_abi::SCHED_FOLD_MAX_BATCH {
+            mla_abi::SchedFold {
+                tiles: p.tiles.max(1),
+                target_ctas: p.target_ctas,
+                max_len: p.max_len,
+                _pad: 0,
+            }
+        } else {
+            mla_abi::SchedFold::default()
+        };
         // SAFETY: seq_lens and num_splits hold `batch` entries (validated / capacity); the
-        // decode then reads split counts in 1..=grid_splits, which the schedule writes.
+        // decode then reads split counts in 1..=grid_splits, which the schedule writes (or
+        // computes them by the same rule, folded).
         unsafe {
-            launch(rt, names::SCHEDULE, grid, stream, &p)?;
-            rt.launch_decode(req, &shape, &self.ws, grid_splits, self.tactic.tile, stream)?;
+            if fold.tiles == 0 {
+                launch(rt, names::SCHEDULE, grid, stream, &p)?;
+            }
+            let grid = DecodeGrid {
+                splits: grid_splits,
+                fold,
+            };
+            rt.launch_decode(req, &shape, &self.ws, grid, self.tactic.tile, stream)?;
         }
         Ok(shape)
     }

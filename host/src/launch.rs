@@ -175,6 +175,16 @@ fn addr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
     p
 }
 
+/// The split extent of a decode launch and whether the decode computes the split counts
+/// itself ([`Runtime::launch_decode`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DecodeGrid {
+    /// The largest split count any sequence may get (the grid's z extent).
+    pub(crate) splits: usize,
+    /// The folded schedule (`tiles == 0`: off; `num_splits` holds the counts).
+    pub(crate) fold: mla_abi::SchedFold,
+}
+
 /// Grid, block and dynamic shared memory of one launch.
 pub(crate) struct LaunchShape {
     pub(crate) grid: (u32, u32, u32),
@@ -346,6 +356,7 @@ pub(crate) fn decode_params(
         output_scale: s.output_scale,
         max_pages: shape.max_pages as u32,
         kv_tmap: DevPtr::from_addr(0),
+        fold: mla_abi::SchedFold::default(),
     }
 }
 
@@ -427,7 +438,10 @@ impl Runtime {
                 req,
                 &shape,
                 ws,
-                ws.grid_splits.max(1),
+                DecodeGrid {
+                    splits: ws.grid_splits.max(1),
+                    fold: mla_abi::SchedFold::default(),
+                },
                 tile,
                 stream.cu_stream(),
             )?
@@ -435,22 +449,25 @@ impl Runtime {
         Ok(shape)
     }
 
-    /// The decode kernel (grid x = `grid_splits`) and, when `grid_splits > 1`, the combine.
+    /// The decode kernel (grid z = `grid.splits`) and, when `grid.splits > 1`, the combine.
     ///
     /// # Safety
     /// `req` passed [`validate_decode`] giving `shape`, the workspace holds `shape`, and its
-    /// `num_splits[0..batch]` will hold values in `1..=grid_splits` when the kernel runs.
+    /// `num_splits[0..batch]` will hold values in `1..=grid.splits` when the kernel runs
+    /// (or, with `grid.fold` on, the decode computes them).
     pub(crate) unsafe fn launch_decode(
         &self,
         req: &DecodeRequest,
         shape: &DecodeShape,
         ws: &DecodeWorkspace,
-        grid_splits: usize,
+        grid: DecodeGrid,
         tile: Tile,
         stream: CUstream,
     ) -> Result<()> {
+        let grid_splits = grid.splits;
         let rows = shape.rows();
         let mut p = decode_params(req, shape, ws);
+        p.fold = grid.fold;
         let mut kernel = tile.decode_kernel(shape.dtypes);
         let mut smem = tile.smem_bytes();
         if kernel == names::DECODE_WG_BF16 && use_tma(req, shape, grid_splits) {

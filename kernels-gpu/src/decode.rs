@@ -513,15 +513,36 @@ pub(crate) struct CtaWork {
 /// past the sequence's count.
 #[inline(always)]
 pub(crate) fn cta_work(p: &DecodeParams, split: u32, b: u32) -> Option<CtaWork> {
+    // The folded schedule (the warp sums over the whole batch) runs before the range check,
+    // in converged code: every lane of every warp takes part.
+    let batch_blocks = if p.fold.tiles != 0 {
+        // SAFETY: converged warps; i < batch entries of seq_lens.
+        Some(unsafe { warp_batch_blocks(p) })
+    } else {
+        None
+    };
     if b >= p.batch {
         return None;
     }
     // SAFETY: b < batch entries of seq_lens and num_splits.
-    let (len_raw, nsplit_raw) = unsafe {
-        (
-            *p.seq_lens.ptr().add(b as usize),
-            *p.num_splits.ptr().add(b as usize),
-        )
+    let len_raw = unsafe { *p.seq_lens.ptr().add(b as usize) };
+    let nsplit_raw = match batch_blocks {
+        Some(total) => {
+            let s = mla_abi::schedule_splits(
+                fold_blocks(p, len_raw),
+                total * p.fold.tiles as u64,
+                p.fold.target_ctas as u64,
+                p.max_splits as u64,
+            ) as i32;
+            if split == 0 && arch::block_idx_x() == 0 && arch::thread_idx_x() == 0 {
+                // SAFETY: b < batch entries; one writer per sequence, read by the combine
+                // after this grid completes.
+                unsafe { *p.num_splits.ptr().add(b as usize) = s };
+            }
+            s
+        }
+        // SAFETY: as above.
+        None => unsafe { *p.num_splits.ptr().add(b as usize) },
     };
     if nsplit_raw <= 0 {
         return None;
@@ -538,6 +559,36 @@ pub(crate) fn cta_work(p: &DecodeParams, split: u32, b: u32) -> Option<CtaWork> 
         kb0,
         kb1,
     })
+}
+
+/// KV blocks of one sequence under the folded schedule's length clamp.
+#[inline(always)]
+fn fold_blocks(p: &DecodeParams, len: i32) -> u64 {
+    mla_abi::clamp_len(len, p.fold.max_len).div_ceil(BLOCK_N) as u64
+}
+
+/// The batch's KV blocks (the folded schedule's total before the row tiles), summed by
+/// each warp over all of `seq_lens`: every lane returns the total.
+///
+/// # Safety
+/// All 32 lanes of the warp call it together.
+#[inline(always)]
+unsafe fn warp_batch_blocks(p: &DecodeParams) -> u64 {
+    let lane = arch::thread_idx_x() % 32;
+    let mut sum = 0u64;
+    let mut i = lane;
+    while i < p.batch {
+        // SAFETY: i < batch entries of seq_lens.
+        sum += fold_blocks(p, unsafe { *p.seq_lens.ptr().add(i as usize) });
+        i += 32;
+    }
+    let mut off = 16;
+    while off > 0 {
+        // SAFETY: forwarded from the caller.
+        sum += unsafe { sync::shfl_xor_u64(sum, off) };
+        off /= 2;
+    }
+    sum
 }
 
 /// The decode kernel body.

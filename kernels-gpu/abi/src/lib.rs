@@ -473,7 +473,30 @@ pub struct DecodeParams {
     /// The cache's TMA tensor map (128 bytes, 64-byte aligned, in global memory; see
     /// `decode_tile::TMA_*`): read only by `names::DECODE_TMA_BF16`, null for the others.
     pub kv_tmap: DevPtr<u8>,
+    /// The split schedule folded into the decode ([`SchedFold`]); `tiles == 0`: off, the
+    /// split counts are read from `num_splits`.
+    pub fold: SchedFold,
 }
+
+/// The schedule kernel's rule run by every decode CTA instead (batches up to
+/// [`SCHED_FOLD_MAX_BATCH`]): each warp sums the batch's KV blocks from `seq_lens` (lengths
+/// clamped to `max_len`), the CTA takes its sequence's count from [`schedule_splits`] with
+/// `tiles`, `target_ctas` and the params' `max_splits`, and the CTA of row tile 0, split 0
+/// writes it to `num_splits[b]` for the combine. Saves the schedule kernel's launch, which a
+/// dependent decode waits out in full.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SchedFold {
+    /// Row tiles per sequence; 0: no fold.
+    pub tiles: u32,
+    pub target_ctas: u32,
+    pub max_len: u32,
+    pub _pad: u32,
+}
+
+/// Largest batch whose decode folds the schedule in: every warp of every CTA reads all of
+/// `seq_lens` (`batch / 32` loads per lane).
+pub const SCHED_FOLD_MAX_BATCH: usize = 512;
 
 /// Params of `mla_store_tmap`: one CTA of one thread copies `words` (a tensor map encoded
 /// on the host) to `dst`, in stream order, so a captured graph replays the store with the
@@ -752,7 +775,7 @@ pub mod primitives {
 
 const _: () = assert!(core::mem::size_of::<DevPtr<u8>>() == 8);
 const _: () = assert!(core::mem::size_of::<ScheduleParams>() == 2 * 8 + 6 * 4);
-const _: () = assert!(core::mem::size_of::<DecodeParams>() == 10 * 8 + 8 * 8 + 12 * 4);
+const _: () = assert!(core::mem::size_of::<DecodeParams>() == 10 * 8 + 8 * 8 + 16 * 4);
 const _: () = assert!(core::mem::size_of::<TmapStoreParams>() == 8 + 128);
 const _: () = assert!(core::mem::size_of::<CombineParams>() == 5 * 8 + 3 * 8 + 6 * 4);
 const _: () = assert!(core::mem::size_of::<AppendParams>() == 4 * 8 + 4 * 8 + 8 * 4);
