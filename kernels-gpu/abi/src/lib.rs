@@ -494,9 +494,11 @@ pub struct SchedFold {
     pub _pad: u32,
 }
 
-/// Largest batch whose decode folds the schedule in: every warp of every CTA reads all of
-/// `seq_lens` (`batch / 32` loads per lane).
-pub const SCHED_FOLD_MAX_BATCH: usize = 512;
+/// Largest batch whose decode folds the schedule in (every warp of every CTA reads all of
+/// `seq_lens`). H200, peers' harness, two repeats each (docs/PERF.md v12): B=1 2-5% faster
+/// on every shape and dtype, B=8 within 2% either way, B=64/128 up to 3% slower (the fp8
+/// `wgmma` decode at H=128), so the fold stops at 8.
+pub const SCHED_FOLD_MAX_BATCH: usize = 8;
 
 /// Params of `mla_store_tmap`: one CTA of one thread copies `words` (a tensor map encoded
 /// on the host) to `dst`, in stream order, so a captured graph replays the store with the
