@@ -495,7 +495,7 @@ pub struct SchedFold {
 }
 
 /// Largest batch whose decode folds the schedule in (every warp of every CTA reads all of
-/// `seq_lens`). H200, peers' harness, two repeats each (docs/PERF.md v12): B=1 2-5% faster
+/// `seq_lens`). H200, peers' harness, two repeats each (docs/PERF.md v12): B=1 1-6% faster
 /// on every shape and dtype, B=8 within 2% either way, B=64/128 up to 3% slower (the fp8
 /// `wgmma` decode at H=128), so the fold stops at 8.
 pub const SCHED_FOLD_MAX_BATCH: usize = 8;
