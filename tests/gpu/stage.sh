@@ -23,21 +23,7 @@ cargo build --release --lib --bin mla
 cp target/release/mla stage/bin/mla
 cp target/release/libmla.so stage/lib/libmla.so
 cargo test --release --no-run --message-format=json 2>/dev/null \
-  | python3 -c '
-import json, sys, shutil, os
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    exe = m.get("executable")
-    # ptx_check is a CPU test (ptxas over the images); CI runs it.
-    if m.get("reason") == "compiler-artifact" and exe and m["target"]["kind"] == ["test"] \
-            and m["target"]["name"] != "ptx_check":
-        dst = "stage/bin/test-" + m["target"]["name"]
-        shutil.copy(exe, dst)
-        print("staged", dst)
-'
+  | python3 tests/gpu/copy_test_bins.py stage/bin
 if [[ $with_swfp8 == 1 ]]; then
   CARGO_TARGET_DIR=target/swfp8 MLA_HW_FP8=0 cargo build --release --bin mla
   cp target/swfp8/release/mla stage/bin/mla-swfp8

@@ -30,19 +30,8 @@ cp "$out_dir/mla_sm_90a.cubin" "stage/variants/$name.cubin"
 if [[ $host == 1 ]]; then
   mkdir -p "stage/variants/$name/lib" "stage/variants/$name/bin"
   cp "$CARGO_TARGET_DIR/release/libmla.so" "stage/variants/$name/lib/"
-  (cd "$wt" && cargo test --release --no-run --message-format=json 2>/dev/null) | python3 -c '
-import json, sys, shutil
-dst = sys.argv[1]
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    exe = m.get("executable")
-    if m.get("reason") == "compiler-artifact" and exe and m["target"]["kind"] == ["test"] \
-            and m["target"]["name"] != "ptx_check":
-        shutil.copy(exe, dst + "/test-" + m["target"]["name"])
-' "stage/variants/$name/bin"
+  (cd "$wt" && cargo test --release --no-run --message-format=json 2>/dev/null) \
+    | python3 tests/gpu/copy_test_bins.py "stage/variants/$name/bin"
   strip "stage/variants/$name"/bin/* "stage/variants/$name"/lib/* 2>/dev/null || true
   tar czf "stage/variants/$name/bin.tgz" -C "stage/variants/$name" bin && rm -rf "stage/variants/$name/bin"
 fi
