@@ -394,14 +394,15 @@ fn exchange_protocol_passes_every_value() {
         return;
     };
     let mut rng = SplitMix64::new(seed);
-    // MLA_PRIM_SYNC_MODE=1, 2 or 3: the exchange with bar.sync pairs, CTA barriers, or
-    // bar.sync pairs plus per-warpgroup barriers and mbarrier polls (the racecheck
-    // controls); default 0, the decode's bar.arrive / bar.sync.
+    // MLA_PRIM_SYNC_MODE=1, 2, 3 or 4: the exchange with bar.sync pairs, CTA barriers,
+    // bar.sync pairs plus per-warpgroup barriers and mbarrier polls, or those plus a tile
+    // handed to a wgmma each round (the racecheck controls); default 0, the decode's
+    // bar.arrive / bar.sync.
     let sync_mode = std::env::var("MLA_PRIM_SYNC_MODE")
         .ok()
         .and_then(|v| v.parse::<u32>().ok())
         .unwrap_or(0)
-        .min(3);
+        .min(4);
     for bulk_prologue in [0u32, 1] {
         let rounds = 1 + (rng.next_u64() % 8) as u32;
         // The copied word starts every thread's sum in the prologue variant.

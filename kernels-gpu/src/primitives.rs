@@ -12,7 +12,8 @@
 use crate::arch::{self, bulk, smem, sync, wgmma};
 use crate::decode_wg::aligned_base;
 use mla_abi::primitives::{
-    BulkCopyParams, ExchangeParams, TmaSlabsParams, WgmmaLayoutParams, WgmmaPrimParams,
+    BulkCopyParams, EXCHANGE_TILE_A, ExchangeParams, TmaSlabsParams, WgmmaLayoutParams,
+    WgmmaPrimParams,
 };
 
 /// Byte offset of element `(r, k)` of a `64 x 16` operand in the no-swizzle K-major layout.
@@ -367,19 +368,56 @@ pub unsafe fn exchange(p: ExchangeParams) {
         let give = |id: u32| match (mode, id) {
             (0, 1) => sync::bar_arrive_named::<1, 256>(),
             (0, _) => sync::bar_arrive_named::<2, 256>(),
-            (1 | 3, 1) => sync::bar_sync_named::<1, 256>(),
-            (1 | 3, _) => sync::bar_sync_named::<2, 256>(),
+            (1 | 3 | 4, 1) => sync::bar_sync_named::<1, 256>(),
+            (1 | 3 | 4, _) => sync::bar_sync_named::<2, 256>(),
             _ => sync::bar_sync(),
         };
         let take = |id: u32| match (mode, id) {
-            (0 | 1 | 3, 1) => sync::bar_sync_named::<1, 256>(),
-            (0 | 1 | 3, _) => sync::bar_sync_named::<2, 256>(),
+            (0 | 1 | 3 | 4, 1) => sync::bar_sync_named::<1, 256>(),
+            (0 | 1 | 3 | 4, _) => sync::bar_sync_named::<2, 256>(),
             _ => sync::bar_sync(),
         };
-        // Mode 3: each round also passes a per-warpgroup barrier (128 threads, as the
-        // decode's tail zeroing does) and, after the prologue, polls the completed mbarrier.
+        // Mode 4 (mode 3 plus the decode's async-proxy traffic): the sending warpgroup
+        // rewrites tile A (zeros, generic stores) and fences it to the async proxy before
+        // its handoff; the receiving one runs a `wgmma` over tiles A and B after it (and
+        // waits for it before its own handoff back), as the decode's P tiles go from one
+        // warpgroup's stores to the other's `wgmma`.
+        let (tile_a, tile_b) = (base + EXCHANGE_TILE_A, base + EXCHANGE_TILE_A + 2048);
+        let store_tile = || {
+            if mode == 4 {
+                let mut i = t;
+                while i < 512 {
+                    smem::st_shared_u32(tile_a + 4 * i, 0);
+                    i += 128;
+                }
+                wgmma::fence_proxy_async_shared();
+            }
+        };
+        let run_wgmma = || {
+            let mut d = [0.0f32; 32];
+            if mode == 4 {
+                let da = wgmma::smem_desc(tile_a, 128, 256, wgmma::Swizzle::None);
+                let db = wgmma::smem_desc(tile_b, 128, 256, wgmma::Swizzle::None);
+                wgmma::wgmma_fence();
+                wgmma::wgmma_m64n64k16_bf16(&mut d, da, db, false);
+                wgmma::wgmma_commit_group();
+                wgmma::wgmma_wait_group::<0>();
+            }
+            // Zero tiles: d is zero; added so the product is used.
+            d[0] + d[31]
+        };
+        if mode == 4 {
+            // Both tiles zero before the first round's `wgmma`.
+            let mut i = tid;
+            while i < 1024 {
+                smem::st_shared_u32(tile_a + 4 * i, 0);
+                i += 256;
+            }
+            wgmma::fence_proxy_async_shared();
+            sync::bar_sync();
+        }
         let extras = || {
-            if mode == 3 {
+            if mode >= 3 {
                 if wg == 0 {
                     sync::bar_sync_named::<5, 128>();
                 } else {
@@ -395,14 +433,15 @@ pub unsafe fn exchange(p: ExchangeParams) {
                 let a = (64 * k + r) as f32;
                 smem::st_shared_f32_if(slot(0), a, writer);
                 smem::st_shared_f32_if(slot(1), a + 0.5, writer);
+                store_tile();
                 give(send);
                 extras();
                 take(recv);
-                sum += smem::ld_shared_f32(slot(2)) + smem::ld_shared_f32(slot(3));
+                sum += smem::ld_shared_f32(slot(2)) + smem::ld_shared_f32(slot(3)) + run_wgmma();
             } else {
                 take(send);
                 let (a, b) = (smem::ld_shared_f32(slot(0)), smem::ld_shared_f32(slot(1)));
-                sum += a + b;
+                sum += a + b + run_wgmma();
                 smem::st_shared_f32_if(slot(2), a + b, writer);
                 smem::st_shared_f32_if(slot(3), 2.0 * a, writer);
                 extras();

@@ -734,8 +734,9 @@ pub mod primitives {
     /// decode does before its loop. `sync_mode` 1 replaces each `bar.arrive` with a
     /// `bar.sync` on the same named barrier, 2 every named barrier with `bar.sync 0`, 3 is
     /// 1 plus a per-warpgroup (128-thread) named barrier and, after the prologue, an
-    /// `mbarrier` poll each round: the controls that tell which barrier forms racecheck
-    /// orders accesses by.
+    /// `mbarrier` poll each round, 4 is 3 plus a tile handed from one warpgroup's generic
+    /// stores (fenced to the async proxy) to the other's `wgmma` each round: the controls
+    /// that tell which barrier forms and proxies racecheck orders accesses by.
     pub const EXCHANGE: &str = "mla_prim_exchange";
 
     /// Params of `mla_prim_exchange`: grid `(1)`, block 256, `EXCHANGE_SMEM_BYTES`.
@@ -750,12 +751,15 @@ pub mod primitives {
         pub bulk_prologue: u32,
         /// 0: `bar.arrive` / `bar.sync` on named barriers (the decode's protocol); 1:
         /// `bar.sync` on both sides; 2: `bar.sync 0` everywhere; 3: 1 with the decode's
-        /// other barrier kinds in each round.
+        /// other barrier kinds in each round; 4: 3 with a `wgmma` over a handed-over tile.
         pub sync_mode: u32,
     }
 
-    /// The mbarrier and the 16 copied bytes (128), then six 64-row f32 slots.
-    pub const EXCHANGE_SMEM_BYTES: usize = 128 + 6 * 256;
+    /// The mbarrier and the 16 copied bytes (128), six 64-row f32 slots, then (at
+    /// `EXCHANGE_TILE_A`) two 2 KB bf16 tiles for sync mode 4's `wgmma`.
+    pub const EXCHANGE_SMEM_BYTES: usize = EXCHANGE_TILE_A as usize + 4096;
+    /// Offset of sync mode 4's `wgmma` operand tiles (A, then B 2 KB on).
+    pub const EXCHANGE_TILE_A: u32 = 2048;
 
     /// Every primitive kernel with the size of its params struct.
     pub const ALL: &[(&str, usize)] = &[
