@@ -8,7 +8,8 @@
 # MLA_BENCH=1 (mla bench), MLA_TIMEOUT_MAX=N (cap every test's timeout at N seconds: for a
 # first run of a changed kernel, so that a hang costs little device time),
 # MLA_BENCH_EXTRA=1 (mla bench --grid extra: page sizes, S_q 1/2/4), MLA_PEERS=1 (the peers'
-# harness with our plugins; needs `stage.sh --peers`).
+# harness with our plugins; needs `stage.sh --peers`), MLA_NSYS="SHAPE" (an Nsight Systems
+# GPU trace of the serving path on one `mla bench` shape).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 logs=stage/logs
@@ -129,6 +130,24 @@ if [[ -n "${MLA_NCU:-}" ]]; then
       rm -f "$logs/ncu-$i.ncu-rep"
     fi
   done
+  save
+fi
+# MLA_NSYS="bf16 wg64n64 B64 L4096 H128 S1": Nsight Systems over `mla bench` on that
+# shape through the serving path (MLA_BENCH_PLAN=1: schedule or fold, map store, decode,
+# combine), the per-kernel GPU trace (start, duration, gaps) as nsys-trace.csv: where the
+# plan path's time over the decode goes. Needs nsys on the GPU machine.
+if [[ -n "${MLA_NSYS:-}" ]]; then
+  nsys_bin=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+  if [[ -n "$nsys_bin" ]]; then
+    MLA_BENCH_PLAN=1 MLA_BENCH_FILTER="$MLA_NSYS" timeout 150 "$nsys_bin" profile --trace=cuda --force-overwrite=true \
+      -o "$logs/nsys" stage/bin/mla bench >"$logs/nsys.log" 2>&1
+    rc=$?
+    "$nsys_bin" stats --report cuda_gpu_trace --format csv --output "$logs/nsys-trace" "$logs/nsys.nsys-rep" >>"$logs/nsys.log" 2>&1
+    rm -f "$logs/nsys.nsys-rep" "$logs/nsys.sqlite"
+    summary+=("$(printf '%-11s rc=%-3d  %s' nsys "$rc" "$MLA_NSYS (nsys-trace*.csv)")")
+  else
+    summary+=("$(printf '%-11s rc=%-3d  %s' nsys 127 "no nsys on this machine")")
+  fi
   save
 fi
 if [[ "${MLA_PEERS:-0}" == 1 && -d stage/peers ]]; then
