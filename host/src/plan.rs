@@ -74,7 +74,7 @@ pub fn schedule(seq_lens: &[i32], cfg: &ScheduleConfig) -> Vec<i32> {
     let max_len = cfg.max_len.min(u32::MAX as usize) as u32;
     let blocks: Vec<u64> = seq_lens
         .iter()
-        .map(|&l| mla_abi::clamp_len(l, max_len).div_ceil(BLOCK_N as u32) as u64)
+        .map(|&l| mla_abi::schedule_blocks(l, max_len))
         .collect();
     let total = blocks.iter().sum::<u64>() * cfg.tiles.max(1) as u64;
     blocks

@@ -529,7 +529,7 @@ pub(crate) fn cta_work(p: &DecodeParams, split: u32, b: u32) -> Option<CtaWork> 
     let nsplit_raw = match batch_blocks {
         Some(total) => {
             let s = mla_abi::schedule_splits(
-                fold_blocks(p, len_raw),
+                mla_abi::schedule_blocks(len_raw, p.fold.max_len),
                 total * p.fold.tiles as u64,
                 p.fold.target_ctas as u64,
                 p.max_splits as u64,
@@ -561,12 +561,6 @@ pub(crate) fn cta_work(p: &DecodeParams, split: u32, b: u32) -> Option<CtaWork> 
     })
 }
 
-/// KV blocks of one sequence under the folded schedule's length clamp.
-#[inline(always)]
-fn fold_blocks(p: &DecodeParams, len: i32) -> u64 {
-    mla_abi::clamp_len(len, p.fold.max_len).div_ceil(BLOCK_N) as u64
-}
-
 /// The batch's KV blocks (the folded schedule's total before the row tiles), summed by
 /// each warp over all of `seq_lens`: every lane returns the total.
 ///
@@ -579,16 +573,12 @@ unsafe fn warp_batch_blocks(p: &DecodeParams) -> u64 {
     let mut i = lane;
     while i < p.batch {
         // SAFETY: i < batch entries of seq_lens.
-        sum += fold_blocks(p, unsafe { *p.seq_lens.ptr().add(i as usize) });
+        sum +=
+            mla_abi::schedule_blocks(unsafe { *p.seq_lens.ptr().add(i as usize) }, p.fold.max_len);
         i += 32;
     }
-    let mut off = 16;
-    while off > 0 {
-        // SAFETY: forwarded from the caller.
-        sum += unsafe { sync::shfl_xor_u64(sum, off) };
-        off /= 2;
-    }
-    sum
+    // SAFETY: forwarded from the caller.
+    unsafe { sync::warp_sum_u64(sum) }
 }
 
 /// The decode kernel body.

@@ -9,15 +9,13 @@
 //!   agree bit for bit.
 
 use crate::arch::{self, smem, sync};
-use mla_abi::{ScheduleParams, decode_tile, schedule_splits, schedule_tile};
-
-const BLOCK_N: u32 = decode_tile::BLOCK_N as u32;
+use mla_abi::{ScheduleParams, schedule_splits, schedule_tile};
 
 #[inline(always)]
 fn blocks_of(p: &ScheduleParams, b: u32) -> u64 {
     // SAFETY: b < batch entries of seq_lens (the caller's loop bound).
     let len = unsafe { *p.seq_lens.ptr().add(b as usize) };
-    mla_abi::clamp_len(len, p.max_len).div_ceil(BLOCK_N) as u64
+    mla_abi::schedule_blocks(len, p.max_len)
 }
 
 /// # Safety
@@ -39,11 +37,7 @@ pub unsafe fn schedule(p: ScheduleParams) {
     // SAFETY: all 32 lanes of every warp run these shuffles; the barriers are reached by
     // every thread; smem slots 0..32 (u64) are inside the dynamic buffer.
     let total = unsafe {
-        let mut off = 16;
-        while off > 0 {
-            sum += sync::shfl_xor_u64(sum, off);
-            off /= 2;
-        }
+        sum = sync::warp_sum_u64(sum);
         let base = smem::smem_base();
         if lane == 0 {
             smem::st_shared_u64(base + warp * 8, sum);

@@ -236,6 +236,13 @@ pub const fn clamp_len(len: i32, cap: u32) -> u32 {
     if l < cap { l } else { cap }
 }
 
+/// KV blocks (`decode_tile::BLOCK_N` tokens) of a sequence of length `len` under the
+/// schedule's clamp to `max_len`: the unit [`schedule_splits`] counts in, for the schedule
+/// kernel, the decode's folded schedule and the host twin alike.
+pub const fn schedule_blocks(len: i32, max_len: u32) -> u64 {
+    clamp_len(len, max_len).div_ceil(decode_tile::BLOCK_N as u32) as u64
+}
+
 /// Launch shape of the split-KV combine kernel.
 pub mod combine_tile {
     /// One CTA per query row; each thread owns `D_V / THREADS` output dims.

@@ -99,6 +99,22 @@ pub unsafe fn shfl_xor_u64(v: u64, xor_mask: u32) -> u64 {
     ((hi as u64) << 32) | lo as u64
 }
 
+/// The sum of `v` over the warp's 32 lanes, in every lane (butterfly of
+/// [`shfl_xor_u64`]).
+///
+/// # Safety
+/// All 32 lanes of the warp must execute it together.
+#[inline(always)]
+pub unsafe fn warp_sum_u64(mut v: u64) -> u64 {
+    let mut off = 16;
+    while off > 0 {
+        // SAFETY: forwarded from the caller.
+        v += unsafe { shfl_xor_u64(v, off) };
+        off /= 2;
+    }
+    v
+}
+
 /// `ex2.approx.ftz.f32`: 2^x (`-inf` gives 0).
 #[inline(always)]
 pub fn ex2(x: f32) -> f32 {
