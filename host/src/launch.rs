@@ -185,6 +185,17 @@ pub(crate) struct DecodeGrid {
     pub(crate) fold: mla_abi::SchedFold,
 }
 
+/// The combine's grid over `rows` query rows of `batch` sequences: `kernel`'s rows per CTA
+/// ([`names::combine_rows_per_cta`]), a whole `combine_tile::THREADS` block per row.
+fn combine_launch_shape(kernel: &'static str, rows: usize, batch: usize) -> LaunchShape {
+    let per_cta = names::combine_rows_per_cta(kernel);
+    LaunchShape {
+        grid: ((rows as u32).div_ceil(per_cta), batch as u32, 1),
+        block: combine_tile::THREADS as u32 * per_cta,
+        smem: 0,
+    }
+}
+
 /// Grid, block and dynamic shared memory of one launch.
 pub(crate) struct LaunchShape {
     pub(crate) grid: (u32, u32, u32),
@@ -514,12 +525,7 @@ impl Runtime {
                 shape.batch * rows,
                 self.device().sm_count,
             );
-            let per_cta = names::combine_rows_per_cta(kernel);
-            let grid = LaunchShape {
-                grid: ((rows as u32).div_ceil(per_cta), shape.batch as u32, 1),
-                block: combine_tile::THREADS as u32 * per_cta,
-                smem: 0,
-            };
+            let grid = combine_launch_shape(kernel, rows, shape.batch);
             // SAFETY: the combine reads what the decode wrote, in stream order.
             unsafe { launch_dependent(self, kernel, grid, stream, &c)? };
         }
@@ -659,15 +665,7 @@ impl Runtime {
             launch(
                 self,
                 kernel,
-                LaunchShape {
-                    grid: (
-                        (rows as u32).div_ceil(names::combine_rows_per_cta(kernel)),
-                        batch as u32,
-                        1,
-                    ),
-                    block: combine_tile::THREADS as u32 * names::combine_rows_per_cta(kernel),
-                    smem: 0,
-                },
+                combine_launch_shape(kernel, rows, batch),
                 stream.cu_stream(),
                 &c,
             )
