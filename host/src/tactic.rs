@@ -279,14 +279,9 @@ impl Tactic {
     /// the shape's default tile first (so `candidates_for(rows)[0] == default_for(rows)`);
     /// the 16-row tile joins for `rows <= 32` (two row tiles at most).
     pub fn candidates_for(rows: usize) -> Vec<Tactic> {
-        let first = Tile::default_for(rows);
-        let mut tiles = vec![first];
-        for t in [Tile::M64N64, Tile::M16N64] {
-            if t != first && (t == Tile::M64N64 || rows <= 2 * decode_tile::BLOCK_M_SMALL) {
-                tiles.push(t);
-            }
-        }
-        Self::candidates_with(&tiles, rows)
+        // The portable backend has no `wgmma` tile and its default tile is `default_for`'s:
+        // `candidates_on`'s list without the sm_90a entries.
+        Self::candidates_on(rows, Backend::Portable, DecodeDtypes::Bf16)
     }
 
     /// Per tile: waves {1, 2} x max_splits {the shape's default cap, 16}, then no split.
