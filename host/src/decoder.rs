@@ -19,7 +19,7 @@ use crate::autotune::{Autotuner, DeviceKey, ShapeKey};
 use crate::error::{MlaError, Result};
 use crate::gate::{Backend, Geometry, Registry, is_available, is_supported};
 use crate::launch::{
-    DecodeGrid, DecodeWorkspace, LaunchShape, check_workspace, decode_params, launch,
+    DecodeGrid, DecodeWorkspace, LaunchShape, check_workspace, decode_params, launch, switch_on,
 };
 use crate::module::Runtime;
 use crate::plan::{self, ScheduleConfig, WorkspaceCapacity};
@@ -313,17 +313,17 @@ impl DecodePlan {
         // decode does not wait out a schedule kernel; larger ones launch it (and so does
         // every batch with MLA_SCHED_FOLD=0, read once: for tests and A/B measurements).
         static FOLD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let fold_on = *FOLD.get_or_init(|| std::env::var("MLA_SCHED_FOLD").as_deref() != Ok("0"));
-        let fold = if fold_on && shape.batch <= mla_abi::SCHED_FOLD_MAX_BATCH {
-            mla_abi::SchedFold {
-                tiles: p.tiles.max(1),
-                target_ctas: p.target_ctas,
-                max_len: p.max_len,
-                _pad: 0,
-            }
-        } else {
-            mla_abi::SchedFold::default()
-        };
+        let fold =
+            if switch_on(&FOLD, "MLA_SCHED_FOLD") && shape.batch <= mla_abi::SCHED_FOLD_MAX_BATCH {
+                mla_abi::SchedFold {
+                    tiles: p.tiles.max(1),
+                    target_ctas: p.target_ctas,
+                    max_len: p.max_len,
+                    _pad: 0,
+                }
+            } else {
+                mla_abi::SchedFold::default()
+            };
         // SAFETY: seq_lens and num_splits hold `batch` entries (validated / capacity); the
         // decode then reads split counts in 1..=grid_splits, which the schedule writes (or
         // computes them by the same rule, folded).

@@ -219,14 +219,18 @@ pub(crate) unsafe fn launch<P>(
     unsafe { launch_with(rt, kernel, shape, stream, params, false) }
 }
 
+/// An A/B switch: on unless environment variable `var` is `0`, read once into `cell`.
+pub(crate) fn switch_on(cell: &'static std::sync::OnceLock<bool>, var: &str) -> bool {
+    *cell.get_or_init(|| std::env::var(var).as_deref() != Ok("0"))
+}
+
 /// Whether the decode path launches with programmatic dependent launch: the image's
 /// decode, combine and map-store kernels start with `griddepcontrol.wait` (sm_90a and
 /// sm_100a images; not the portable sm_80 one), and `MLA_PDL` is not `0` (read once; `0`
 /// launches them plainly, for A/B).
 fn pdl_enabled(rt: &Runtime) -> bool {
     static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    rt.variant() != crate::module::Variant::Portable
-        && *ENABLED.get_or_init(|| std::env::var("MLA_PDL").as_deref() != Ok("0"))
+    rt.variant() != crate::module::Variant::Portable && switch_on(&ENABLED, "MLA_PDL")
 }
 
 /// [`launch`] with the programmatic-stream-serialization attribute (where
@@ -317,7 +321,7 @@ unsafe fn launch_with<P>(
 /// `cp.async` decode, for A/B measurements).
 fn use_tma(req: &DecodeRequest, shape: &DecodeShape, grid_splits: usize) -> bool {
     static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ENABLED.get_or_init(|| std::env::var("MLA_WG_TMA").as_deref() != Ok("0"))
+    switch_on(&ENABLED, "MLA_WG_TMA")
         && crate::tmap::tma_pays(shape.max_seq_len(), grid_splits)
         && crate::tmap::tma_unsupported(req, shape).is_none()
 }
