@@ -109,6 +109,27 @@ fn tile_wanted(tile: Tile) -> bool {
         .unwrap_or(true)
 }
 
+/// Every tile this image runs for `h`'s dtypes (the wgmma tile: sm_90a; bf16 Q, bf16 or
+/// fp8 cache) that `MLA_GPU_TILES` keeps.
+fn tiles_for(rt: &mla::Runtime, h: &HostCase) -> Vec<Tile> {
+    Tile::ALL
+        .into_iter()
+        .filter(|&t| t.check(rt.backend(), h.spec.dtypes).is_ok() && tile_wanted(t))
+        .collect()
+}
+
+/// One decode of `h` as failure and trace lines name it.
+fn case_label(h: &HostCase, sp: Splits, tile: Tile) -> String {
+    format!(
+        "{} P={} H={} S_q={} lens={:?} splits={sp:?} tile={tile}",
+        h.spec.dtypes.name(),
+        h.spec.page_size,
+        h.spec.heads,
+        h.spec.s_q,
+        h.spec.lens
+    )
+}
+
 /// Runs `specs` with every split mode of `splits` and returns the failures.
 fn run_cases(test: &str, specs: &[CaseSpec], splits: &[Splits], seed: u64) -> (usize, Vec<String>) {
     run_cases_with(test, specs, splits, seed, None)
@@ -150,26 +171,14 @@ fn run_cases_with(
             }
             .expect("upload");
             let mut ws = harness::workspace_for(&stream, h).expect("workspace");
-            // Every tile this image runs for the dtypes (the wgmma tile: sm_90a; bf16 Q, bf16 or
-            // fp8 cache).
-            let tiles: Vec<Tile> = Tile::ALL
-                .into_iter()
-                .filter(|&t| t.check(rt.backend(), h.spec.dtypes).is_ok() && tile_wanted(t))
-                .collect();
+            let tiles = tiles_for(&rt, h);
             for (&sp, tile) in splits
                 .iter()
                 .flat_map(|sp| tiles.iter().map(move |&t| (sp, t)))
             {
                 let counts = sp.counts(&h.spec.lens, h.spec.s_q * h.spec.heads, sms);
                 if trace {
-                    eprintln!(
-                        "[{test}] run {} P={} H={} S_q={} lens={:?} splits={sp:?} tile={tile}",
-                        h.spec.dtypes.name(),
-                        h.spec.page_size,
-                        h.spec.heads,
-                        h.spec.s_q,
-                        h.spec.lens
-                    );
+                    eprintln!("[{test}] run {}", case_label(h, sp, tile));
                 }
                 let got =
                     harness::run_decode_tiled(&rt, &stream, h, &mut d, &mut ws, &counts, tile)
@@ -178,12 +187,8 @@ fn run_cases_with(
                 runs += 1;
                 if !chk.ok() {
                     failures.push(format!(
-                        "{} P={} H={} S_q={} lens={:?} splits={sp:?} tile={tile}: out {} | lse {}",
-                        h.spec.dtypes.name(),
-                        h.spec.page_size,
-                        h.spec.heads,
-                        h.spec.s_q,
-                        h.spec.lens,
+                        "{}: out {} | lse {}",
+                        case_label(h, sp, tile),
                         chk.out,
                         chk.lse
                     ));
@@ -312,19 +317,13 @@ fn repeated_runs_are_bitwise_identical() {
     for (h, refs) in &prepared {
         let mut d = DeviceCase::upload(&stream, h).expect("upload");
         let mut ws = harness::workspace_for(&stream, h).expect("workspace");
-        let tiles = Tile::ALL
+        let tiles = tiles_for(&rt, h);
+        for (tile, sp) in tiles
             .into_iter()
-            .filter(|&t| t.check(rt.backend(), h.spec.dtypes).is_ok() && tile_wanted(t));
-        for (tile, sp) in tiles.flat_map(|t| [(t, Splits::Fixed(1)), (t, Splits::Fixed(3))]) {
+            .flat_map(|t| [(t, Splits::Fixed(1)), (t, Splits::Fixed(3))])
+        {
             let counts = sp.counts(&h.spec.lens, h.spec.s_q * h.spec.heads, sms);
-            let name = format!(
-                "{} P={} H={} S_q={} lens={:?} splits={sp:?} tile={tile}",
-                h.spec.dtypes.name(),
-                h.spec.page_size,
-                h.spec.heads,
-                h.spec.s_q,
-                h.spec.lens
-            );
+            let name = case_label(h, sp, tile);
             let run = |d: &mut DeviceCase, ws: &mut DecodeWorkspace| {
                 harness::run_decode_tiled(&rt, &stream, h, d, ws, &counts, tile).expect("decode")
             };
