@@ -5,8 +5,9 @@
 //!
 //! By default it launches the decode with host-chosen splits on a grid of exactly those
 //! splits (`Runtime::decode_tiled`). `MLA_BENCH_PLAN=1` times the serving path instead
-//! (`DecodePlan::run`: the schedule kernel, the map store, the decode on the plan's
-//! graph-safe grid, the combine), which is what the peers' harness times through the C
+//! (`DecodePlan::run`: the schedule kernel, or at B <= 8 the schedule folded into the
+//! decode, the map store, the decode on the plan's graph-safe grid, the combine), which is
+//! what the peers' harness times through the C
 //! ABI; the two differed by up to 25% at large batch before the grid went split-major
 //! (docs/PERF.md v10).
 
