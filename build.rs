@@ -124,7 +124,8 @@ fn main() {
             }
             None => compile_kernels(&root, &out, img, &ptx_path),
         }
-        let ptx = fs::read_to_string(&ptx_path).unwrap();
+        let ptx = align_tensor_map_params(fs::read_to_string(&ptx_path).unwrap());
+        fs::write(&ptx_path, &ptx).unwrap();
         check_self_contained(tag, &ptx);
 
         let cubin_path = out.join(format!("mla_{tag}.cubin"));
@@ -252,6 +253,16 @@ fn compile_kernels(root: &Path, out: &Path, img: &Image, ptx_path: &Path) {
     if !status.success() {
         panic!("building kernels-gpu for {cpu} failed (see the compiler output above)");
     }
+}
+
+/// Raises the TMA decode's tensor-map parameter (its entry's second, 128 bytes) from the
+/// `.align 16` rustc emits (its nvptx kernel ABI takes no larger alignment) to the 64
+/// bytes a tensor map needs (`mla_abi::TensorMap`). The kernel only takes the
+/// parameter's address, so the declaration is the one place its alignment lives.
+fn align_tensor_map_params(ptx: String) -> String {
+    let from = ".param .align 16 .b8 mla_decode_tma_bf16_param_1[128]";
+    let to = ".param .align 64 .b8 mla_decode_tma_bf16_param_1[128]";
+    ptx.replace(from, to)
 }
 
 /// The PTX must not call into anything the driver cannot resolve: the only `.extern`

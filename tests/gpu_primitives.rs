@@ -330,11 +330,11 @@ fn bulk_copy_gathers_rows_exactly() {
 /// cache `[num_pages, rows, 576]`: box `{64 dims, rows tokens, 1 page}`, 128-byte swizzle
 /// (so a box lands as one slab's rows), as the 128 bytes the kernel reads.
 fn encode_cache_map(cache: u64, rows: usize, num_pages: usize) -> [u8; 128] {
-    let words = mla::tmap::encode_paged_map(cache, rows, num_pages, 576, rows * 576)
+    let map = mla::tmap::encode_paged_map(cache, rows, num_pages, 576, rows * 576)
         .expect("cuTensorMapEncodeTiled");
     let mut bytes = [0u8; 128];
-    for (i, w) in words.iter().enumerate() {
-        bytes[4 * i..4 * i + 4].copy_from_slice(&w.to_le_bytes());
+    for (i, w) in map.words.iter().enumerate() {
+        bytes[8 * i..8 * i + 8].copy_from_slice(&w.to_le_bytes());
     }
     bytes
 }

@@ -8,7 +8,7 @@ use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, result};
 use mla_abi::{
     AppendParams, CombineParams, DecodeParams, DevPtr, ElemType, GatherParams, MAX_SPLITS,
-    TmapStoreParams, combine_tile, decode_tile, names, paged_tile,
+    combine_tile, decode_tile, names, paged_tile,
 };
 
 use crate::error::{MlaError, Result};
@@ -28,10 +28,11 @@ pub struct DecodeWorkspace {
     _partial_o: CudaSlice<f32>,
     _partial_lse: CudaSlice<f32>,
     _num_splits: CudaSlice<i32>,
-    /// The TMA decode's tensor map (128 bytes; `crate::tmap`).
-    _kv_tmap: CudaSlice<u8>,
-    /// The map last stored there by an eager launch (see `Runtime::store_kv_tmap`).
-    kv_tmap_words: std::sync::Mutex<Option<[u32; 32]>>,
+    /// The checked mode's fault record (`mla_abi::fault`), zero until a checked decode
+    /// meets a fault.
+    _fault: CudaSlice<i32>,
+    /// Decodes on this workspace run in checked mode (they get the fault record).
+    checked: bool,
     /// Device addresses of the three buffers, taken once the allocation completed, so that
     /// launches (also on a caller's raw stream, also under graph capture) need no cudarc call.
     ptrs: WorkspacePtrs,
@@ -68,14 +69,14 @@ impl DecodeWorkspace {
         let ns = stream
             .alloc_zeros(capacity.batch)
             .map_err(|e| alloc_err("workspace num_splits", capacity.batch, e))?;
-        let tm = stream
-            .alloc_zeros::<u8>(128)
-            .map_err(|e| alloc_err("workspace kv_tmap", 128 / 4, e))?;
+        let fault = stream
+            .alloc_zeros::<i32>(mla_abi::fault::WORDS)
+            .map_err(|e| alloc_err("workspace fault record", mla_abi::fault::WORDS, e))?;
         let ptrs = WorkspacePtrs {
             partial_o: addr(&po, stream),
             partial_lse: addr(&pl, stream),
             num_splits: addr(&ns, stream),
-            kv_tmap: addr(&tm, stream),
+            fault: addr(&fault, stream),
         };
         // The addresses are used without cudarc from here on: let the zero-fill land first.
         stream.synchronize()?;
@@ -83,8 +84,8 @@ impl DecodeWorkspace {
             _partial_o: po,
             _partial_lse: pl,
             _num_splits: ns,
-            _kv_tmap: tm,
-            kv_tmap_words: std::sync::Mutex::new(None),
+            _fault: fault,
+            checked: false,
             ptrs,
             capacity,
             grid_splits: 0,
@@ -129,7 +130,7 @@ pub(crate) struct WorkspacePtrs {
     pub(crate) partial_o: u64,
     pub(crate) partial_lse: u64,
     pub(crate) num_splits: u64,
-    pub(crate) kv_tmap: u64,
+    pub(crate) fault: u64,
 }
 
 impl std::fmt::Debug for DecodeWorkspace {
@@ -253,6 +254,22 @@ pub(crate) unsafe fn launch_dependent<P>(
     unsafe { launch_with(rt, kernel, shape, stream, params, pdl_enabled(rt)) }
 }
 
+/// [`launch_dependent`] of a kernel with several parameters: `args` holds a pointer to
+/// each, in the entry's order.
+///
+/// # Safety
+/// As [`launch_dependent`], for every parameter.
+pub(crate) unsafe fn launch_dependent_args(
+    rt: &Runtime,
+    kernel: &'static str,
+    shape: LaunchShape,
+    stream: CUstream,
+    args: &mut [*mut c_void],
+) -> Result<()> {
+    // SAFETY: forwarded from the caller.
+    unsafe { launch_args(rt, kernel, shape, stream, args, pdl_enabled(rt)) }
+}
+
 /// The one launch: `cuLaunchKernel`, or with `pdl` `cuLaunchKernelEx` with the
 /// programmatic-stream-serialization attribute.
 ///
@@ -266,10 +283,34 @@ unsafe fn launch_with<P>(
     params: &P,
     pdl: bool,
 ) -> Result<()> {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        launch_args(
+            rt,
+            kernel,
+            shape,
+            stream,
+            &mut [params as *const P as *mut c_void],
+            pdl,
+        )
+    }
+}
+
+/// [`launch_with`] on a pointer per kernel parameter.
+///
+/// # Safety
+/// As [`launch_with`], for every parameter.
+unsafe fn launch_args(
+    rt: &Runtime,
+    kernel: &'static str,
+    shape: LaunchShape,
+    stream: CUstream,
+    args: &mut [*mut c_void],
+    pdl: bool,
+) -> Result<()> {
     use cudarc::driver::sys;
     let f = rt.function(kernel)?;
     rt.context().bind_to_thread()?;
-    let mut args = [params as *const P as *mut c_void];
     let launched = if pdl {
         // SAFETY: plain C structs; the attribute's union member is the one its id names.
         let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
@@ -308,7 +349,7 @@ unsafe fn launch_with<P>(
                 (shape.block, 1, 1),
                 shape.smem,
                 stream,
-                &mut args,
+                args,
             )
         }
     };
@@ -370,7 +411,7 @@ pub(crate) fn decode_params(
         value_scale,
         output_scale: s.output_scale,
         max_pages: shape.max_pages as u32,
-        kv_tmap: DevPtr::from_addr(0),
+        fault: dev(if ws.checked { w.fault } else { 0 }),
         fold: mla_abi::SchedFold::default(),
     }
 }
@@ -485,11 +526,11 @@ impl Runtime {
         p.fold = grid.fold;
         let mut kernel = tile.decode_kernel(shape.dtypes);
         let mut smem = tile.smem_bytes();
+        // The TMA decode takes the cache's tensor map by value, as its second parameter:
+        // the launch (or the graph node a capture records) holds its own copy.
+        let mut kv_map = None;
         if kernel == names::DECODE_WG_BF16 && use_tma(req, shape, grid_splits) {
-            // SAFETY: the workspace's map buffer holds 128 bytes; stream order puts the
-            // store before the decode.
-            unsafe { self.store_kv_tmap(req, shape, ws, stream)? };
-            p.kv_tmap = dev(ws.ptrs.kv_tmap);
+            kv_map = Some(crate::tmap::encode_kv_map(req, shape)?);
             kernel = names::DECODE_TMA_BF16;
             smem = decode_tile::TMA_SMEM_BYTES;
         }
@@ -505,8 +546,23 @@ impl Runtime {
             block: decode_tile::THREADS as u32,
             smem: smem as u32,
         };
-        // SAFETY: forwarded from the caller.
-        unsafe { launch_dependent(self, kernel, grid, stream, &p)? };
+        // SAFETY: forwarded from the caller; the TMA decode's map describes the request's
+        // validated cache.
+        unsafe {
+            match &kv_map {
+                Some(map) => launch_dependent_args(
+                    self,
+                    kernel,
+                    grid,
+                    stream,
+                    &mut [
+                        &p as *const DecodeParams as *mut c_void,
+                        map as *const mla_abi::TensorMap as *mut c_void,
+                    ],
+                )?,
+                None => launch_dependent(self, kernel, grid, stream, &p)?,
+            }
+        };
         if grid_splits > 1 {
             let c = CombineParams {
                 partial_o: p.partial_o,
@@ -533,54 +589,6 @@ impl Runtime {
             // SAFETY: the combine reads what the decode wrote, in stream order.
             unsafe { launch_dependent(self, kernel, grid, stream, &c)? };
         }
-        Ok(())
-    }
-
-    /// Stores the cache's tensor map into the workspace ahead of the TMA decode: always
-    /// while `stream` is capturing (so every replay of the graph stores the map its decode
-    /// reads), otherwise only when it differs from the one stored last.
-    ///
-    /// # Safety
-    /// `req` passed validation giving `shape`, and takes the TMA decode.
-    unsafe fn store_kv_tmap(
-        &self,
-        req: &DecodeRequest,
-        shape: &DecodeShape,
-        ws: &DecodeWorkspace,
-        stream: CUstream,
-    ) -> Result<()> {
-        let words = crate::tmap::encode_kv_map(req, shape)?;
-        let mut status = cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: a live stream handle; the driver writes the status.
-        unsafe { cudarc::driver::sys::cuStreamIsCapturing(stream, &mut status) }
-            .result()
-            .map_err(|source| MlaError::Launch {
-                kernel: names::STORE_TMAP,
-                source,
-            })?;
-        let capturing =
-            status != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        let mut last = ws
-            .kv_tmap_words
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if !capturing && *last == Some(words) {
-            return Ok(());
-        }
-        let params = TmapStoreParams {
-            dst: dev(ws.ptrs.kv_tmap),
-            words,
-        };
-        let grid = LaunchShape {
-            grid: (1, 1, 1),
-            block: 1,
-            smem: 0,
-        };
-        // SAFETY: dst is the workspace's 128-byte map buffer.
-        unsafe { launch_dependent(self, names::STORE_TMAP, grid, stream, &params)? };
-        // A captured store runs only when the graph does: eager launches after it must not
-        // count on it.
-        *last = if capturing { None } else { Some(words) };
         Ok(())
     }
 

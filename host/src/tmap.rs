@@ -4,14 +4,15 @@
 //! swizzle, so one box lands as the rows of one 64-dim slab (`decode_tile::TMA_*`).
 //! Coordinates outside the view (pages past `num_pages`, negative entries) read as zeros.
 //!
-//! The map is encoded on the host (`cuTensorMapEncodeTiled`, no device work) and stored
-//! into the decode workspace by the `mla_store_tmap` kernel, in stream order; see
-//! [`crate::launch`].
+//! The map is encoded on the host (`cuTensorMapEncodeTiled`, no device work) at each
+//! launch and passed by value as the kernel's second parameter ([`mla_abi::TensorMap`]):
+//! the launch, or the graph node a capture records, holds its own copy, so no launch can
+//! see another cache's map.
 
 use std::ffi::c_void;
 
 use cudarc::driver::sys;
-use mla_abi::{D_QK, ElemType, decode_tile};
+use mla_abi::{D_QK, ElemType, TensorMap, decode_tile};
 
 use crate::error::{MlaError, Result};
 use crate::request::{DecodeDtypes, DecodeRequest, DecodeShape};
@@ -50,8 +51,8 @@ pub fn tma_pays(max_seq_len: usize, grid_splits: usize) -> bool {
         >= 2
 }
 
-/// The map's 128 bytes as 32 words (the store kernel's params).
-pub fn encode_kv_map(req: &DecodeRequest, shape: &DecodeShape) -> Result<[u32; 32]> {
+/// The map of the request's cache (the TMA decode's second parameter).
+pub fn encode_kv_map(req: &DecodeRequest, shape: &DecodeShape) -> Result<TensorMap> {
     let [stride_page, stride_token, _] = req.kv_cache.strides;
     encode_paged_map(
         req.kv_cache.ptr,
@@ -71,7 +72,7 @@ pub fn encode_paged_map(
     num_pages: usize,
     stride_token: usize,
     stride_page: usize,
-) -> Result<[u32; 32]> {
+) -> Result<TensorMap> {
     let elem = 2u64;
     let rows = page_size.min(decode_tile::BLOCK_N) as u32;
     let dims: [u64; 3] = [D_QK as u64, page_size as u64, num_pages as u64];
@@ -106,10 +107,5 @@ pub fn encode_paged_map(
     }
     // SAFETY: encoded above.
     let map = unsafe { map.assume_init() };
-    let mut words = [0u32; 32];
-    for (i, w) in map.opaque.iter().enumerate() {
-        words[2 * i] = *w as u32;
-        words[2 * i + 1] = (*w >> 32) as u32;
-    }
-    Ok(words)
+    Ok(TensorMap { words: map.opaque })
 }

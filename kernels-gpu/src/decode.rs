@@ -553,12 +553,85 @@ pub(crate) fn cta_work(p: &DecodeParams, split: u32, b: u32) -> Option<CtaWork> 
     }
     let len = mla_abi::clamp_len(len_raw, p.max_pages.saturating_mul(p.page_size));
     let (kb0, kb1) = chunk_blocks(len.div_ceil(BLOCK_N), nsplit, split);
+    if !p.fault.is_null() && arch::block_idx_x() == 0 {
+        // SAFETY: b < batch; the tokens are this split's, below the clamped length.
+        unsafe {
+            check_faults(
+                p,
+                b,
+                len_raw,
+                split == 0,
+                kb0 * BLOCK_N,
+                (kb1 * BLOCK_N).min(len),
+            )
+        };
+    }
     Some(CtaWork {
         len,
         nsplit,
         kb0,
         kb1,
     })
+}
+
+/// Checked mode (`p.fault` non-null): the CTA's threads look at the page-table entries of
+/// sequence `b`'s tokens `t0..t1` (the ones this CTA's decode reads) and, with
+/// `check_len`, at its length; the first fault the grid meets claims the record.
+///
+/// # Safety
+/// `p.fault` is the workspace's record, `b < batch`, and `t1 <= max_pages * page_size`.
+#[inline(always)]
+pub(crate) unsafe fn check_faults(
+    p: &DecodeParams,
+    b: u32,
+    len_raw: i32,
+    check_len: bool,
+    t0: u32,
+    t1: u32,
+) {
+    let tid = arch::thread_idx_x();
+    if check_len
+        && tid == 0
+        && len_raw > 0
+        && len_raw as u32 > p.max_pages.saturating_mul(p.page_size)
+    {
+        // SAFETY: forwarded from the caller.
+        unsafe { record_fault(p, mla_abi::fault::SEQ_LEN, b, -1, len_raw) };
+    }
+    if t0 >= t1 {
+        return;
+    }
+    let mut col = (t0 >> p.page_shift) + tid;
+    let end = ((t1 - 1) >> p.page_shift) + 1;
+    while col < end {
+        let slot = b as usize * p.page_table_stride as usize + col as usize;
+        // SAFETY: col < max_pages columns of row b (t1 <= max_pages * page_size).
+        let entry = unsafe { *p.page_table.ptr().add(slot) };
+        if entry < 0 || entry as u32 >= p.num_pages {
+            // SAFETY: forwarded from the caller.
+            unsafe { record_fault(p, mla_abi::fault::PAGE_ID, b, col as i32, entry) };
+        }
+        col += arch::block_dim_x();
+    }
+}
+
+/// Claims the fault record for this fault if no fault holds it yet.
+///
+/// # Safety
+/// `p.fault` is the workspace's record (`mla_abi::fault::WORDS` i32).
+#[inline(always)]
+unsafe fn record_fault(p: &DecodeParams, kind: i32, b: u32, column: i32, value: i32) {
+    use mla_abi::fault;
+    let rec = p.fault.ptr() as *mut i32;
+    // SAFETY: forwarded from the caller; the claiming thread alone writes the other words,
+    // read by the host after the grid completes.
+    unsafe {
+        if arch::atomic_cas_global_i32(rec.add(fault::KIND), fault::NONE, kind) == fault::NONE {
+            *rec.add(fault::SEQUENCE) = b as i32;
+            *rec.add(fault::COLUMN) = column;
+            *rec.add(fault::VALUE) = value;
+        }
+    }
 }
 
 /// The batch's KV blocks (the folded schedule's total before the row tiles), summed by

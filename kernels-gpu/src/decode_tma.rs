@@ -1,7 +1,8 @@
 //! The TMA-fed `wgmma` decode (sm_90a only; `--cfg mla_wgmma`): bf16 Q and a bf16 cache
 //! with pages of at least `decode_tile::TMA_MIN_PAGE` tokens. Same grid, block, params
-//! and outputs as [`crate::decode_wg`] (plus the cache's tensor map, `p.kv_tmap`), so the
-//! host's split schedule, workspace and combine are shared.
+//! and outputs as [`crate::decode_wg`], plus the cache's tensor map as a second kernel
+//! parameter (by value, so every launch, eager or captured, carries the map of its own
+//! cache), so the host's split schedule, workspace and combine are shared.
 //!
 //! - A split's blocks go in pairs: block A (stage 0) belongs to warpgroup 0, block B
 //!   (stage 1) to warpgroup 1. Each computes S for its own block (64 x 64, 36 k-steps)
@@ -114,10 +115,17 @@ unsafe fn read_pages(src: u32) -> [i32; 4] {
 /// One thread; the half's mbarriers initialised with no copy pending on them; nothing
 /// reads a slab until its mbarrier completes.
 #[inline(always)]
-unsafe fn issue_half(p: &DecodeParams, pages: [i32; 4], blk: u32, dst: u32, h: u32, bars: u32) {
+unsafe fn issue_half(
+    p: &DecodeParams,
+    tmap: *const u8,
+    pages: [i32; 4],
+    blk: u32,
+    dst: u32,
+    h: u32,
+    bars: u32,
+) {
     let rows = p.page_size.min(BLOCK_N);
     let row_in_page = (blk * BLOCK_N) & (p.page_size - 1);
-    let tmap = p.kv_tmap.ptr() as *const u8;
     // SAFETY: each box lands inside its slab (rows * (64 / rows) rows of 128 bytes), at a
     // multiple of 1024 bytes (rows >= 8); the map is valid (host).
     unsafe {
@@ -144,9 +152,10 @@ unsafe fn issue_half(p: &DecodeParams, pages: [i32; 4], blk: u32, dst: u32, h: u
 /// # Safety
 /// Launched with the grid and block of [`crate::decode_wg`] and `TMA_SMEM_BYTES` of
 /// dynamic shared memory on params the host validated (bf16 Q and cache, pages of at
-/// least `TMA_MIN_PAGE` tokens, `kv_tmap` the cache's map as `decode_tile` describes).
+/// least `TMA_MIN_PAGE` tokens); `tmap` is the generic address of the cache's map as
+/// `decode_tile` describes it, in the kernel's parameter space.
 #[inline(always)]
-pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
+pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *const u8) {
     let (tile, b, split) = decode::cta_coords();
     let Some(decode::CtaWork {
         len,
@@ -198,17 +207,14 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
         }
         decode::load_q_tile::<K, M64>(&p, b, row0, q_s, slab_off);
         cp_async::cp_async_commit_group();
-        if issuer {
-            bulk::fence_tensormap_acquire(p.kv_tmap.ptr() as *const u8);
-        }
         if tid == 0 {
             // The first pair, both halves (the mbarriers' phase 0).
             let mut blk = kb0;
             while blk < kb1 && blk < kb0 + 2 {
                 let st = blk - kb0;
                 let pages = block_pages(&p, b, blk, len);
-                issue_half(&p, pages, blk, kv_s(st), 0, bars(st));
-                issue_half(&p, pages, blk, kv_s(st), 1, bars(st));
+                issue_half(&p, tmap, pages, blk, kv_s(st), 0, bars(st));
+                issue_half(&p, tmap, pages, blk, kv_s(st), 1, bars(st));
                 blk += 1;
             }
         }
@@ -478,7 +484,15 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
                 wgmma::wgmma_wait_group::<0>();
                 // Slabs 0-3 and 8 of stage 0: last read by the P.V above (and S of A).
                 if issuer && next_a {
-                    issue_half(&p, read_pages(pages_s(0)), blk_a + 2, kv_s(0), 0, bars(0));
+                    issue_half(
+                        &p,
+                        tmap,
+                        read_pages(pages_s(0)),
+                        blk_a + 2,
+                        kv_s(0),
+                        0,
+                        bars(0),
+                    );
                 }
                 rescale(&mut o, scale1);
                 l_run = [l_run[0] * scale1[0], l_run[1] * scale1[1]];
@@ -498,7 +512,15 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
                             wgmma::wgmma_wait_group::<0>();
                         }
                         if issuer && next_b {
-                            issue_half(&p, read_pages(pages_s(1)), blk_b + 2, kv_s(1), 0, bars(1));
+                            issue_half(
+                                &p,
+                                tmap,
+                                read_pages(pages_s(1)),
+                                blk_b + 2,
+                                kv_s(1),
+                                0,
+                                bars(1),
+                            );
                         }
                     }
                 };
@@ -556,12 +578,28 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
                 wgmma::wgmma_wait_group::<1>();
                 // Slabs 4-7 of stage 0: last read by A's P.V above.
                 if issuer && next_a {
-                    issue_half(&p, read_pages(pages_s(0)), blk_a + 2, kv_s(0), 1, bars(0));
+                    issue_half(
+                        &p,
+                        tmap,
+                        read_pages(pages_s(0)),
+                        blk_a + 2,
+                        kv_s(0),
+                        1,
+                        bars(0),
+                    );
                 }
                 wgmma::wgmma_wait_group::<0>();
                 // Slabs 4-7 of stage 1: last read by B's P.V.
                 if issuer && next_b {
-                    issue_half(&p, read_pages(pages_s(1)), blk_b + 2, kv_s(1), 1, bars(1));
+                    issue_half(
+                        &p,
+                        tmap,
+                        read_pages(pages_s(1)),
+                        blk_b + 2,
+                        kv_s(1),
+                        1,
+                        bars(1),
+                    );
                 }
                 if next_b {
                     qk(&mut s, 1, parity ^ 1, &|| {});

@@ -200,32 +200,28 @@ pub unsafe extern "ptx-kernel" fn mla_decode_wg_fp8kv_bf16q(p: DecodeParams) {
     unsafe { decode_wg::decode_wg::<DecodeFp8KvBf16Q>(p) }
 }
 
-/// `mla_decode_tma_bf16`: see [`decode_tma`] (sm_90a image only).
+/// `mla_decode_tma_bf16`: see [`decode_tma`] (sm_90a image only). `tmap` is the cache's
+/// tensor map by value: the copies are issued from the parameter's own address (generic,
+/// through `cvta.param`), as `__grid_constant__` parameters are in CUDA C++, so the map is
+/// never copied to local or global memory.
 #[cfg(mla_wgmma)]
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn mla_decode_tma_bf16(p: DecodeParams) {
+pub unsafe extern "ptx-kernel" fn mla_decode_tma_bf16(p: DecodeParams, _tmap: mla_abi::TensorMap) {
     decode_entry();
-    // SAFETY: launched by the host with the documented grid on validated params (bf16 Q
-    // and cache, pages of at least TMA_MIN_PAGE tokens, the cache's tensor map).
-    unsafe { decode_tma::decode_tma::<DecodeBf16>(p) }
-}
-
-/// `mla_store_tmap`: copies a host-encoded tensor map to global memory (one CTA of one
-/// thread), in stream order before the decode that reads it (sm_90a image only).
-#[cfg(mla_wgmma)]
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn mla_store_tmap(p: mla_abi::TmapStoreParams) {
-    arch::grid_dep_wait();
-    arch::grid_dep_launch_dependents();
-    // One thread, constant indices (a thread-indexed read would copy the params to local
-    // memory).
-    if arch::thread_idx_x() == 0 {
-        unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
-            let w = [p.words[4 * i], p.words[4 * i + 1], p.words[4 * i + 2], p.words[4 * i + 3]];
-            // SAFETY: dst holds 128 bytes, 16-byte aligned (host).
-            unsafe { arch::smem::st_global_v4(p.dst.ptr().add(16 * i), w) };
-        });
+    let tmap: u64;
+    // SAFETY: names this entry's own second parameter (LLVM's `<entry>_param_1`; ptxas
+    // rejects the image if it does not exist) and only takes its address.
+    unsafe {
+        core::arch::asm!(
+            "mov.b64 {a}, mla_decode_tma_bf16_param_1;",
+            "cvta.param.u64 {a}, {a};",
+            a = out(reg64) tmap,
+            options(pure, nomem, nostack),
+        );
     }
+    // SAFETY: launched by the host with the documented grid on validated params (bf16 Q
+    // and cache, pages of at least TMA_MIN_PAGE tokens) and the cache's tensor map.
+    unsafe { decode_tma::decode_tma::<DecodeBf16>(p, tmap as *const u8) }
 }
 
 /// `mla_schedule`: see [`schedule`].

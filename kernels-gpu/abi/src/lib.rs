@@ -195,7 +195,7 @@ pub mod decode_tile {
 
     /// The TMA-fed `wgmma` decode (sm_90a only, `names::DECODE_TMA_BF16`, bf16 caches with
     /// pages of at least `TMA_MIN_PAGE` tokens): the same grid, block and params (plus
-    /// `kv_tmap`). Each warpgroup owns every other block of a split (blocks are taken in
+    /// the cache's `TensorMap`, by value). Each warpgroup owns every other block of a split (blocks are taken in
     /// pairs, one per KV stage). Offsets from the 1024-byte aligned base: Q, two KV stages
     /// filled by `cp.async.bulk.tensor` (box `{64 dims, min(page, 64) tokens, 1 page}`,
     /// 128-byte swizzle: one box per slab and page), the first warpgroup's P (the second's
@@ -331,10 +331,9 @@ pub mod names {
     /// sm_90a image, so they are not in [`ALL`] but in [`SM90A_ONLY`].
     pub const DECODE_WG_BF16: &str = "mla_decode_wg_bf16";
     pub const DECODE_WG_FP8KV_BF16Q: &str = "mla_decode_wg_fp8kv_bf16q";
-    /// The TMA-fed `wgmma` decode (bf16; `decode_tile::TMA_*`) and the tensor-map store
-    /// it needs before it (`TmapStoreParams`).
+    /// The TMA-fed `wgmma` decode (bf16; `decode_tile::TMA_*`). Its entry takes a second
+    /// parameter after the `DecodeParams`: the cache's `TensorMap`, by value.
     pub const DECODE_TMA_BF16: &str = "mla_decode_tma_bf16";
-    pub const STORE_TMAP: &str = "mla_store_tmap";
     /// Symbols only the sm_90a image has (with their params sizes), resolved only there.
     pub const SM90A_ONLY: &[(&str, usize)] = &[
         (DECODE_WG_BF16, core::mem::size_of::<super::DecodeParams>()),
@@ -343,7 +342,6 @@ pub mod names {
             core::mem::size_of::<super::DecodeParams>(),
         ),
         (DECODE_TMA_BF16, core::mem::size_of::<super::DecodeParams>()),
-        (STORE_TMAP, core::mem::size_of::<super::TmapStoreParams>()),
     ];
     pub const COMBINE_BF16: &str = "mla_combine_bf16";
     pub const COMBINE_FP16: &str = "mla_combine_fp16";
@@ -477,9 +475,10 @@ pub struct DecodeParams {
     /// Page-table columns in use per sequence: lengths beyond `max_pages * page_size` are
     /// cut there, so no table entry past a row's end is ever read.
     pub max_pages: u32,
-    /// The cache's TMA tensor map (128 bytes, 64-byte aligned, in global memory; see
-    /// `decode_tile::TMA_*`): read only by `names::DECODE_TMA_BF16`, null for the others.
-    pub kv_tmap: DevPtr<u8>,
+    /// Checked mode ([`fault`]): null, off; else the workspace's fault record, where a
+    /// decode that meets a page-table entry outside `0..num_pages` or a length past
+    /// `max_pages * page_size` records the first such fault.
+    pub fault: DevPtr<i32>,
     /// The split schedule folded into the decode ([`SchedFold`]); `tiles == 0`: off, the
     /// split counts are read from `num_splits`.
     pub fold: SchedFold,
@@ -507,15 +506,42 @@ pub struct SchedFold {
 /// `wgmma` decode at H=128), so the fold stops at 8.
 pub const SCHED_FOLD_MAX_BATCH: usize = 8;
 
-/// Params of `mla_store_tmap`: one CTA of one thread copies `words` (a tensor map encoded
-/// on the host) to `dst`, in stream order, so a captured graph replays the store with the
-/// decode that reads it.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct TmapStoreParams {
-    /// 128 bytes, 64-byte aligned. Never null.
-    pub dst: DevPtr<u8>,
-    pub words: [u32; 32],
+/// A TMA tensor map (the driver's opaque 128-byte `CUtensorMap`), passed by value as the
+/// TMA decode's second kernel parameter: the kernel issues its copies from the
+/// parameter's own address, so each launch, eager or captured in a graph, reads the map
+/// of the cache it was given, and no copy of the map lives in device memory.
+///
+/// A map must be 64-byte aligned. rustc's nvptx kernel ABI takes parameter alignments up
+/// to 16 only, so the entry is emitted as `.param .align 16 .b8 <entry>_param_1[128]`
+/// and the build raises that declaration to `.align 64` in the PTX
+/// ([`TENSOR_MAP_PARAM_ALIGN`]) before `ptxas` or the driver lays the parameters out.
+#[repr(C, align(16))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TensorMap {
+    pub words: [u64; 16],
+}
+
+/// The alignment the TMA decode's tensor-map parameter is declared with in the PTX.
+pub const TENSOR_MAP_PARAM_ALIGN: usize = 64;
+
+/// The checked mode's fault record: four i32 words in the plan's workspace, zero when no
+/// fault was met. The first decode CTA to meet one claims the record (compare-and-swap of
+/// word [`fault::KIND`] from 0) and writes the rest; later faults leave it as it is.
+pub mod fault {
+    /// Word 0: what was met, [`NONE`], [`PAGE_ID`] or [`SEQ_LEN`].
+    pub const KIND: usize = 0;
+    /// Word 1: the sequence (batch index).
+    pub const SEQUENCE: usize = 1;
+    /// Word 2: the page-table column of a [`PAGE_ID`] fault; -1 for [`SEQ_LEN`].
+    pub const COLUMN: usize = 2;
+    /// Word 3: the value met (the page id, or the length).
+    pub const VALUE: usize = 3;
+    pub const WORDS: usize = 4;
+    pub const NONE: i32 = 0;
+    /// A page-table entry the sequence's length reaches is outside `0..num_pages`.
+    pub const PAGE_ID: i32 = 1;
+    /// A length is past what the page table addresses (`max_pages * page_size`).
+    pub const SEQ_LEN: i32 = 2;
 }
 
 /// Params of `mla_combine_*`. Grid: `(s_q * heads, batch)`, block `combine_tile::THREADS`.
@@ -789,7 +815,8 @@ pub mod primitives {
 const _: () = assert!(core::mem::size_of::<DevPtr<u8>>() == 8);
 const _: () = assert!(core::mem::size_of::<ScheduleParams>() == 2 * 8 + 6 * 4);
 const _: () = assert!(core::mem::size_of::<DecodeParams>() == 10 * 8 + 8 * 8 + 16 * 4);
-const _: () = assert!(core::mem::size_of::<TmapStoreParams>() == 8 + 128);
+const _: () = assert!(core::mem::size_of::<TensorMap>() == 128);
+const _: () = assert!(core::mem::align_of::<TensorMap>() == 16);
 const _: () = assert!(core::mem::size_of::<CombineParams>() == 5 * 8 + 3 * 8 + 6 * 4);
 const _: () = assert!(core::mem::size_of::<AppendParams>() == 4 * 8 + 4 * 8 + 8 * 4);
 const _: () = assert!(core::mem::size_of::<GatherParams>() == 4 * 8 + 3 * 8 + 8 * 4);

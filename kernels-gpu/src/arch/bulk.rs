@@ -109,20 +109,6 @@ pub unsafe fn tma_load_3d(dst: u32, tmap: *const u8, c: [i32; 3], bar: u32) {
     }
 }
 
-/// `fence.proxy.tensormap::generic.acquire.gpu [tmap], 128;`: orders the tensor map's
-/// bytes, written through the generic proxy (by an earlier kernel), before this thread's
-/// tensor copies read it.
-///
-/// # Safety
-/// `tmap` is the generic address of a 128-byte tensor map in global memory.
-#[inline(always)]
-pub unsafe fn fence_tensormap_acquire(tmap: *const u8) {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        asm!("fence.proxy.tensormap::generic.acquire.gpu [{m}], 128;", m = in(reg64) tmap, options(nostack))
-    }
-}
-
 /// Waits for the phase with `parity` of `bar` to complete (unbounded), for code between
 /// `wgmma`s: the warp polls together and leaves the loop together (`vote.sync.all`, then
 /// `bra.uni`), so ptxas sees no divergent path and does not serialize the `wgmma`s around

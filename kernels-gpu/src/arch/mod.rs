@@ -86,6 +86,35 @@ pub fn grid_dim_x() -> u32 {
     unsafe { nvptx::_grid_dim_x() as u32 }
 }
 
+/// `%ntid.x`.
+#[inline(always)]
+pub fn block_dim_x() -> u32 {
+    // SAFETY: reading a special register has no preconditions.
+    unsafe { nvptx::_block_dim_x() as u32 }
+}
+
+/// `atom.global.cas.b32`: writes `new` to `*ptr` if it holds `expected`; returns the old
+/// value.
+///
+/// # Safety
+/// `ptr` is a 4-byte aligned global address.
+#[inline(always)]
+pub unsafe fn atomic_cas_global_i32(ptr: *mut i32, expected: i32, new: i32) -> i32 {
+    let old: i32;
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        core::arch::asm!(
+            "atom.global.cas.b32 {o}, [{p}], {e}, {n};",
+            o = out(reg32) old,
+            p = in(reg64) ptr,
+            e = in(reg32) expected,
+            n = in(reg32) new,
+            options(nostack),
+        )
+    };
+    old
+}
+
 /// `x`, through a `mov` the compiler may not move or merge: values computed from the result
 /// inside a loop stay there instead of being hoisted out and held in registers across it
 /// (shared-memory addresses in the `wgmma` decodes, where registers are scarce).
