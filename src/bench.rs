@@ -6,10 +6,10 @@
 //! By default it launches the decode with host-chosen splits on a grid of exactly those
 //! splits (`Runtime::decode_tiled`). `MLA_BENCH_PLAN=1` times the serving path instead
 //! (`DecodePlan::run`: the schedule kernel, or at B <= 8 the schedule folded into the
-//! decode, the map store, the decode on the plan's graph-safe grid, the combine), which is
-//! what the peers' harness times through the C
-//! ABI; the two differed by up to 25% at large batch before the grid went split-major
-//! (docs/PERF.md v10).
+//! decode, the decode on the plan's graph-safe grid, the combine), which is what the peers'
+//! harness times through the C ABI; the two differed by up to 25% at large batch before the
+//! grid went split-major (docs/PERF.md v10). With `MLA_BENCH_PLAN=1`,
+//! `MLA_BENCH_CHECKED=1` makes the plan a checked one (the checked mode's cost).
 
 use std::sync::Arc;
 
@@ -185,6 +185,8 @@ impl BenchCase {
                     dtypes: s.dtypes,
                     page_size: s.page,
                     max_seq_len: s.len,
+                    // MLA_BENCH_CHECKED=1: the plan in checked mode (to measure its cost).
+                    checked: std::env::var("MLA_BENCH_CHECKED").as_deref() == Ok("1"),
                 };
                 Some(rt.plan_decode(stream, config, tactic)?)
             } else {

@@ -3,7 +3,8 @@
 //! Python stacks (the peers' benchmark plugin `benches/peer_plugin.py` uses it via ctypes).
 //!
 //! Every function returns `MLA_OK` (0) or a negative status; nothing panics across the
-//! boundary (a panic is caught and reported as `MLA_ERR_INTERNAL`).
+//! boundary (a panic is caught and reported as `MLA_ERR_INTERNAL`; the destroy functions
+//! catch and drop theirs). A call that succeeds leaves `mla_last_error()` empty.
 
 use std::cell::RefCell;
 use std::ffi::{CString, c_char, c_int, c_void};
@@ -13,12 +14,16 @@ use mla_abi::{D_QK, D_V, ElemType};
 
 use crate::tactic::Tactic;
 use crate::{
-    DecodeConfig, DecodeDtypes, DecodePlan, DecodeRequest, HostMirror, MlaError, Runtime, Scales,
-    TensorView,
+    DecodeConfig, DecodeDtypes, DecodeFault, DecodePlan, DecodeRequest, HostMirror, MlaError,
+    Runtime, Scales, TensorView,
 };
 
+/// The C header of this ABI (`src/mla.h`), as shipped.
+pub const HEADER: &str = include_str!("mla.h");
+
 pub const MLA_OK: c_int = 0;
-/// A request or config was invalid (see `mla_last_error`).
+/// A request, config or argument was invalid, including a null handle (see
+/// `mla_last_error`).
 pub const MLA_ERR_INVALID: c_int = -1;
 /// Valid but unsupported here (arch, dtype pair, backend).
 pub const MLA_ERR_UNSUPPORTED: c_int = -2;
@@ -26,8 +31,13 @@ pub const MLA_ERR_UNSUPPORTED: c_int = -2;
 pub const MLA_ERR_NO_DEVICE: c_int = -3;
 /// A CUDA driver call, allocation or launch failed.
 pub const MLA_ERR_CUDA: c_int = -4;
-/// A null handle or a panic inside the library.
+/// A panic inside the library (a bug).
 pub const MLA_ERR_INTERNAL: c_int = -5;
+
+/// `MlaFault::kind` values (`mla_abi::fault`).
+pub const MLA_FAULT_NONE: i32 = mla_abi::fault::NONE;
+pub const MLA_FAULT_PAGE_ID: i32 = mla_abi::fault::PAGE_ID;
+pub const MLA_FAULT_SEQ_LEN: i32 = mla_abi::fault::SEQ_LEN;
 
 /// Element type codes of the C ABI (the values of `mla_abi::ElemType`).
 pub const MLA_BF16: u32 = ElemType::Bf16 as u32;
@@ -55,10 +65,14 @@ fn status_of(e: &MlaError) -> c_int {
     }
 }
 
-/// Runs `f`, turning errors and panics into a status and the last-error text.
+/// Runs `f`, turning errors and panics into a status and the last-error text (emptied on
+/// success).
 fn guard(f: impl FnOnce() -> Result<(), MlaError>) -> c_int {
     match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => MLA_OK,
+        Ok(Ok(())) => {
+            LAST_ERROR.with(|e| *e.borrow_mut() = CString::default());
+            MLA_OK
+        }
         Ok(Err(e)) => {
             let s = status_of(&e);
             set_error(e.to_string());
@@ -121,6 +135,40 @@ pub struct MlaPlanConfig {
     /// tile on sm_90a for bf16 Q, else the 64-row tile); 1: the 16-row tile; 2: the 64-row
     /// `mma.sync` tile; 3: the `wgmma` tile (sm_90a, bf16 Q).
     pub tile: u32,
+    /// 1: checked mode (`DecodeConfig::checked`; read faults with `mla_plan_fault`); 0: off.
+    pub checked: u32,
+}
+
+/// What a plan chose (C layout; `DecodePlan::info`). Strings are NUL-terminated and cut to
+/// fit.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MlaPlanInfo {
+    /// `sm90a`, `portable` or `reference`.
+    pub backend: [c_char; 16],
+    /// The tactic's canonical string.
+    pub tactic: [c_char; 64],
+    /// The kernels a run may launch, comma-separated, in launch order.
+    pub kernels: [c_char; 256],
+    /// Device bytes of the plan's workspace.
+    pub workspace_bytes: u64,
+    /// 1 when the plan runs in checked mode.
+    pub checked: u32,
+    pub _pad: u32,
+}
+
+/// A checked decode's first fault (C layout; `DecodeFault`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MlaFault {
+    /// `MLA_FAULT_NONE`, `MLA_FAULT_PAGE_ID` or `MLA_FAULT_SEQ_LEN`.
+    pub kind: i32,
+    /// The sequence (batch index).
+    pub sequence: i32,
+    /// The page-table column of a page-id fault; -1 for a length fault.
+    pub column: i32,
+    /// The page id or the length met.
+    pub value: i32,
 }
 
 /// One decode step (C layout). Tensors are contiguous row-major except where a stride is
@@ -162,13 +210,27 @@ pub struct MlaDecodeArgs {
 pub unsafe extern "C" fn mla_runtime_create(ordinal: c_int, out: *mut *mut MlaRuntime) -> c_int {
     guard(|| {
         if out.is_null() {
-            return Err(MlaError::NullPointer { field: "out" });
+            return Err(MlaError::NullArgument { field: "out" });
         }
-        let rt = crate::load(ordinal.max(0) as usize)?;
+        if ordinal < 0 {
+            return Err(MlaError::shape("ordinal", "a device index >= 0", ordinal));
+        }
+        let rt = crate::load(ordinal as usize)?;
         // SAFETY: out is non-null and the caller guarantees it is writable.
         unsafe { *out = Box::into_raw(Box::new(MlaRuntime { rt })) };
         Ok(())
     })
+}
+
+/// Drops a handle without letting a panic cross the boundary.
+fn destroy<T>(handle: *mut T) {
+    if !handle.is_null() {
+        // SAFETY: the callers pass ownership of a handle made by Box::into_raw back.
+        let dropped = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(handle) })));
+        if dropped.is_err() {
+            set_error("internal error: a panic while destroying a handle was caught".into());
+        }
+    }
 }
 
 /// # Safety
@@ -176,10 +238,25 @@ pub unsafe extern "C" fn mla_runtime_create(ordinal: c_int, out: *mut *mut MlaRu
 /// made from it is destroyed first.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mla_runtime_destroy(rt: *mut MlaRuntime) {
-    if !rt.is_null() {
-        // SAFETY: the caller passes ownership back.
-        drop(unsafe { Box::from_raw(rt) });
+    destroy(rt);
+}
+
+/// The runtime and plan behind two handles, each refused by name when null.
+///
+/// # Safety
+/// Non-null handles are live.
+unsafe fn handles<'a>(
+    rt: *const MlaRuntime,
+    plan: *const MlaPlan,
+) -> Result<(&'a Runtime, &'a DecodePlan), MlaError> {
+    if rt.is_null() {
+        return Err(MlaError::NullHandle { field: "rt" });
     }
+    if plan.is_null() {
+        return Err(MlaError::NullHandle { field: "plan" });
+    }
+    // SAFETY: checked non-null; the caller guarantees they are live.
+    Ok(unsafe { (&(*rt).rt, &(*plan).plan) })
 }
 
 /// Plans a decode (allocates its workspace; synchronises; never call it during capture).
@@ -193,13 +270,16 @@ pub unsafe extern "C" fn mla_plan_create(
     out: *mut *mut MlaPlan,
 ) -> c_int {
     guard(|| {
-        if rt.is_null() || cfg.is_null() || out.is_null() {
-            return Err(MlaError::NullPointer {
-                field: "rt, cfg or out",
-            });
+        if cfg.is_null() {
+            return Err(MlaError::NullArgument { field: "cfg" });
         }
         // SAFETY: checked non-null; the caller guarantees validity.
-        let (rt, cfg) = unsafe { (&(*rt).rt, *cfg) };
+        let cfg = unsafe { *cfg };
+        let checked = match cfg.checked {
+            0 => false,
+            1 => true,
+            other => return Err(MlaError::shape("checked", "0 or 1", other)),
+        };
         let config = DecodeConfig {
             max_batch: cfg.max_batch as usize,
             heads: cfg.heads as usize,
@@ -207,16 +287,15 @@ pub unsafe extern "C" fn mla_plan_create(
             dtypes: dtypes(cfg.q_dtype, cfg.kv_dtype)?,
             page_size: cfg.page_size as usize,
             max_seq_len: cfg.max_seq_len as usize,
+            checked,
         };
-        let mut tactic = Tactic::default_on(config.rows(), rt.backend(), config.dtypes);
-        if cfg.waves != 0 {
-            tactic.waves = cfg.waves;
-        }
-        tactic.tile = match cfg.tile {
-            0 => tactic.tile,
-            1 => crate::tactic::Tile::M16N64,
-            2 => crate::tactic::Tile::M64N64,
-            3 => crate::tactic::Tile::Wg64N64,
+        // The config is checked first (it needs no device), then the handles.
+        config.validate()?;
+        let tile = match cfg.tile {
+            0 => None,
+            1 => Some(crate::tactic::Tile::M16N64),
+            2 => Some(crate::tactic::Tile::M64N64),
+            3 => Some(crate::tactic::Tile::Wg64N64),
             other => {
                 return Err(MlaError::shape(
                     "tile",
@@ -224,6 +303,25 @@ pub unsafe extern "C" fn mla_plan_create(
                     other,
                 ));
             }
+        };
+        if !(0..=crate::tactic::MAX_WAVES).contains(&cfg.waves) {
+            return Err(MlaError::shape("waves", "0 (default) or 1..=4", cfg.waves));
+        }
+        if rt.is_null() {
+            return Err(MlaError::NullHandle { field: "rt" });
+        }
+        if out.is_null() {
+            return Err(MlaError::NullArgument { field: "out" });
+        }
+        // SAFETY: checked non-null; the caller guarantees it is live.
+        let rt = unsafe { &(*rt).rt };
+        let mut tactic = Tactic::default_on(config.rows(), rt.backend(), config.dtypes);
+        if cfg.waves != 0 {
+            tactic.waves = cfg.waves;
+        }
+        tactic.tile = match tile {
+            Some(t) => t,
+            None => tactic.tile,
         };
         let stream = rt.new_stream()?;
         let plan = rt.plan_decode(&stream, config, tactic)?;
@@ -238,10 +336,113 @@ pub unsafe extern "C" fn mla_plan_create(
 /// `plan` is null or a handle from `mla_plan_create` whose work has completed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mla_plan_destroy(plan: *mut MlaPlan) {
-    if !plan.is_null() {
-        // SAFETY: the caller passes ownership back.
-        drop(unsafe { Box::from_raw(plan) });
+    destroy(plan);
+}
+
+/// Copies `s` into `dst` NUL-terminated, cut to fit.
+fn c_text<const N: usize>(s: &str) -> [c_char; N] {
+    let mut dst = [0 as c_char; N];
+    for (d, b) in dst.iter_mut().zip(s.bytes().take(N - 1)) {
+        *d = b as c_char;
     }
+    dst
+}
+
+/// What the plan chose: backend, tactic, the kernels a run may launch, workspace bytes.
+///
+/// # Safety
+/// `rt` and `plan` are live handles (the plan made from `rt`), `out` a valid pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mla_plan_info(
+    rt: *const MlaRuntime,
+    plan: *const MlaPlan,
+    out: *mut MlaPlanInfo,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded from the caller.
+        let (rt, plan) = unsafe { handles(rt, plan)? };
+        if out.is_null() {
+            return Err(MlaError::NullArgument { field: "out" });
+        }
+        let info = plan.info(rt);
+        let v = MlaPlanInfo {
+            backend: c_text(info.backend),
+            tactic: c_text(&info.tactic),
+            kernels: c_text(&info.kernels.join(",")),
+            workspace_bytes: info.workspace_bytes as u64,
+            checked: info.checked as u32,
+            _pad: 0,
+        };
+        // SAFETY: out is non-null and writable.
+        unsafe { *out = v };
+        Ok(())
+    })
+}
+
+/// Checked mode: waits for `stream` (a `CUstream`; the one the plan runs on), then writes
+/// the first fault a decode of the plan met since it was made or `mla_plan_clear_fault`
+/// ran (`kind` `MLA_FAULT_NONE`: none). `MLA_ERR_INVALID` for a plan made with
+/// `checked = 0`. Never during graph capture.
+///
+/// # Safety
+/// `rt` and `plan` are live handles (the plan made from `rt`), `out` a valid pointer,
+/// `stream` a stream of the runtime's context (null: the legacy default stream).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mla_plan_fault(
+    rt: *const MlaRuntime,
+    plan: *const MlaPlan,
+    stream: *mut c_void,
+    out: *mut MlaFault,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded from the caller.
+        let (rt, plan) = unsafe { handles(rt, plan)? };
+        if out.is_null() {
+            return Err(MlaError::NullArgument { field: "out" });
+        }
+        // SAFETY: forwarded from the caller.
+        let fault = unsafe { plan.fault_raw(rt, stream as cudarc::driver::sys::CUstream)? };
+        let v = match fault {
+            None => MlaFault::default(),
+            Some(DecodeFault::PageId {
+                sequence,
+                column,
+                page,
+            }) => MlaFault {
+                kind: MLA_FAULT_PAGE_ID,
+                sequence: sequence as i32,
+                column: column as i32,
+                value: page,
+            },
+            Some(DecodeFault::SeqLen { sequence, len }) => MlaFault {
+                kind: MLA_FAULT_SEQ_LEN,
+                sequence: sequence as i32,
+                column: -1,
+                value: len,
+            },
+        };
+        // SAFETY: out is non-null and writable.
+        unsafe { *out = v };
+        Ok(())
+    })
+}
+
+/// Empties the plan's fault record in stream order on `stream` (capturable).
+///
+/// # Safety
+/// As `mla_plan_fault`, without `out`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mla_plan_clear_fault(
+    rt: *const MlaRuntime,
+    plan: *const MlaPlan,
+    stream: *mut c_void,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded from the caller.
+        let (rt, plan) = unsafe { handles(rt, plan)? };
+        // SAFETY: forwarded from the caller.
+        unsafe { plan.clear_fault_raw(rt, stream as cudarc::driver::sys::CUstream) }
+    })
 }
 
 /// One decode step on `stream` (a `CUstream`; null is the legacy default stream): schedule,
@@ -259,13 +460,13 @@ pub unsafe extern "C" fn mla_decode_run(
     stream: *mut c_void,
 ) -> c_int {
     guard(|| {
-        if rt.is_null() || plan.is_null() || args.is_null() {
-            return Err(MlaError::NullPointer {
-                field: "rt, plan or args",
-            });
+        // SAFETY: forwarded from the caller.
+        let (rt, plan) = unsafe { handles(rt, plan)? };
+        if args.is_null() {
+            return Err(MlaError::NullArgument { field: "args" });
         }
         // SAFETY: checked non-null; the caller guarantees validity.
-        let (rt, plan, a) = unsafe { (&(*rt).rt, &(*plan).plan, *args) };
+        let a = unsafe { *args };
         let c = plan.config();
         let (b, s, h) = (a.batch as usize, c.s_q, c.heads);
         let d = c.dtypes;
@@ -307,6 +508,32 @@ pub unsafe extern "C" fn mla_decode_run(
         };
         // SAFETY: forwarded from the caller.
         unsafe { plan.run_raw(rt, stream as cudarc::driver::sys::CUstream, &req)? };
+        Ok(())
+    })
+}
+
+/// The library's version (the `mla` crate's), for a caller to check the ABI it loaded.
+///
+/// # Safety
+/// Each pointer is null (not written) or valid to write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mla_get_version(
+    major: *mut u32,
+    minor: *mut u32,
+    patch: *mut u32,
+) -> c_int {
+    guard(|| {
+        let part = |s: &str| s.parse::<u32>().unwrap_or(0);
+        for (dst, v) in [
+            (major, part(env!("CARGO_PKG_VERSION_MAJOR"))),
+            (minor, part(env!("CARGO_PKG_VERSION_MINOR"))),
+            (patch, part(env!("CARGO_PKG_VERSION_PATCH"))),
+        ] {
+            if !dst.is_null() {
+                // SAFETY: non-null, valid to write (caller).
+                unsafe { *dst = v };
+            }
+        }
         Ok(())
     })
 }

@@ -1,12 +1,35 @@
 /* mla: MLA decode attention over a paged latent KV cache (C ABI of libmla.so).
  *
- * Every function returns MLA_OK (0) or a negative status; mla_last_error() gives the text
- * of this thread's last error (field, expected and received value for bad input).
- * Layouts: q [batch, s_q, heads, 576], kv_cache [num_pages, page_size, 576],
- * page_table [batch, max_pages] int32, seq_lens [batch] int32 (lengths including this
- * step's s_q tokens), out [batch, s_q, heads, 512] (bf16; fp16 for fp16 q/kv),
- * lse [batch, s_q, heads] float (natural log). Causal rule for s_q > 1: query token t sees
- * KV positions 0 .. seq_len - s_q + t. */
+ * Status: every function but the destroy functions returns MLA_OK (0) or a negative
+ * status. mla_last_error() gives the text of this thread's last error (the field, the
+ * expected and the received value for bad input); it is empty after a call that
+ * succeeded. Bad input is refused before any device pointer is touched. Nothing unwinds
+ * across this ABI: a panic inside the library is caught (MLA_ERR_INTERNAL; the destroy
+ * functions catch and drop it).
+ *
+ * Layouts: q [batch, s_q, heads, 576], kv_cache [num_pages, page_size, 576] (rows of 576
+ * contiguous elements: 512 latent + 64 rope; pages kv_page_stride elements apart),
+ * page_table [batch, max_pages] int32 (rows page_table_stride apart), seq_lens [batch]
+ * int32 (lengths including this step's s_q tokens), out [batch, s_q, heads, 512] (bf16;
+ * fp16 for fp16 q/kv), lse [batch, s_q, heads] float (natural log of the softmax
+ * denominator, with the softmax scale applied to the logits).
+ *
+ * Semantics:
+ * - Causal rule for s_q > 1: query token t sees KV positions 0 .. seq_len - s_q + t.
+ * - A sequence with seq_len <= 0 is padding: none of its out or lse rows are written.
+ * - A query token that sees no position (seq_len < s_q, token t < s_q - seq_len) gets an
+ *   out row of zeros and lse -inf.
+ * - Scales: logits are q.k * softmax_scale; with an fp8 cache also times
+ *   q_scale * kv_scale (pass q_scale = 1 for bf16 q), and values times kv_scale. bf16
+ *   and fp16 caches ignore q_scale and kv_scale. output_scale multiplies out only; lse
+ *   does not include it.
+ * - Page-table entries past a sequence's pages (columns >= ceil(seq_len / page_size))
+ *   are never read.
+ * - A page id outside [0, num_pages) reads as zero rows (never out of bounds); a length
+ *   past max_pages * page_size is cut there. Neither is an error; a plan made with
+ *   checked = 1 records the first such fault for mla_plan_fault.
+ * - One plan must not run on two streams at once (its workspace holds the run in flight);
+ *   use a plan per stream. Plans and runtimes may be used from any thread. */
 #ifndef MLA_H
 #define MLA_H
 
@@ -17,19 +40,26 @@ extern "C" {
 #endif
 
 #define MLA_OK 0
-#define MLA_ERR_INVALID (-1)
-#define MLA_ERR_UNSUPPORTED (-2)
-#define MLA_ERR_NO_DEVICE (-3)
-#define MLA_ERR_CUDA (-4)
-#define MLA_ERR_INTERNAL (-5)
+#define MLA_ERR_INVALID (-1)     /* bad config, request or argument; a null handle */
+#define MLA_ERR_UNSUPPORTED (-2) /* a valid config no backend on this GPU runs */
+#define MLA_ERR_NO_DEVICE (-3)   /* no driver or no device */
+#define MLA_ERR_CUDA (-4)        /* a driver call, allocation or launch failed */
+#define MLA_ERR_INTERNAL (-5)    /* a panic inside the library (a bug) */
 
 #define MLA_BF16 0u
 #define MLA_FP16 1u
 #define MLA_FP8_E4M3 2u
 
+#define MLA_FAULT_NONE 0
+#define MLA_FAULT_PAGE_ID 1 /* page_table[sequence][column] = value is outside [0, num_pages) */
+#define MLA_FAULT_SEQ_LEN 2 /* seq_lens[sequence] = value is past max_pages * page_size */
+
 typedef struct MlaRuntime MlaRuntime;
 typedef struct MlaPlan MlaPlan;
 
+/* Fields outside these ranges are MLA_ERR_INVALID naming the field: max_batch 1..65535,
+ * heads 1..128, s_q 1..8, page_size a power of two in 1..256, dtype codes above, tile
+ * 0..3, checked 0 or 1, waves 0..4. */
 typedef struct MlaPlanConfig {
   uint32_t max_batch, heads, s_q, page_size, max_seq_len;
   uint32_t q_dtype, kv_dtype;
@@ -38,6 +68,7 @@ typedef struct MlaPlanConfig {
                      an fp8 cache with up to 32 rows; else the wgmma tile on sm_90a for bf16
                      Q, else 64-row); 1: 16-row; 2: 64-row mma.sync;
                      3: 64-row wgmma (sm_90a, bf16) */
+  uint32_t checked; /* 1: record page-table and length faults (mla_plan_fault) */
 } MlaPlanConfig;
 
 typedef struct MlaDecodeArgs {
@@ -48,15 +79,43 @@ typedef struct MlaDecodeArgs {
   float softmax_scale, output_scale, q_scale, kv_scale;
 } MlaDecodeArgs;
 
-/* Loads the kernels on device `ordinal` (its primary context). */
+/* What a plan chose. Strings are NUL-terminated. */
+typedef struct MlaPlanInfo {
+  char backend[16];  /* sm90a, portable or reference */
+  char tactic[64];   /* the tactic's canonical string */
+  char kernels[256]; /* the kernels a run may launch, comma-separated, in launch order */
+  uint64_t workspace_bytes;
+  uint32_t checked, _pad;
+} MlaPlanInfo;
+
+/* A checked decode's first fault since the plan was made or last cleared. */
+typedef struct MlaFault {
+  int32_t kind;     /* MLA_FAULT_* */
+  int32_t sequence; /* batch index */
+  int32_t column;   /* page-table column (MLA_FAULT_PAGE_ID); -1 otherwise */
+  int32_t value;    /* the page id or the length met */
+} MlaFault;
+
+/* Loads the kernels on device `ordinal` (>= 0; its primary context). */
 int mla_runtime_create(int ordinal, MlaRuntime **out);
-void mla_runtime_destroy(MlaRuntime *rt);
+void mla_runtime_destroy(MlaRuntime *rt); /* NULL is ignored; destroy its plans first */
 /* Allocates the plan's workspace and synchronises: not during graph capture. */
 int mla_plan_create(const MlaRuntime *rt, const MlaPlanConfig *cfg, MlaPlan **out);
-void mla_plan_destroy(MlaPlan *plan);
-/* One decode step on `stream` (a CUstream): launches only, capturable in a CUDA graph. */
+void mla_plan_destroy(MlaPlan *plan); /* NULL is ignored; waits for the plan's work */
+int mla_plan_info(const MlaRuntime *rt, const MlaPlan *plan, MlaPlanInfo *out);
+/* One decode step on `stream` (a CUstream; NULL: the legacy default stream): launches
+ * only, no allocation or synchronisation, capturable in a CUDA graph. Each launch reads
+ * the buffers it is given, also when eager runs and graph replays of one plan mix. */
 int mla_decode_run(const MlaRuntime *rt, const MlaPlan *plan, const MlaDecodeArgs *args, void *stream);
+/* Checked plans only: waits for `stream`, then writes the first fault (kind
+ * MLA_FAULT_NONE: none). Not during graph capture. */
+int mla_plan_fault(const MlaRuntime *rt, const MlaPlan *plan, void *stream, MlaFault *out);
+/* Checked plans only: empties the fault record in stream order (capturable). */
+int mla_plan_clear_fault(const MlaRuntime *rt, const MlaPlan *plan, void *stream);
+/* This thread's last error; empty after a call that succeeded. */
 const char *mla_last_error(void);
+/* The library's version (each pointer may be NULL). */
+int mla_get_version(uint32_t *major, uint32_t *minor, uint32_t *patch);
 
 #ifdef __cplusplus
 }

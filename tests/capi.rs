@@ -1,8 +1,13 @@
-//! The C ABI on the CPU: typed statuses and last-error text without a GPU, null handles
-//! refused, and the header `src/mla.h` agreeing with the Rust structs (compiled with the
-//! system C compiler when there is one).
+//! The C ABI: typed statuses and last-error text (empty after a success), config errors
+//! naming their field, null handles reported as such, the header `src/mla.h` (embedded as
+//! `mla::capi::HEADER`, so the check runs from staged binaries too) agreeing with the Rust
+//! structs and constants; with a GPU, plan introspection, the checked mode's fault record
+//! and eager runs mixed with graph replays of one plan on two caches, each step checked
+//! against the f64 oracle.
 
-use std::ffi::CStr;
+mod common;
+
+use std::ffi::{CStr, c_char};
 use std::process::Command;
 
 use mla::capi::*;
@@ -14,20 +19,42 @@ fn last_error() -> String {
         .into_owned()
 }
 
-#[test]
-fn statuses_and_errors_without_a_gpu() {
-    let mut rt: *mut MlaRuntime = std::ptr::null_mut();
-    // SAFETY: valid out pointer.
-    let s = unsafe { mla_runtime_create(0, &mut rt) };
-    if s == MLA_OK {
-        eprintln!("a GPU is present: only the null-handle checks run");
-        // SAFETY: handle from create.
-        unsafe { mla_runtime_destroy(rt) };
-    } else {
-        assert_eq!(s, MLA_ERR_NO_DEVICE, "{}", last_error());
-        assert!(last_error().contains("CUDA"), "{}", last_error());
-        assert!(rt.is_null());
+fn text(c: &[c_char]) -> String {
+    // SAFETY: the library NUL-terminates every string field it writes.
+    unsafe { CStr::from_ptr(c.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn good_config() -> MlaPlanConfig {
+    MlaPlanConfig {
+        max_batch: 4,
+        heads: 128,
+        s_q: 1,
+        page_size: 64,
+        max_seq_len: 4096,
+        q_dtype: MLA_BF16,
+        kv_dtype: MLA_BF16,
+        waves: 0,
+        tile: 0,
+        checked: 0,
     }
+}
+
+/// Succeeds anywhere (no device needed).
+fn succeed() {
+    let (mut a, mut b, mut c) = (9, 9, 9);
+    // SAFETY: valid out pointers.
+    assert_eq!(unsafe { mla_get_version(&mut a, &mut b, &mut c) }, MLA_OK);
+    assert_eq!(
+        format!("{a}.{b}.{c}"),
+        env!("CARGO_PKG_VERSION"),
+        "mla_get_version"
+    );
+}
+
+#[test]
+fn null_handles_and_arguments_are_named() {
     // SAFETY: null handles are refused before any use.
     let s = unsafe {
         mla_decode_run(
@@ -38,10 +65,48 @@ fn statuses_and_errors_without_a_gpu() {
         )
     };
     assert_eq!(s, MLA_ERR_INVALID);
-    assert!(last_error().contains("null"), "{}", last_error());
+    assert_eq!(last_error(), "rt is a null handle");
+    let cfg = good_config();
+    let mut plan: *mut MlaPlan = std::ptr::null_mut();
     // SAFETY: as above.
-    let s = unsafe { mla_plan_create(std::ptr::null(), std::ptr::null(), std::ptr::null_mut()) };
+    let s = unsafe { mla_plan_create(std::ptr::null(), &cfg, &mut plan) };
     assert_eq!(s, MLA_ERR_INVALID);
+    assert_eq!(last_error(), "rt is a null handle");
+    // SAFETY: as above.
+    let s = unsafe { mla_plan_create(std::ptr::null(), std::ptr::null(), &mut plan) };
+    assert_eq!(s, MLA_ERR_INVALID);
+    assert_eq!(last_error(), "cfg is a null pointer argument");
+    let mut info = std::mem::MaybeUninit::<MlaPlanInfo>::uninit();
+    // SAFETY: as above.
+    let s = unsafe { mla_plan_info(std::ptr::null(), std::ptr::null(), info.as_mut_ptr()) };
+    assert_eq!(
+        (s, last_error().as_str()),
+        (MLA_ERR_INVALID, "rt is a null handle")
+    );
+    let mut fault = MlaFault::default();
+    // SAFETY: as above.
+    let s = unsafe {
+        mla_plan_fault(
+            std::ptr::null(),
+            std::ptr::null(),
+            std::ptr::null_mut(),
+            &mut fault,
+        )
+    };
+    assert_eq!(
+        (s, last_error().as_str()),
+        (MLA_ERR_INVALID, "rt is a null handle")
+    );
+    // SAFETY: as above.
+    let s =
+        unsafe { mla_plan_clear_fault(std::ptr::null(), std::ptr::null(), std::ptr::null_mut()) };
+    assert_eq!(s, MLA_ERR_INVALID);
+    // SAFETY: as above.
+    let s = unsafe { mla_runtime_create(0, std::ptr::null_mut()) };
+    assert_eq!(
+        (s, last_error().as_str()),
+        (MLA_ERR_INVALID, "out is a null pointer argument")
+    );
     // SAFETY: null is accepted by the destructors.
     unsafe {
         mla_plan_destroy(std::ptr::null_mut());
@@ -50,28 +115,183 @@ fn statuses_and_errors_without_a_gpu() {
 }
 
 #[test]
+fn a_negative_device_ordinal_is_invalid() {
+    let mut rt: *mut MlaRuntime = std::ptr::null_mut();
+    // SAFETY: valid out pointer.
+    let s = unsafe { mla_runtime_create(-1, &mut rt) };
+    assert_eq!(s, MLA_ERR_INVALID, "{}", last_error());
+    assert!(last_error().contains("ordinal"), "{}", last_error());
+    assert!(last_error().contains("-1"), "{}", last_error());
+    assert!(rt.is_null());
+}
+
+#[test]
+fn plan_config_errors_are_invalid_and_name_the_field() {
+    type Edit = fn(&mut MlaPlanConfig);
+    let cases: [(&str, &str, Edit); 11] = [
+        ("heads", "0", |c| c.heads = 0),
+        ("heads", "129", |c| c.heads = 129),
+        ("s_q", "9", |c| c.s_q = 9),
+        ("s_q", "0", |c| c.s_q = 0),
+        ("page_size", "48", |c| c.page_size = 48),
+        ("page_size", "512", |c| c.page_size = 512),
+        ("max_batch", "0", |c| c.max_batch = 0),
+        ("tile", "4", |c| c.tile = 4),
+        ("checked", "2", |c| c.checked = 2),
+        ("waves", "5", |c| c.waves = 5),
+        ("q_dtype", "7", |c| c.q_dtype = 7),
+    ];
+    // With and without a runtime: the config is checked before the handle.
+    let mut rt: *mut MlaRuntime = std::ptr::null_mut();
+    // SAFETY: valid out pointer.
+    if unsafe { mla_runtime_create(0, &mut rt) } != MLA_OK {
+        rt = std::ptr::null_mut();
+    }
+    for (field, value, edit) in cases {
+        let mut cfg = good_config();
+        edit(&mut cfg);
+        let mut plan: *mut MlaPlan = std::ptr::null_mut();
+        // SAFETY: rt is null or live; valid pointers.
+        let s = unsafe { mla_plan_create(rt, &cfg, &mut plan) };
+        let e = last_error();
+        assert_eq!(s, MLA_ERR_INVALID, "{field} = {value}: {e}");
+        assert!(
+            e.starts_with(&format!("invalid {field}:")) && e.ends_with(&format!("got {value}")),
+            "{field} = {value}: {e}"
+        );
+        assert!(plan.is_null());
+        succeed();
+        assert_eq!(last_error(), "", "a success leaves no error text");
+    }
+    // SAFETY: null or a live handle.
+    unsafe { mla_runtime_destroy(rt) };
+}
+
+#[test]
+fn last_error_is_empty_after_a_success() {
+    // SAFETY: a null handle is refused.
+    let s =
+        unsafe { mla_plan_clear_fault(std::ptr::null(), std::ptr::null(), std::ptr::null_mut()) };
+    assert_eq!(s, MLA_ERR_INVALID);
+    assert!(!last_error().is_empty());
+    succeed();
+    assert_eq!(last_error(), "");
+    // Per thread: another thread's failure leaves this thread's text alone.
+    std::thread::spawn(|| {
+        // SAFETY: as above.
+        unsafe { mla_plan_destroy(std::ptr::null_mut()) };
+        // SAFETY: as above.
+        let s = unsafe { mla_runtime_create(-3, std::ptr::null_mut()) };
+        assert_eq!(s, MLA_ERR_INVALID);
+    })
+    .join()
+    .unwrap();
+    assert_eq!(last_error(), "");
+}
+
+#[test]
+fn statuses_without_a_gpu() {
+    let mut rt: *mut MlaRuntime = std::ptr::null_mut();
+    // SAFETY: valid out pointer.
+    let s = unsafe { mla_runtime_create(0, &mut rt) };
+    if s == MLA_OK {
+        eprintln!("a GPU is present: the GPU test below covers the device statuses");
+        // SAFETY: handle from create.
+        unsafe { mla_runtime_destroy(rt) };
+    } else {
+        assert_eq!(s, MLA_ERR_NO_DEVICE, "{}", last_error());
+        assert!(last_error().contains("CUDA"), "{}", last_error());
+        assert!(rt.is_null());
+    }
+}
+
+/// `#define NAME VALUE` lines of the header, values parsed as integers.
+fn header_defines() -> Vec<(String, i64)> {
+    HEADER
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("#define "))
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let name = it.next()?.to_string();
+            let v = it.next()?.trim_matches(['(', ')']).trim_end_matches('u');
+            Some((name, v.parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn header_constants_match_the_rust_ones() {
+    let want: Vec<(&str, i64)> = vec![
+        ("MLA_OK", MLA_OK as i64),
+        ("MLA_ERR_INVALID", MLA_ERR_INVALID as i64),
+        ("MLA_ERR_UNSUPPORTED", MLA_ERR_UNSUPPORTED as i64),
+        ("MLA_ERR_NO_DEVICE", MLA_ERR_NO_DEVICE as i64),
+        ("MLA_ERR_CUDA", MLA_ERR_CUDA as i64),
+        ("MLA_ERR_INTERNAL", MLA_ERR_INTERNAL as i64),
+        ("MLA_BF16", MLA_BF16 as i64),
+        ("MLA_FP16", MLA_FP16 as i64),
+        ("MLA_FP8_E4M3", MLA_FP8_E4M3 as i64),
+        ("MLA_FAULT_NONE", MLA_FAULT_NONE as i64),
+        ("MLA_FAULT_PAGE_ID", MLA_FAULT_PAGE_ID as i64),
+        ("MLA_FAULT_SEQ_LEN", MLA_FAULT_SEQ_LEN as i64),
+    ];
+    let got = header_defines();
+    for (name, v) in want {
+        assert!(
+            got.iter().any(|(n, g)| n == name && *g == v),
+            "{name} = {v} not in the header's defines {got:?}"
+        );
+    }
+}
+
+#[test]
 fn header_matches_the_rust_structs() {
+    use std::mem::{offset_of, size_of};
     let dir = std::env::temp_dir().join(format!("mla-capi-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("mla.h"), HEADER).unwrap();
     let src = dir.join("sizes.c");
+    let probes = [
+        "sizeof(MlaPlanConfig)",
+        "offsetof(MlaPlanConfig, tile)",
+        "offsetof(MlaPlanConfig, checked)",
+        "sizeof(MlaDecodeArgs)",
+        "offsetof(MlaDecodeArgs, batch)",
+        "offsetof(MlaDecodeArgs, page_table_stride)",
+        "offsetof(MlaDecodeArgs, softmax_scale)",
+        "offsetof(MlaDecodeArgs, kv_scale)",
+        "sizeof(MlaPlanInfo)",
+        "offsetof(MlaPlanInfo, tactic)",
+        "offsetof(MlaPlanInfo, kernels)",
+        "offsetof(MlaPlanInfo, workspace_bytes)",
+        "offsetof(MlaPlanInfo, checked)",
+        "sizeof(MlaFault)",
+        "offsetof(MlaFault, value)",
+    ];
+    let prints: String = probes
+        .iter()
+        .map(|p| format!("printf(\"%zu \\n\", (size_t){p});"))
+        .collect();
     std::fs::write(
         &src,
-        "#include <stdio.h>\n#include <stddef.h>\n#include \"mla.h\"\n\
-         int main(void) { printf(\"%zu %zu %zu %zu %zu\\n\", sizeof(MlaPlanConfig), sizeof(MlaDecodeArgs), \
-         offsetof(MlaDecodeArgs, batch), offsetof(MlaDecodeArgs, page_table_stride), offsetof(MlaDecodeArgs, softmax_scale)); return 0; }\n",
+        format!(
+            "#include <stdio.h>\n#include <stddef.h>\n#include \"mla.h\"\n\
+             int main(void) {{ {prints} return 0; }}\n"
+        ),
     )
     .unwrap();
     let exe = dir.join("sizes");
-    let include = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
     let cc = Command::new("cc")
+        .arg("-Wall")
+        .arg("-Werror")
         .arg("-I")
-        .arg(include)
+        .arg(&dir)
         .arg(&src)
         .arg("-o")
         .arg(&exe)
         .output();
     let Ok(cc) = cc else {
-        eprintln!("\n!!! SKIPPED header check: no C compiler (cc) !!!\n");
+        common::loud("SKIPPED header check: no C compiler (cc)");
         return;
     };
     assert!(
@@ -85,12 +305,223 @@ fn header_matches_the_rust_structs() {
         .map(|v| v.parse().unwrap())
         .collect();
     let want = vec![
-        std::mem::size_of::<MlaPlanConfig>(),
-        std::mem::size_of::<MlaDecodeArgs>(),
-        std::mem::offset_of!(MlaDecodeArgs, batch),
-        std::mem::offset_of!(MlaDecodeArgs, page_table_stride),
-        std::mem::offset_of!(MlaDecodeArgs, softmax_scale),
+        size_of::<MlaPlanConfig>(),
+        offset_of!(MlaPlanConfig, tile),
+        offset_of!(MlaPlanConfig, checked),
+        size_of::<MlaDecodeArgs>(),
+        offset_of!(MlaDecodeArgs, batch),
+        offset_of!(MlaDecodeArgs, page_table_stride),
+        offset_of!(MlaDecodeArgs, softmax_scale),
+        offset_of!(MlaDecodeArgs, kv_scale),
+        size_of::<MlaPlanInfo>(),
+        offset_of!(MlaPlanInfo, tactic),
+        offset_of!(MlaPlanInfo, kernels),
+        offset_of!(MlaPlanInfo, workspace_bytes),
+        offset_of!(MlaPlanInfo, checked),
+        size_of::<MlaFault>(),
+        offset_of!(MlaFault, value),
     ];
     let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(got, want, "C sizes/offsets vs Rust");
+    assert_eq!(got, want, "C sizes/offsets {probes:?} vs Rust");
+}
+
+mod gpu {
+    use std::sync::Arc;
+
+    use cudarc::driver::CudaStream;
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    use mla::DecodeDtypes;
+    use mla::capi::*;
+    use mla::harness::{self, CaseSpec, DeviceCase, HostCase};
+    use mla::rng::SplitMix64;
+
+    use super::{good_config, last_error, text};
+
+    fn args(stream: &CudaStream, h: &HostCase, d: &DeviceCase) -> MlaDecodeArgs {
+        let r = d.request(stream, h);
+        MlaDecodeArgs {
+            q: r.q.ptr,
+            kv_cache: r.kv_cache.ptr,
+            page_table: r.page_table.ptr,
+            seq_lens: r.seq_lens.ptr,
+            out: r.out.ptr,
+            lse: r.lse.ptr,
+            batch: h.seq_lens.len() as u32,
+            num_pages: h.num_pages as u32,
+            max_pages: h.max_pages as u32,
+            _pad: 0,
+            page_table_stride: r.page_table.strides[0] as u64,
+            kv_page_stride: r.kv_cache.strides[0] as u64,
+            softmax_scale: h.scales.softmax_scale,
+            output_scale: h.scales.output_scale,
+            q_scale: h.scales.q_scale,
+            kv_scale: h.scales.kv_scale,
+        }
+    }
+
+    /// Through the C ABI, the pattern a serving stack runs: one plan (bf16, page 64,
+    /// H=128: the TMA decode), two caches; eager runs on either mixed with replays of a
+    /// graph captured on one of them; every step against the oracle. Then plan info, the
+    /// checked mode's fault record and an unsupported config.
+    #[test]
+    fn eager_runs_and_replays_mix_on_one_plan() {
+        let test = "capi_interleave";
+        let seed = crate::common::seed(test);
+        let mut rt: *mut MlaRuntime = std::ptr::null_mut();
+        // SAFETY: valid out pointer.
+        if unsafe { mla_runtime_create(0, &mut rt) } != MLA_OK {
+            crate::common::loud(&format!("SKIPPED GPU test {test}: {}", last_error()));
+            return;
+        }
+        let Some((_rt_rust, stream)) = crate::common::gpu(test) else {
+            return;
+        };
+        let mut rng = SplitMix64::new(seed);
+        let lens = vec![3000, 1200, 4000];
+        let mk = |rng: &mut SplitMix64| {
+            HostCase::random(
+                &CaseSpec::new(DecodeDtypes::Bf16, 64, 128, 1, lens.clone()),
+                rng,
+            )
+        };
+        let (ha, hb) = (mk(&mut rng), mk(&mut rng));
+        let (ra, rb) = (ha.references(), hb.references());
+        let mut da = DeviceCase::upload(&stream, &ha).unwrap();
+        let mut db = DeviceCase::upload(&stream, &hb).unwrap();
+        let cfg = MlaPlanConfig {
+            max_batch: 3,
+            checked: 1,
+            ..good_config()
+        };
+        let mut plan: *mut MlaPlan = std::ptr::null_mut();
+        // SAFETY: live runtime, valid pointers.
+        let s = unsafe { mla_plan_create(rt, &cfg, &mut plan) };
+        assert_eq!(s, MLA_OK, "{}", last_error());
+        assert_eq!(last_error(), "");
+        let mut info = std::mem::MaybeUninit::<MlaPlanInfo>::uninit();
+        // SAFETY: live handles, valid out pointer.
+        assert_eq!(
+            unsafe { mla_plan_info(rt, plan, info.as_mut_ptr()) },
+            MLA_OK
+        );
+        // SAFETY: written by the call.
+        let info = unsafe { info.assume_init() };
+        let kernels = text(&info.kernels);
+        eprintln!(
+            "[{test}] plan: backend {}, tactic {}, kernels {kernels}, workspace {} B",
+            text(&info.backend),
+            text(&info.tactic),
+            info.workspace_bytes
+        );
+        assert!(kernels.contains("mla_decode"), "{kernels}");
+        assert!(info.workspace_bytes > 0 && info.checked == 1);
+
+        let raw = stream.cu_stream() as *mut std::ffi::c_void;
+        let (aa, ab) = (args(&stream, &ha, &da), args(&stream, &hb, &db));
+        let run = |a: &MlaDecodeArgs| {
+            // SAFETY: live handles; the args' buffers live until the stream is synchronised.
+            let s = unsafe { mla_decode_run(rt, plan, a, raw) };
+            assert_eq!(s, MLA_OK, "{}", last_error());
+        };
+        // Warm up, then capture a run on A.
+        run(&aa);
+        stream.synchronize().unwrap();
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .unwrap();
+        run(&aa);
+        let graph = stream
+            .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
+            .unwrap()
+            .expect("a captured graph");
+        let mut failures = Vec::new();
+        let steps = [
+            "eager A", "eager B", "replay A", "eager B", "replay A", "eager A", "eager B",
+            "replay A", "replay A", "eager B",
+        ];
+        for (i, step) in steps.iter().enumerate() {
+            let on_a = step.ends_with('A');
+            let (h, d, refs): (&HostCase, &mut DeviceCase, _) = if on_a {
+                (&ha, &mut da, &ra)
+            } else {
+                (&hb, &mut db, &rb)
+            };
+            d.poison_outputs(&stream).unwrap();
+            if step.starts_with("replay") {
+                graph.launch().unwrap();
+            } else {
+                run(if on_a { &aa } else { &ab });
+            }
+            stream.synchronize().unwrap();
+            let got = d.download(&stream, h.spec.dtypes.out()).unwrap();
+            let c = harness::check(&got, refs);
+            if !c.ok() {
+                failures.push(format!("step {i} ({step}): {} | {}", c.out, c.lse));
+            }
+        }
+        let mut fault = MlaFault {
+            kind: 99,
+            ..MlaFault::default()
+        };
+        // SAFETY: live handles, valid out pointer.
+        assert_eq!(unsafe { mla_plan_fault(rt, plan, raw, &mut fault) }, MLA_OK);
+        assert_eq!(fault, MlaFault::default(), "no fault on valid page tables");
+        // A page id past num_pages in sequence 1, inside its length: recorded.
+        let mut table = ha.page_table.clone();
+        let col = 7;
+        table[ha.max_pages + col] = ha.num_pages as i32 + 5;
+        stream.memcpy_htod(&table, &mut da.table).unwrap();
+        run(&aa);
+        // SAFETY: as above.
+        assert_eq!(unsafe { mla_plan_fault(rt, plan, raw, &mut fault) }, MLA_OK);
+        assert_eq!(
+            fault,
+            MlaFault {
+                kind: MLA_FAULT_PAGE_ID,
+                sequence: 1,
+                column: col as i32,
+                value: ha.num_pages as i32 + 5
+            }
+        );
+        // SAFETY: as above.
+        assert_eq!(unsafe { mla_plan_clear_fault(rt, plan, raw) }, MLA_OK);
+        // SAFETY: as above.
+        assert_eq!(unsafe { mla_plan_fault(rt, plan, raw, &mut fault) }, MLA_OK);
+        assert_eq!(fault.kind, MLA_FAULT_NONE);
+
+        // A valid config no backend runs here: bf16 q with an fp16 cache.
+        let bad = MlaPlanConfig {
+            kv_dtype: MLA_FP16,
+            ..good_config()
+        };
+        let mut p2: *mut MlaPlan = std::ptr::null_mut();
+        // SAFETY: live runtime, valid pointers.
+        let s = unsafe { mla_plan_create(rt, &bad, &mut p2) };
+        assert_eq!(s, MLA_ERR_UNSUPPORTED, "{}", last_error());
+        // An unchecked plan has no fault record to read.
+        let mut p3: *mut MlaPlan = std::ptr::null_mut();
+        // SAFETY: as above.
+        assert_eq!(
+            unsafe { mla_plan_create(rt, &good_config(), &mut p3) },
+            MLA_OK
+        );
+        // SAFETY: as above.
+        let s = unsafe { mla_plan_fault(rt, p3, raw, &mut fault) };
+        assert_eq!(s, MLA_ERR_INVALID);
+        assert!(last_error().contains("checked"), "{}", last_error());
+        drop(graph);
+        // SAFETY: the plans' work completed (synchronised above); plans before the runtime.
+        unsafe {
+            mla_plan_destroy(p3);
+            mla_plan_destroy(plan);
+            mla_runtime_destroy(rt);
+        }
+        let _keep: Arc<CudaStream> = stream;
+        eprintln!(
+            "[{test}] {} steps checked, {} failed (seed {seed})",
+            steps.len(),
+            failures.len()
+        );
+        assert!(failures.is_empty(), "{failures:#?}");
+    }
 }

@@ -38,6 +38,11 @@ pub struct DecodeConfig {
     pub page_size: usize,
     /// Longest sequence the plan is tuned for (lengths beyond it still run correctly).
     pub max_seq_len: usize,
+    /// Checked mode: each decode also checks the page-table entries it reads and the
+    /// lengths, and records the first page id outside `0..num_pages` or length past the
+    /// page table's capacity in the workspace ([`DecodePlan::fault`]). Off: no check, no
+    /// cost (such entries read as zeros, such lengths are cut at the table's capacity).
+    pub checked: bool,
 }
 
 impl DecodeConfig {
@@ -45,6 +50,116 @@ impl DecodeConfig {
     pub fn rows(&self) -> usize {
         self.s_q * self.heads
     }
+
+    /// A typed error naming the first field outside what any plan accepts: `max_batch`
+    /// `1..=65535`, `heads` `1..=128`, `s_q` `1..=8`, `page_size` a power of two in
+    /// `1..=256`. (A valid config that no backend on this device runs is
+    /// [`MlaError::Unsupported`] from planning instead.)
+    pub fn validate(&self) -> Result<()> {
+        let check = |ok: bool, field: &'static str, expected: &str, got: usize| {
+            if ok {
+                Ok(())
+            } else {
+                Err(MlaError::shape(field, expected, got))
+            }
+        };
+        check(
+            (1..=crate::launch::MAX_GRID_YZ).contains(&self.max_batch),
+            "max_batch",
+            "1..=65535",
+            self.max_batch,
+        )?;
+        check(
+            (1..=mla_abi::MAX_HEADS as usize).contains(&self.heads),
+            "heads",
+            "1..=128",
+            self.heads,
+        )?;
+        check(
+            (1..=mla_abi::MAX_S_Q as usize).contains(&self.s_q),
+            "s_q",
+            "1..=8",
+            self.s_q,
+        )?;
+        check(
+            self.page_size.is_power_of_two() && self.page_size <= mla_abi::MAX_PAGE_SIZE as usize,
+            "page_size",
+            "a power of two in 1..=256",
+            self.page_size,
+        )
+    }
+}
+
+/// A fault a checked decode met ([`DecodeConfig::checked`]): the first one any CTA
+/// recorded since the plan was made or its record was cleared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeFault {
+    /// `page_table[sequence][column]` holds `page`, outside `0..num_pages`, and the
+    /// sequence's length reaches that column.
+    PageId {
+        sequence: usize,
+        column: usize,
+        page: i32,
+    },
+    /// `seq_lens[sequence]` is `len`, past what the sequence's page-table row addresses
+    /// (`max_pages * page_size`).
+    SeqLen { sequence: usize, len: i32 },
+}
+
+impl std::fmt::Display for DecodeFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DecodeFault::PageId {
+                sequence,
+                column,
+                page,
+            } => write!(
+                f,
+                "page_table[{sequence}][{column}] = {page} is outside 0..num_pages"
+            ),
+            DecodeFault::SeqLen { sequence, len } => write!(
+                f,
+                "seq_lens[{sequence}] = {len} is past the page table's max_pages * page_size"
+            ),
+        }
+    }
+}
+
+impl DecodeFault {
+    /// The fault a record holds (`mla_abi::fault` words), `None` for an empty record.
+    pub fn from_record(words: [i32; mla_abi::fault::WORDS]) -> Option<Self> {
+        use mla_abi::fault;
+        let sequence = words[fault::SEQUENCE].max(0) as usize;
+        match words[fault::KIND] {
+            fault::PAGE_ID => Some(DecodeFault::PageId {
+                sequence,
+                column: words[fault::COLUMN].max(0) as usize,
+                page: words[fault::VALUE],
+            }),
+            fault::SEQ_LEN => Some(DecodeFault::SeqLen {
+                sequence,
+                len: words[fault::VALUE],
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// What a plan chose ([`DecodePlan::info`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanInfo {
+    /// The backend (`sm90a`, `portable` or `reference`).
+    pub backend: &'static str,
+    /// The tactic's canonical string.
+    pub tactic: String,
+    /// Every kernel a run of the plan may launch, in launch order: the schedule (batches
+    /// past the fold), the decode (on sm_90a bf16 both the TMA decode, taken by requests
+    /// whose cache and lengths suit it, and the `cp.async` one), the combine.
+    pub kernels: Vec<&'static str>,
+    /// Device bytes the plan's workspace holds.
+    pub workspace_bytes: usize,
+    /// Whether decodes run in checked mode.
+    pub checked: bool,
 }
 
 /// A decode planned for one batch-shape bucket. One plan per stream at a time: its
@@ -89,6 +204,7 @@ impl Runtime {
         tactic: Tactic,
         backend: Option<Backend>,
     ) -> Result<DecodePlan> {
+        config.validate()?;
         tactic.validate()?;
         let geometry = Geometry {
             heads: config.heads,
@@ -132,7 +248,7 @@ impl Runtime {
             )),
             max_len: config.max_seq_len,
         };
-        let ws = DecodeWorkspace::new(
+        let mut ws = DecodeWorkspace::new(
             stream,
             WorkspaceCapacity {
                 batch: config.max_batch,
@@ -140,6 +256,7 @@ impl Runtime {
                 max_splits: schedule.grid_splits(),
             },
         )?;
+        ws.checked = config.checked;
         log::debug!(
             "mla plan: {config:?} on {}: backend {}, tactic {tactic}, grid splits {}",
             self.device().name,
@@ -244,6 +361,98 @@ impl DecodePlan {
         self.schedule
     }
 
+    /// What the plan chose: backend, tactic, the kernels its runs may launch, and the
+    /// workspace's device bytes.
+    pub fn info(&self, rt: &Runtime) -> PlanInfo {
+        let c = &self.config;
+        let mut kernels = Vec::new();
+        if self.backend == Backend::Reference {
+            kernels.push(c.dtypes.reference_kernel());
+        } else {
+            let fold_max = if fold_on() {
+                mla_abi::SCHED_FOLD_MAX_BATCH
+            } else {
+                0
+            };
+            if c.max_batch > fold_max {
+                kernels.push(names::SCHEDULE);
+            }
+            let decode = self.tactic.tile.decode_kernel(c.dtypes);
+            if decode == names::DECODE_WG_BF16
+                && crate::launch::tma_enabled()
+                && c.page_size >= mla_abi::decode_tile::TMA_MIN_PAGE
+            {
+                kernels.push(names::DECODE_TMA_BF16);
+            }
+            kernels.push(decode);
+            let splits = self.schedule.grid_splits();
+            if splits > 1 {
+                let sm = rt.device().sm_count;
+                for batch in [1, c.max_batch] {
+                    let k = c.dtypes.combine_kernel(splits, batch * c.rows(), sm);
+                    if !kernels.contains(&k) {
+                        kernels.push(k);
+                    }
+                }
+            }
+        }
+        PlanInfo {
+            backend: self.backend.name(),
+            tactic: self.tactic.to_string(),
+            kernels,
+            workspace_bytes: self.ws.device_bytes(),
+            checked: c.checked,
+        }
+    }
+
+    /// Checked mode: the first fault a decode of this plan met since it was made or
+    /// [`DecodePlan::clear_fault`] ran (`None`: none). Waits for `stream` (the one the
+    /// plan runs on) first, so it sees every decode launched there; never in a capture.
+    /// An error for a plan made without [`DecodeConfig::checked`].
+    pub fn fault(&self, rt: &Runtime, stream: &CudaStream) -> Result<Option<DecodeFault>> {
+        // SAFETY: a cudarc stream is a live stream of its context.
+        unsafe { self.fault_raw(rt, stream.cu_stream()) }
+    }
+
+    /// [`DecodePlan::fault`] on a raw `CUstream`.
+    ///
+    /// # Safety
+    /// `stream` is a live stream (or null, the legacy default stream) of `rt`'s context.
+    pub unsafe fn fault_raw(&self, rt: &Runtime, stream: CUstream) -> Result<Option<DecodeFault>> {
+        self.check_checked()?;
+        // SAFETY: forwarded from the caller.
+        let words = unsafe { self.ws.read_fault(rt, stream)? };
+        Ok(DecodeFault::from_record(words))
+    }
+
+    /// Empties the fault record, in stream order on `stream` (capturable).
+    pub fn clear_fault(&self, rt: &Runtime, stream: &CudaStream) -> Result<()> {
+        // SAFETY: a cudarc stream is a live stream of its context.
+        unsafe { self.clear_fault_raw(rt, stream.cu_stream()) }
+    }
+
+    /// [`DecodePlan::clear_fault`] on a raw `CUstream`.
+    ///
+    /// # Safety
+    /// As [`DecodePlan::fault_raw`].
+    pub unsafe fn clear_fault_raw(&self, rt: &Runtime, stream: CUstream) -> Result<()> {
+        self.check_checked()?;
+        // SAFETY: forwarded from the caller.
+        unsafe { self.ws.clear_fault(rt, stream) }
+    }
+
+    fn check_checked(&self) -> Result<()> {
+        if self.config.checked {
+            Ok(())
+        } else {
+            Err(MlaError::shape(
+                "checked",
+                "a plan made with DecodeConfig::checked (the fault record)",
+                "false",
+            ))
+        }
+    }
+
     /// The split counts the last run's schedule wrote for its first `n` sequences (waits
     /// for `stream`; for tests and inspection).
     pub fn read_splits(&self, stream: &Arc<CudaStream>, n: usize) -> Result<Vec<i32>> {
@@ -312,18 +521,16 @@ impl DecodePlan {
         // Small batches: every decode CTA runs the schedule's rule itself (SchedFold), so the
         // decode does not wait out a schedule kernel; larger ones launch it (and so does
         // every batch with MLA_SCHED_FOLD=0, read once: for tests and A/B measurements).
-        static FOLD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let fold =
-            if switch_on(&FOLD, "MLA_SCHED_FOLD") && shape.batch <= mla_abi::SCHED_FOLD_MAX_BATCH {
-                mla_abi::SchedFold {
-                    tiles: p.tiles.max(1),
-                    target_ctas: p.target_ctas,
-                    max_len: p.max_len,
-                    _pad: 0,
-                }
-            } else {
-                mla_abi::SchedFold::default()
-            };
+        let fold = if fold_on() && shape.batch <= mla_abi::SCHED_FOLD_MAX_BATCH {
+            mla_abi::SchedFold {
+                tiles: p.tiles.max(1),
+                target_ctas: p.target_ctas,
+                max_len: p.max_len,
+                _pad: 0,
+            }
+        } else {
+            mla_abi::SchedFold::default()
+        };
         // SAFETY: seq_lens and num_splits hold `batch` entries (validated / capacity); the
         // decode then reads split counts in 1..=grid_splits, which the schedule writes (or
         // computes them by the same rule, folded).
@@ -378,6 +585,13 @@ impl DecodePlan {
         }
         Ok(())
     }
+}
+
+/// Whether small batches fold the schedule into the decode (`MLA_SCHED_FOLD` is not `0`;
+/// read once).
+fn fold_on() -> bool {
+    static FOLD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    switch_on(&FOLD, "MLA_SCHED_FOLD")
 }
 
 // A runtime is shared between threads (one module, many streams); a plan moves to the

@@ -35,6 +35,12 @@ pub enum MlaError {
     /// A device pointer is null where it may not be.
     #[error("{field} is a null device pointer")]
     NullPointer { field: &'static str },
+    /// A handle passed to the C ABI (a runtime or a plan) is null.
+    #[error("{field} is a null handle")]
+    NullHandle { field: &'static str },
+    /// A host pointer argument of the C ABI (a config, args or out pointer) is null.
+    #[error("{field} is a null pointer argument")]
+    NullArgument { field: &'static str },
     /// A device pointer or row stride breaks the alignment the kernels load with.
     #[error(
         "{field} is misaligned: address {addr:#x} (or its row stride) must be a multiple of {align} bytes"

@@ -19,7 +19,7 @@ use crate::tactic::Tile;
 use crate::validate::{validate_append, validate_decode, validate_gather};
 
 /// Largest grid y / z dimension.
-const MAX_GRID_YZ: usize = 65535;
+pub(crate) const MAX_GRID_YZ: usize = 65535;
 
 /// Split-KV workspace of a decode: partial outputs and LSE for up to `capacity`, plus the
 /// device array of per-sequence split counts. Allocated once (outside any graph capture);
@@ -32,7 +32,7 @@ pub struct DecodeWorkspace {
     /// meets a fault.
     _fault: CudaSlice<i32>,
     /// Decodes on this workspace run in checked mode (they get the fault record).
-    checked: bool,
+    pub(crate) checked: bool,
     /// Device addresses of the three buffers, taken once the allocation completed, so that
     /// launches (also on a caller's raw stream, also under graph capture) need no cudarc call.
     ptrs: WorkspacePtrs,
@@ -166,6 +166,57 @@ impl DecodeWorkspace {
         let n = n.min(self.capacity.batch);
         let all: Vec<i32> = stream.clone_dtoh(&self._num_splits)?;
         Ok(all[..n].to_vec())
+    }
+}
+
+impl DecodeWorkspace {
+    /// Device bytes of the workspace's buffers.
+    pub fn device_bytes(&self) -> usize {
+        4 * (self.capacity.partial_o_len()
+            + self.capacity.partial_lse_len()
+            + self.capacity.batch
+            + mla_abi::fault::WORDS)
+    }
+
+    /// The fault record's words, after everything launched on `stream` before completed.
+    ///
+    /// # Safety
+    /// `stream` is a live stream (or null) of `rt`'s context.
+    pub(crate) unsafe fn read_fault(
+        &self,
+        rt: &Runtime,
+        stream: CUstream,
+    ) -> Result<[i32; mla_abi::fault::WORDS]> {
+        use cudarc::driver::sys;
+        rt.context().bind_to_thread()?;
+        let mut words = [0i32; mla_abi::fault::WORDS];
+        // SAFETY: the record holds WORDS i32; `words` is as large and outlives the
+        // synchronisation that ends the copy.
+        unsafe {
+            sys::cuMemcpyDtoHAsync_v2(
+                words.as_mut_ptr().cast(),
+                self.ptrs.fault,
+                std::mem::size_of_val(&words),
+                stream,
+            )
+            .result()?;
+            sys::cuStreamSynchronize(stream).result()?;
+        }
+        Ok(words)
+    }
+
+    /// Zeroes the fault record in stream order on `stream`.
+    ///
+    /// # Safety
+    /// As [`DecodeWorkspace::read_fault`].
+    pub(crate) unsafe fn clear_fault(&self, rt: &Runtime, stream: CUstream) -> Result<()> {
+        use cudarc::driver::sys;
+        rt.context().bind_to_thread()?;
+        // SAFETY: the record holds WORDS i32.
+        unsafe {
+            sys::cuMemsetD32Async(self.ptrs.fault, 0, mla_abi::fault::WORDS, stream).result()?
+        };
+        Ok(())
     }
 }
 
@@ -361,10 +412,15 @@ unsafe fn launch_args(
 /// ([`crate::tmap::tma_pays`]) and `MLA_WG_TMA` is not `0` (read once; `0` keeps the
 /// `cp.async` decode, for A/B measurements).
 fn use_tma(req: &DecodeRequest, shape: &DecodeShape, grid_splits: usize) -> bool {
-    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    switch_on(&ENABLED, "MLA_WG_TMA")
+    tma_enabled()
         && crate::tmap::tma_pays(shape.max_seq_len(), grid_splits)
         && crate::tmap::tma_unsupported(req, shape).is_none()
+}
+
+/// Whether the TMA decode may run at all (`MLA_WG_TMA` is not `0`; read once).
+pub(crate) fn tma_enabled() -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    switch_on(&ENABLED, "MLA_WG_TMA")
 }
 
 /// The decode kernels' params for a validated request.

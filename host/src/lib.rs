@@ -26,7 +26,7 @@ pub mod tensor;
 pub mod tmap;
 pub mod validate;
 
-pub use decoder::{DecodeConfig, DecodePlan};
+pub use decoder::{DecodeConfig, DecodeFault, DecodePlan, PlanInfo};
 pub use error::{MlaError, Result};
 pub use launch::DecodeWorkspace;
 pub use module::{

@@ -42,6 +42,7 @@ plan=(
   "combine    test-gpu_combine    60"
   "capi       test-capi           30"
   "serving    test-gpu_serving    240"
+  "interleave test-gpu_interleave  300"
   "bad-input  test-gpu_decode     30  bad_requests"
   "invariance test-gpu_decode     90  split_and_page"
   "fp8-acc    test-gpu_decode     90  fp8_accuracy"
