@@ -172,10 +172,14 @@ fn capture(
     h: &HostCase,
     d: &DeviceCase,
 ) -> cudarc::driver::CudaGraph {
+    // The request first: taking the buffers' addresses through cudarc orders the stream
+    // after their last writes, which a capture must not record.
+    let req = d.request(stream, h);
+    stream.synchronize().unwrap();
     stream
         .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
         .unwrap();
-    plan.run(rt, stream, &d.request(stream, h)).unwrap();
+    plan.run(rt, stream, &req).unwrap();
     stream
         .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
         .unwrap()

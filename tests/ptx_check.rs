@@ -76,7 +76,10 @@ fn ptx_is_self_contained_and_matches_the_abi() {
             entries.keys()
         );
         // The TMA decode's second parameter: the tensor map by value, 64-byte aligned.
-        if want.iter().any(|&(n, _)| n == mla::abi::names::DECODE_TMA_BF16) {
+        if want
+            .iter()
+            .any(|&(n, _)| n == mla::abi::names::DECODE_TMA_BF16)
+        {
             let decl = format!(
                 ".param .align {} .b8 {}_param_1[{}]",
                 mla::abi::TENSOR_MAP_PARAM_ALIGN,
