@@ -622,7 +622,7 @@ pub(crate) unsafe fn check_faults(
 #[inline(always)]
 unsafe fn record_fault(p: &DecodeParams, kind: i32, b: u32, column: i32, value: i32) {
     use mla_abi::fault;
-    let rec = p.fault.ptr() as *mut i32;
+    let rec = p.fault.ptr();
     // SAFETY: forwarded from the caller; the claiming thread alone writes the other words,
     // read by the host after the grid completes.
     unsafe {
