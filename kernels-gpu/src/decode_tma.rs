@@ -199,6 +199,9 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *cons
     // SAFETY: thread 0 initialises the mbarriers before any copy; every thread passes the
     // CTA barriers; the Q tile holds 64 slab-layout rows of a validated q.
     unsafe {
+        if issuer {
+            bulk::prefetch_tensormap(tmap);
+        }
         if tid == 0 {
             for k in 0..18 {
                 bulk::mbarrier_init(bars(0) + 8 * k, 1);

@@ -109,6 +109,17 @@ pub unsafe fn tma_load_3d(dst: u32, tmap: *const u8, c: [i32; 3], bar: u32) {
     }
 }
 
+/// `prefetch.tensormap [tmap];`: brings the tensor map into the TMA unit's descriptor
+/// cache ahead of the first copy that names it.
+///
+/// # Safety
+/// `tmap` is the generic address of a tensor map in param, const or global memory.
+#[inline(always)]
+pub unsafe fn prefetch_tensormap(tmap: *const u8) {
+    // SAFETY: forwarded from the caller (a prefetch has no other effect).
+    unsafe { asm!("prefetch.tensormap [{m}];", m = in(reg64) tmap, options(nostack)) }
+}
+
 /// Waits for the phase with `parity` of `bar` to complete (unbounded), for code between
 /// `wgmma`s: the warp polls together and leaves the loop together (`vote.sync.all`, then
 /// `bra.uni`), so ptxas sees no divergent path and does not serialize the `wgmma`s around
