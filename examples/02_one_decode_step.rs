@@ -34,7 +34,6 @@ fn main() -> Result<(), MlaError> {
         dtypes: DecodeDtypes::Bf16,
         page_size: 64,
         max_seq_len: host.max_pages * 64,
-        checked: false,
     };
     let plan = rt.plan_decode(&stream, config, Tactic::default_for(config.rows()))?;
     // ... and run every step: validation, then launches on this stream only.

@@ -81,7 +81,6 @@ fn main() -> Result<(), MlaError> {
         dtypes: DecodeDtypes::Bf16,
         page_size: PAGE,
         max_seq_len: MAX_PAGES * PAGE,
-        checked: false,
     };
     let plan = rt.plan_decode(&stream, config, Tactic::default_for(config.rows()))?;
 

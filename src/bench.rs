@@ -185,10 +185,11 @@ impl BenchCase {
                     dtypes: s.dtypes,
                     page_size: s.page,
                     max_seq_len: s.len,
-                    // MLA_BENCH_CHECKED=1: the plan in checked mode (to measure its cost).
-                    checked: std::env::var("MLA_BENCH_CHECKED").as_deref() == Ok("1"),
                 };
-                Some(rt.plan_decode(stream, config, tactic)?)
+                let mut plan = rt.plan_decode(stream, config, tactic)?;
+                // MLA_BENCH_CHECKED=1: the plan in checked mode (to measure its cost).
+                plan.set_checked(std::env::var("MLA_BENCH_CHECKED").as_deref() == Ok("1"));
+                Some(plan)
             } else {
                 None
             },

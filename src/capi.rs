@@ -135,8 +135,6 @@ pub struct MlaPlanConfig {
     /// tile on sm_90a for bf16 Q, else the 64-row tile); 1: the 16-row tile; 2: the 64-row
     /// `mma.sync` tile; 3: the `wgmma` tile (sm_90a, bf16 Q).
     pub tile: u32,
-    /// 1: checked mode (`DecodeConfig::checked`; read faults with `mla_plan_fault`); 0: off.
-    pub checked: u32,
 }
 
 /// What a plan chose (C layout; `DecodePlan::info`). Strings are NUL-terminated and cut to
@@ -275,11 +273,6 @@ pub unsafe extern "C" fn mla_plan_create(
         }
         // SAFETY: checked non-null; the caller guarantees validity.
         let cfg = unsafe { *cfg };
-        let checked = match cfg.checked {
-            0 => false,
-            1 => true,
-            other => return Err(MlaError::shape("checked", "0 or 1", other)),
-        };
         let config = DecodeConfig {
             max_batch: cfg.max_batch as usize,
             heads: cfg.heads as usize,
@@ -287,7 +280,6 @@ pub unsafe extern "C" fn mla_plan_create(
             dtypes: dtypes(cfg.q_dtype, cfg.kv_dtype)?,
             page_size: cfg.page_size as usize,
             max_seq_len: cfg.max_seq_len as usize,
-            checked,
         };
         // The config is checked first (it needs no device), then the handles.
         config.validate()?;
@@ -382,7 +374,7 @@ pub unsafe extern "C" fn mla_plan_info(
 /// Checked mode: waits for `stream` (a `CUstream`; the one the plan runs on), then writes
 /// the first fault a decode of the plan met since it was made or `mla_plan_clear_fault`
 /// ran (`kind` `MLA_FAULT_NONE`: none). `MLA_ERR_INVALID` for a plan made with
-/// `checked = 0`. Never during graph capture.
+/// checked mode off (`mla_plan_set_checked`). Never during graph capture.
 ///
 /// # Safety
 /// `rt` and `plan` are live handles (the plan made from `rt`), `out` a valid pointer,
@@ -423,6 +415,33 @@ pub unsafe extern "C" fn mla_plan_fault(
         };
         // SAFETY: out is non-null and writable.
         unsafe { *out = v };
+        Ok(())
+    })
+}
+
+/// Checked mode on (`checked` = 1) or off (0) for the plan's runs launched from now on
+/// (`DecodePlan::set_checked`); off when a plan is made. Not while the plan's work is in
+/// flight; a graph captured before keeps the mode it was captured with.
+///
+/// # Safety
+/// `rt` and `plan` are live handles (the plan made from `rt`), not used by another thread
+/// during the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mla_plan_set_checked(
+    rt: *const MlaRuntime,
+    plan: *mut MlaPlan,
+    checked: c_int,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded from the caller.
+        unsafe { handles(rt, plan)? };
+        let on = match checked {
+            0 => false,
+            1 => true,
+            other => return Err(MlaError::shape("checked", "0 or 1", other)),
+        };
+        // SAFETY: non-null (handles) and not shared during the call (caller).
+        unsafe { (*plan).plan.set_checked(on) };
         Ok(())
     })
 }

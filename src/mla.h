@@ -26,8 +26,8 @@
  * - Page-table entries past a sequence's pages (columns >= ceil(seq_len / page_size))
  *   are never read.
  * - A page id outside [0, num_pages) reads as zero rows (never out of bounds); a length
- *   past max_pages * page_size is cut there. Neither is an error; a plan made with
- *   checked = 1 records the first such fault for mla_plan_fault.
+ *   past max_pages * page_size is cut there. Neither is an error; a plan in checked mode
+ *   (mla_plan_set_checked) records the first such fault for mla_plan_fault.
  * - One plan must not run on two streams at once (its workspace holds the run in flight);
  *   use a plan per stream. Plans and runtimes may be used from any thread. */
 #ifndef MLA_H
@@ -59,7 +59,7 @@ typedef struct MlaPlan MlaPlan;
 
 /* Fields outside these ranges are MLA_ERR_INVALID naming the field: max_batch 1..65535,
  * heads 1..128, s_q 1..8, page_size a power of two in 1..256, dtype codes above, tile
- * 0..3, checked 0 or 1, waves 0..4. */
+ * 0..3, waves 0..4. */
 typedef struct MlaPlanConfig {
   uint32_t max_batch, heads, s_q, page_size, max_seq_len;
   uint32_t q_dtype, kv_dtype;
@@ -68,7 +68,6 @@ typedef struct MlaPlanConfig {
                      an fp8 cache with up to 32 rows; else the wgmma tile on sm_90a for bf16
                      Q, else 64-row); 1: 16-row; 2: 64-row mma.sync;
                      3: 64-row wgmma (sm_90a, bf16) */
-  uint32_t checked; /* 1: record page-table and length faults (mla_plan_fault) */
 } MlaPlanConfig;
 
 typedef struct MlaDecodeArgs {
@@ -107,6 +106,11 @@ int mla_plan_info(const MlaRuntime *rt, const MlaPlan *plan, MlaPlanInfo *out);
  * only, no allocation or synchronisation, capturable in a CUDA graph. Each launch reads
  * the buffers it is given, also when eager runs and graph replays of one plan mix. */
 int mla_decode_run(const MlaRuntime *rt, const MlaPlan *plan, const MlaDecodeArgs *args, void *stream);
+/* Checked mode on (1) or off (0, as made) for the plan's runs launched from now on: each
+ * decode also records the first page id outside [0, num_pages) or length past
+ * max_pages * page_size it meets. Not while the plan's work is in flight; a graph captured
+ * before keeps its mode. */
+int mla_plan_set_checked(const MlaRuntime *rt, MlaPlan *plan, int checked);
 /* Checked plans only: waits for `stream`, then writes the first fault (kind
  * MLA_FAULT_NONE: none). Not during graph capture. */
 int mla_plan_fault(const MlaRuntime *rt, const MlaPlan *plan, void *stream, MlaFault *out);

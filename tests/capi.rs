@@ -37,7 +37,6 @@ fn good_config() -> MlaPlanConfig {
         kv_dtype: MLA_BF16,
         waves: 0,
         tile: 0,
-        checked: 0,
     }
 }
 
@@ -128,7 +127,7 @@ fn a_negative_device_ordinal_is_invalid() {
 #[test]
 fn plan_config_errors_are_invalid_and_name_the_field() {
     type Edit = fn(&mut MlaPlanConfig);
-    let cases: [(&str, &str, Edit); 11] = [
+    let cases: [(&str, &str, Edit); 10] = [
         ("heads", "0", |c| c.heads = 0),
         ("heads", "129", |c| c.heads = 129),
         ("s_q", "9", |c| c.s_q = 9),
@@ -137,7 +136,6 @@ fn plan_config_errors_are_invalid_and_name_the_field() {
         ("page_size", "512", |c| c.page_size = 512),
         ("max_batch", "0", |c| c.max_batch = 0),
         ("tile", "4", |c| c.tile = 4),
-        ("checked", "2", |c| c.checked = 2),
         ("waves", "5", |c| c.waves = 5),
         ("q_dtype", "7", |c| c.q_dtype = 7),
     ];
@@ -254,7 +252,6 @@ fn header_matches_the_rust_structs() {
     let probes = [
         "sizeof(MlaPlanConfig)",
         "offsetof(MlaPlanConfig, tile)",
-        "offsetof(MlaPlanConfig, checked)",
         "sizeof(MlaDecodeArgs)",
         "offsetof(MlaDecodeArgs, batch)",
         "offsetof(MlaDecodeArgs, page_table_stride)",
@@ -307,7 +304,6 @@ fn header_matches_the_rust_structs() {
     let want = vec![
         size_of::<MlaPlanConfig>(),
         offset_of!(MlaPlanConfig, tile),
-        offset_of!(MlaPlanConfig, checked),
         size_of::<MlaDecodeArgs>(),
         offset_of!(MlaDecodeArgs, batch),
         offset_of!(MlaDecodeArgs, page_table_stride),
@@ -390,7 +386,6 @@ mod gpu {
         let mut db = DeviceCase::upload(&stream, &hb).unwrap();
         let cfg = MlaPlanConfig {
             max_batch: 3,
-            checked: 1,
             ..good_config()
         };
         let mut plan: *mut MlaPlan = std::ptr::null_mut();
@@ -398,6 +393,14 @@ mod gpu {
         let s = unsafe { mla_plan_create(rt, &cfg, &mut plan) };
         assert_eq!(s, MLA_OK, "{}", last_error());
         assert_eq!(last_error(), "");
+        // SAFETY: live handles.
+        assert_eq!(
+            unsafe { mla_plan_set_checked(rt, plan, 2) },
+            MLA_ERR_INVALID
+        );
+        assert!(last_error().contains("checked"), "{}", last_error());
+        // SAFETY: live handles.
+        assert_eq!(unsafe { mla_plan_set_checked(rt, plan, 1) }, MLA_OK);
         let mut info = std::mem::MaybeUninit::<MlaPlanInfo>::uninit();
         // SAFETY: live handles, valid out pointer.
         assert_eq!(

@@ -70,7 +70,7 @@ impl KernelCase {
         CaseSpec::new(self.dtypes, self.page, self.heads, self.s_q, lens)
     }
 
-    fn config(&self, h: &HostCase, checked: bool) -> DecodeConfig {
+    fn config(&self, h: &HostCase) -> DecodeConfig {
         DecodeConfig {
             max_batch: MAX_BATCH,
             heads: self.heads,
@@ -78,7 +78,6 @@ impl KernelCase {
             dtypes: self.dtypes,
             page_size: self.page,
             max_seq_len: h.max_pages * self.page,
-            checked,
         }
     }
 
@@ -93,8 +92,11 @@ impl KernelCase {
             tile: self.tile,
             ..Tactic::default()
         };
-        rt.plan_decode_on(stream, self.config(h, checked), tactic, self.backend)
-            .unwrap_or_else(|e| panic!("{}: {e}", self.label()))
+        let mut plan = rt
+            .plan_decode_on(stream, self.config(h), tactic, self.backend)
+            .unwrap_or_else(|e| panic!("{}: {e}", self.label()));
+        plan.set_checked(checked);
+        plan
     }
 }
 
@@ -351,7 +353,7 @@ fn checked_mode_records_the_first_fault() {
         let label = case.label();
         let mut d = DeviceCase::upload(&stream, h).unwrap();
         let plan = case.plan(&rt, &stream, h, true);
-        assert!(plan.info(&rt).checked);
+        assert!(plan.info(&rt).checked && plan.checked());
         // Valid inputs: no fault, and the outputs are the unchecked ones.
         d.poison_outputs(&stream).unwrap();
         let f = run_and_take_fault(&rt, &stream, &plan, h, &d);
@@ -451,7 +453,6 @@ fn lengths_below_s_q_give_zero_rows() {
                 dtypes: d,
                 page_size: 16,
                 max_seq_len: h.max_pages * 16,
-                checked: false,
             };
             let tactic = Tactic::default_on(s_q * heads, rt.backend(), d);
             let plan = rt.plan_decode(&stream, config, tactic).unwrap();

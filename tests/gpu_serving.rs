@@ -22,7 +22,6 @@ fn config(h: &HostCase, max_batch: usize) -> DecodeConfig {
         dtypes: h.spec.dtypes,
         page_size: h.spec.page_size,
         max_seq_len: h.max_pages * h.spec.page_size,
-        checked: false,
     }
 }
 

@@ -38,11 +38,6 @@ pub struct DecodeConfig {
     pub page_size: usize,
     /// Longest sequence the plan is tuned for (lengths beyond it still run correctly).
     pub max_seq_len: usize,
-    /// Checked mode: each decode also checks the page-table entries it reads and the
-    /// lengths, and records the first page id outside `0..num_pages` or length past the
-    /// page table's capacity in the workspace ([`DecodePlan::fault`]). Off: no check, no
-    /// cost (such entries read as zeros, such lengths are cut at the table's capacity).
-    pub checked: bool,
 }
 
 impl DecodeConfig {
@@ -90,7 +85,7 @@ impl DecodeConfig {
     }
 }
 
-/// A fault a checked decode met ([`DecodeConfig::checked`]): the first one any CTA
+/// A fault a checked decode met ([`DecodePlan::set_checked`]): the first one any CTA
 /// recorded since the plan was made or its record was cleared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DecodeFault {
@@ -256,7 +251,6 @@ impl Runtime {
                 max_splits: schedule.grid_splits(),
             },
         )?;
-        ws.checked = config.checked;
         log::debug!(
             "mla plan: {config:?} on {}: backend {}, tactic {tactic}, grid splits {}",
             self.device().name,
@@ -401,14 +395,14 @@ impl DecodePlan {
             tactic: self.tactic.to_string(),
             kernels,
             workspace_bytes: self.ws.device_bytes(),
-            checked: c.checked,
+            checked: self.ws.checked,
         }
     }
 
     /// Checked mode: the first fault a decode of this plan met since it was made or
     /// [`DecodePlan::clear_fault`] ran (`None`: none). Waits for `stream` (the one the
     /// plan runs on) first, so it sees every decode launched there; never in a capture.
-    /// An error for a plan made without [`DecodeConfig::checked`].
+    /// An error for a plan not in checked mode ([`DecodePlan::set_checked`]).
     pub fn fault(&self, rt: &Runtime, stream: &CudaStream) -> Result<Option<DecodeFault>> {
         // SAFETY: a cudarc stream is a live stream of its context.
         unsafe { self.fault_raw(rt, stream.cu_stream()) }
@@ -442,15 +436,31 @@ impl DecodePlan {
     }
 
     fn check_checked(&self) -> Result<()> {
-        if self.config.checked {
+        if self.ws.checked {
             Ok(())
         } else {
             Err(MlaError::shape(
                 "checked",
-                "a plan made with DecodeConfig::checked (the fault record)",
-                "false",
+                "a plan in checked mode (DecodePlan::set_checked)",
+                "a plan with checked mode off",
             ))
         }
+    }
+
+    /// Checked mode on or off for the runs launched from now on (off when a plan is
+    /// made). On, each decode also checks the page-table entries it reads and the length
+    /// of each sequence, and records the first page id outside `0..num_pages` or length
+    /// past the page table's capacity (`max_pages * page_size`) in the plan's workspace,
+    /// for [`DecodePlan::fault`]. Off: no check and no cost; such entries read as zeros and
+    /// such lengths are cut at the table's capacity, silently. A graph captured before the
+    /// switch keeps the mode it was captured with.
+    pub fn set_checked(&mut self, on: bool) {
+        self.ws.checked = on;
+    }
+
+    /// Whether checked mode is on ([`DecodePlan::set_checked`]).
+    pub fn checked(&self) -> bool {
+        self.ws.checked
     }
 
     /// The split counts the last run's schedule wrote for its first `n` sequences (waits
