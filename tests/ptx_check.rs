@@ -21,9 +21,12 @@ const IMAGES: &[(&str, &str, Variant, bool)] = &[
 ];
 
 /// The kernels an image must hold, with their params sizes: what the host resolves for
-/// its variant, and the primitive kernels.
+/// its variant (`mla::abi::kernels::ALL`), and the primitive kernels.
 fn expected(variant: Variant, prim: bool) -> Vec<(&'static str, usize)> {
-    let mut v: Vec<_> = variant.symbols().copied().collect();
+    let mut v: Vec<_> = variant
+        .kernels()
+        .map(|k| (k.symbol, k.params.size()))
+        .collect();
     if prim {
         v.extend_from_slice(mla::abi::primitives::ALL);
     }
@@ -75,18 +78,16 @@ fn ptx_is_self_contained_and_matches_the_abi() {
             "{tag}: entries {:?}",
             entries.keys()
         );
-        // The TMA decode's second parameter: the tensor map by value, 64-byte aligned.
-        if want
-            .iter()
-            .any(|&(n, _)| n == mla::abi::names::DECODE_TMA_BF16)
-        {
-            let decl = format!(
-                ".param .align {} .b8 {}_param_1[{}]",
-                mla::abi::TENSOR_MAP_PARAM_ALIGN,
-                mla::abi::names::DECODE_TMA_BF16,
-                std::mem::size_of::<mla::abi::TensorMap>()
-            );
-            assert!(ptx.contains(&decl), "{tag}: no `{decl}`");
+        // A second parameter (the TMA decode's tensor map, by value) is 64-byte aligned.
+        for k in variant.kernels() {
+            if let Some(size) = k.params.second() {
+                let decl = format!(
+                    ".param .align {} .b8 {}_param_1[{size}]",
+                    mla::abi::TENSOR_MAP_PARAM_ALIGN,
+                    k.symbol
+                );
+                assert!(ptx.contains(&decl), "{tag}: no `{decl}`");
+            }
         }
     }
 }

@@ -13,14 +13,13 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 use cudarc::driver::sys::{CUstream, CUstreamCaptureStatus};
-use mla_abi::{ScheduleParams, names, ref_tile, schedule_tile};
+use mla_abi::{ScheduleParams, kernels, names};
 
 use crate::autotune::{Autotuner, DeviceKey, ShapeKey};
+use crate::choice::DecodeKernels;
 use crate::error::{MlaError, Result};
 use crate::gate::{Backend, Geometry, Registry, is_available, is_supported};
-use crate::launch::{
-    DecodeGrid, DecodeWorkspace, LaunchShape, check_workspace, decode_params, launch, switch_on,
-};
+use crate::launch::{DecodeWorkspace, LaunchShape, check_workspace, decode_params, launch};
 use crate::module::Runtime;
 use crate::plan::{self, ScheduleConfig, WorkspaceCapacity};
 use crate::request::{DecodeDtypes, DecodeRequest, DecodeShape};
@@ -164,6 +163,8 @@ pub struct DecodePlan {
     backend: Backend,
     tactic: Tactic,
     schedule: ScheduleConfig,
+    /// Every kernel a run may launch, chosen at plan time ([`crate::choice`]).
+    kernels: DecodeKernels,
     ws: DecodeWorkspace,
 }
 
@@ -243,7 +244,7 @@ impl Runtime {
             )),
             max_len: config.max_seq_len,
         };
-        let mut ws = DecodeWorkspace::new(
+        let ws = DecodeWorkspace::new(
             stream,
             WorkspaceCapacity {
                 batch: config.max_batch,
@@ -257,11 +258,20 @@ impl Runtime {
             backend.name(),
             schedule.grid_splits()
         );
+        let kernels = DecodeKernels::new(
+            backend,
+            self.variant(),
+            tactic.tile,
+            config.dtypes,
+            config.page_size,
+            schedule.grid_splits(),
+        );
         Ok(DecodePlan {
             config,
             backend,
             tactic,
             schedule,
+            kernels,
             ws,
         })
     }
@@ -359,37 +369,9 @@ impl DecodePlan {
     /// workspace's device bytes.
     pub fn info(&self, rt: &Runtime) -> PlanInfo {
         let c = &self.config;
-        let mut kernels = Vec::new();
-        if self.backend == Backend::Reference {
-            kernels.push(c.dtypes.reference_kernel());
-        } else {
-            let fold_max = if fold_on() {
-                mla_abi::SCHED_FOLD_MAX_BATCH
-            } else {
-                0
-            };
-            if c.max_batch > fold_max {
-                kernels.push(names::SCHEDULE);
-            }
-            let decode = self.tactic.tile.decode_kernel(c.dtypes);
-            if decode == names::DECODE_WG_BF16
-                && crate::launch::tma_enabled()
-                && c.page_size >= mla_abi::decode_tile::TMA_MIN_PAGE
-            {
-                kernels.push(names::DECODE_TMA_BF16);
-            }
-            kernels.push(decode);
-            let splits = self.schedule.grid_splits();
-            if splits > 1 {
-                let sm = rt.device().sm_count;
-                for batch in [1, c.max_batch] {
-                    let k = c.dtypes.combine_kernel(splits, batch * c.rows(), sm);
-                    if !kernels.contains(&k) {
-                        kernels.push(k);
-                    }
-                }
-            }
-        }
+        let kernels = self
+            .kernels
+            .all(c.max_batch, c.rows(), rt.device().sm_count);
         PlanInfo {
             backend: self.backend.name(),
             tactic: self.tactic.to_string(),
@@ -500,19 +482,20 @@ impl DecodePlan {
             why: d.to_string(),
         })?;
         check_workspace(&shape, self.ws.capacity())?;
-        if self.backend == Backend::Reference {
+        if self.kernels.reference {
             let p = decode_params(req, &shape, &self.ws);
+            let kernel = self.kernels.decode;
             let grid = LaunchShape {
                 grid: (shape.rows() as u32, shape.batch as u32, 1),
-                block: ref_tile::THREADS as u32,
-                smem: ref_tile::SMEM_BYTES as u32,
+                block: kernel.block,
+                smem: kernel.smem,
             };
             // SAFETY: validated request; the reference kernel reads q, the cache, the table
             // and the lengths, and writes out and lse only.
-            unsafe { launch(rt, shape.dtypes.reference_kernel(), grid, stream, &p)? };
+            unsafe { launch(rt, kernel.symbol, grid, stream, &p)? };
             return Ok(shape);
         }
-        let grid_splits = self.schedule.grid_splits();
+        let grid_splits = self.kernels.grid_splits;
         let p = ScheduleParams {
             seq_lens: mla_abi::DevPtr::from_addr(req.seq_lens.ptr),
             num_splits: mla_abi::DevPtr::from_addr(self.ws.ptrs().num_splits),
@@ -523,15 +506,9 @@ impl DecodePlan {
             max_len: shape.max_seq_len().min(u32::MAX as usize) as u32,
             _pad: 0,
         };
-        let grid = LaunchShape {
-            grid: (1, 1, 1),
-            block: schedule_tile::THREADS as u32,
-            smem: (schedule_tile::WARPS * 8) as u32,
-        };
         // Small batches: every decode CTA runs the schedule's rule itself (SchedFold), so the
-        // decode does not wait out a schedule kernel; larger ones launch it (and so does
-        // every batch with MLA_SCHED_FOLD=0, read once: for tests and A/B measurements).
-        let fold = if fold_on() && shape.batch <= mla_abi::SCHED_FOLD_MAX_BATCH {
+        // decode does not wait out a schedule kernel; larger ones launch it.
+        let fold = if self.kernels.folds(shape.batch) {
             mla_abi::SchedFold {
                 tiles: p.tiles.max(1),
                 target_ctas: p.target_ctas,
@@ -546,13 +523,26 @@ impl DecodePlan {
         // computes them by the same rule, folded).
         unsafe {
             if fold.tiles == 0 {
-                launch(rt, names::SCHEDULE, grid, stream, &p)?;
+                let k = kernels::find(names::SCHEDULE).ok_or(MlaError::Load {
+                    variant: rt.variant().name().into(),
+                    detail: "no schedule kernel in the kernel table".into(),
+                })?;
+                let grid = LaunchShape {
+                    grid: (1, 1, 1),
+                    block: k.block,
+                    smem: k.smem,
+                };
+                launch(rt, k.symbol, grid, stream, &p)?;
             }
-            let grid = DecodeGrid {
-                splits: grid_splits,
+            rt.launch_decode(
+                req,
+                &shape,
+                &self.ws,
+                &self.kernels,
+                self.tactic.tile,
                 fold,
-            };
-            rt.launch_decode(req, &shape, &self.ws, grid, self.tactic.tile, stream)?;
+                stream,
+            )?;
         }
         Ok(shape)
     }
@@ -595,13 +585,6 @@ impl DecodePlan {
         }
         Ok(())
     }
-}
-
-/// Whether small batches fold the schedule into the decode (`MLA_SCHED_FOLD` is not `0`;
-/// read once).
-fn fold_on() -> bool {
-    static FOLD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    switch_on(&FOLD, "MLA_SCHED_FOLD")
 }
 
 // A runtime is shared between threads (one module, many streams); a plan moves to the

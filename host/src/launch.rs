@@ -6,11 +6,13 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, result};
+use mla_abi::kernels::{Kernel, Params};
 use mla_abi::{
     AppendParams, CombineParams, DecodeParams, DevPtr, ElemType, GatherParams, MAX_SPLITS,
-    combine_tile, decode_tile, names, paged_tile,
+    combine_tile, names, paged_tile,
 };
 
+use crate::choice::DecodeKernels;
 use crate::error::{MlaError, Result};
 use crate::module::Runtime;
 use crate::plan::WorkspaceCapacity;
@@ -227,24 +229,14 @@ fn addr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
     p
 }
 
-/// The split extent of a decode launch and whether the decode computes the split counts
-/// itself ([`Runtime::launch_decode`]).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct DecodeGrid {
-    /// The largest split count any sequence may get (the grid's z extent).
-    pub(crate) splits: usize,
-    /// The folded schedule (`tiles == 0`: off; `num_splits` holds the counts).
-    pub(crate) fold: mla_abi::SchedFold,
-}
-
-/// The combine's grid over `rows` query rows of `batch` sequences: `kernel`'s rows per CTA
-/// ([`names::combine_rows_per_cta`]), a whole `combine_tile::THREADS` block per row.
-fn combine_launch_shape(kernel: &'static str, rows: usize, batch: usize) -> LaunchShape {
-    let per_cta = names::combine_rows_per_cta(kernel);
+/// The combine's grid over `rows` query rows of `batch` sequences: `kernel`'s block holds
+/// whole `combine_tile::THREADS` rows.
+fn combine_launch_shape(kernel: &Kernel, rows: usize, batch: usize) -> LaunchShape {
+    let per_cta = kernel.block / combine_tile::THREADS as u32;
     LaunchShape {
         grid: ((rows as u32).div_ceil(per_cta), batch as u32, 1),
-        block: combine_tile::THREADS as u32 * per_cta,
-        smem: 0,
+        block: kernel.block,
+        smem: kernel.smem,
     }
 }
 
@@ -271,62 +263,17 @@ pub(crate) unsafe fn launch<P>(
     unsafe { launch_with(rt, kernel, shape, stream, params, false) }
 }
 
-/// An A/B switch: on unless environment variable `var` is `0`, read once into `cell`.
-pub(crate) fn switch_on(cell: &'static std::sync::OnceLock<bool>, var: &str) -> bool {
-    *cell.get_or_init(|| std::env::var(var).as_deref() != Ok("0"))
-}
-
-/// Whether the decode path launches with programmatic dependent launch: the image's
-/// decode, combine and map-store kernels start with `griddepcontrol.wait` (sm_90a and
-/// sm_100a images; not the portable sm_80 one), and `MLA_PDL` is not `0` (read once; `0`
-/// launches them plainly, for A/B).
-fn pdl_enabled(rt: &Runtime) -> bool {
-    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    rt.variant() != crate::module::Variant::Portable && switch_on(&ENABLED, "MLA_PDL")
-}
-
-/// [`launch`] with the programmatic-stream-serialization attribute (where
-/// [`pdl_enabled`]): the kernel's CTAs may start once the previous kernel in the stream
-/// triggers (`griddepcontrol.launch_dependents`) or completes, and the kernel waits for
-/// that kernel's completion (`griddepcontrol.wait`) before touching global memory, so
-/// stream order still holds for every read and write. Inside a graph capture the driver
-/// records it as a programmatic edge.
-///
-/// # Safety
-/// As [`launch`]; `kernel` starts with `arch::grid_dep_wait` in the loaded image.
-pub(crate) unsafe fn launch_dependent<P>(
-    rt: &Runtime,
-    kernel: &'static str,
-    shape: LaunchShape,
-    stream: CUstream,
-    params: &P,
-) -> Result<()> {
-    // SAFETY: forwarded from the caller.
-    unsafe { launch_with(rt, kernel, shape, stream, params, pdl_enabled(rt)) }
-}
-
-/// [`launch_dependent`] of a kernel with several parameters: `args` holds a pointer to
-/// each, in the entry's order.
-///
-/// # Safety
-/// As [`launch_dependent`], for every parameter.
-pub(crate) unsafe fn launch_dependent_args(
-    rt: &Runtime,
-    kernel: &'static str,
-    shape: LaunchShape,
-    stream: CUstream,
-    args: &mut [*mut c_void],
-) -> Result<()> {
-    // SAFETY: forwarded from the caller.
-    unsafe { launch_args(rt, kernel, shape, stream, args, pdl_enabled(rt)) }
-}
-
 /// The one launch: `cuLaunchKernel`, or with `pdl` `cuLaunchKernelEx` with the
-/// programmatic-stream-serialization attribute.
+/// programmatic-stream-serialization attribute: the kernel's CTAs may start once the
+/// previous kernel in the stream triggers (`griddepcontrol.launch_dependents`) or
+/// completes, and the kernel waits for that kernel's completion (`griddepcontrol.wait`)
+/// before touching global memory, so stream order still holds for every read and write.
+/// Inside a graph capture the driver records it as a programmatic edge.
 ///
 /// # Safety
-/// As [`launch`]; with `pdl`, as [`launch_dependent`].
-unsafe fn launch_with<P>(
+/// As [`launch`]; with `pdl`, `kernel` starts with `arch::grid_dep_wait` in the loaded
+/// image ([`crate::choice::DecodeKernels::pdl`]).
+pub(crate) unsafe fn launch_with<P>(
     rt: &Runtime,
     kernel: &'static str,
     shape: LaunchShape,
@@ -351,7 +298,7 @@ unsafe fn launch_with<P>(
 ///
 /// # Safety
 /// As [`launch_with`], for every parameter.
-unsafe fn launch_args(
+pub(crate) unsafe fn launch_args(
     rt: &Runtime,
     kernel: &'static str,
     shape: LaunchShape,
@@ -405,22 +352,6 @@ unsafe fn launch_args(
         }
     };
     launched.map_err(|source| MlaError::Launch { kernel, source })
-}
-
-/// Whether a bf16 request on the `wgmma` tile takes the TMA decode: it can
-/// ([`crate::tmap::tma_unsupported`]), its splits hold more than one block
-/// ([`crate::tmap::tma_pays`]) and `MLA_WG_TMA` is not `0` (read once; `0` keeps the
-/// `cp.async` decode, for A/B measurements).
-fn use_tma(req: &DecodeRequest, shape: &DecodeShape, grid_splits: usize) -> bool {
-    tma_enabled()
-        && crate::tmap::tma_pays(shape.max_seq_len(), grid_splits)
-        && crate::tmap::tma_unsupported(req, shape).is_none()
-}
-
-/// Whether the TMA decode may run at all (`MLA_WG_TMA` is not `0`; read once).
-pub(crate) fn tma_enabled() -> bool {
-    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    switch_on(&ENABLED, "MLA_WG_TMA")
 }
 
 /// The decode kernels' params for a validated request.
@@ -507,6 +438,14 @@ fn paged_launch(shape: &PagedShape) -> Result<LaunchShape> {
     })
 }
 
+/// The table entry of a kernel the launch code names.
+fn kernel_spec(symbol: &'static str) -> &'static Kernel {
+    match mla_abi::kernels::find(symbol) {
+        Some(k) => k,
+        None => unreachable!("{symbol} is not in mla_abi::kernels::ALL"),
+    }
+}
+
 fn dev<T>(p: u64) -> DevPtr<T> {
     DevPtr::from_addr(p)
 }
@@ -543,6 +482,14 @@ impl Runtime {
                 ws.splits_len,
             ));
         }
+        let kernels = DecodeKernels::new(
+            self.backend(),
+            self.variant(),
+            tile,
+            shape.dtypes,
+            shape.page_size,
+            ws.grid_splits.max(1),
+        );
         // SAFETY: validated request; the workspace holds its capacity and the split counts
         // (1..=max_splits) for this batch.
         unsafe {
@@ -550,46 +497,37 @@ impl Runtime {
                 req,
                 &shape,
                 ws,
-                DecodeGrid {
-                    splits: ws.grid_splits.max(1),
-                    fold: mla_abi::SchedFold::default(),
-                },
+                &kernels,
                 tile,
+                mla_abi::SchedFold::default(),
                 stream.cu_stream(),
             )?
         };
         Ok(shape)
     }
 
-    /// The decode kernel (grid z = `grid.splits`) and, when `grid.splits > 1`, the combine.
+    /// The decode kernel (grid z = `kernels.grid_splits`) and, when that is above 1, the
+    /// combine; `fold` on: the decode computes the split counts itself.
     ///
     /// # Safety
     /// `req` passed [`validate_decode`] giving `shape`, the workspace holds `shape`, and its
-    /// `num_splits[0..batch]` will hold values in `1..=grid.splits` when the kernel runs
-    /// (or, with `grid.fold` on, the decode computes them).
+    /// `num_splits[0..batch]` will hold values in `1..=kernels.grid_splits` when the kernel
+    /// runs (or, with `fold` on, the decode computes them); `kernels` is for `tile`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn launch_decode(
         &self,
         req: &DecodeRequest,
         shape: &DecodeShape,
         ws: &DecodeWorkspace,
-        grid: DecodeGrid,
+        kernels: &DecodeKernels,
         tile: Tile,
+        fold: mla_abi::SchedFold,
         stream: CUstream,
     ) -> Result<()> {
-        let grid_splits = grid.splits;
         let rows = shape.rows();
         let mut p = decode_params(req, shape, ws);
-        p.fold = grid.fold;
-        let mut kernel = tile.decode_kernel(shape.dtypes);
-        let mut smem = tile.smem_bytes();
-        // The TMA decode takes the cache's tensor map by value, as its second parameter:
-        // the launch (or the graph node a capture records) holds its own copy.
-        let mut kv_map = None;
-        if kernel == names::DECODE_WG_BF16 && use_tma(req, shape, grid_splits) {
-            kv_map = Some(crate::tmap::encode_kv_map(req, shape)?);
-            kernel = names::DECODE_TMA_BF16;
-            smem = decode_tile::TMA_SMEM_BYTES;
-        }
+        p.fold = fold;
+        let kernel = kernels.decode_for(req, shape);
         // Split-major (the kernels read tile, sequence, split from x, y, z): the graph-safe
         // grid's CTAs past a sequence's split count (most of them at large batch) launch
         // after every CTA that has work, instead of between them.
@@ -597,55 +535,48 @@ impl Runtime {
             grid: (
                 tile.row_tiles(rows) as u32,
                 shape.batch as u32,
-                grid_splits as u32,
+                kernels.grid_splits as u32,
             ),
-            block: decode_tile::THREADS as u32,
-            smem: smem as u32,
+            block: kernel.block,
+            smem: kernel.smem,
         };
-        // SAFETY: forwarded from the caller; the TMA decode's map describes the request's
-        // validated cache.
+        // SAFETY: forwarded from the caller.
         unsafe {
-            match &kv_map {
-                Some(map) => launch_dependent_args(
-                    self,
-                    kernel,
-                    grid,
-                    stream,
-                    &mut [
-                        &p as *const DecodeParams as *mut c_void,
-                        map as *const mla_abi::TensorMap as *mut c_void,
-                    ],
-                )?,
-                None => launch_dependent(self, kernel, grid, stream, &p)?,
+            if kernel.params == Params::DecodeWithMap {
+                // The cache's tensor map by value, as the second parameter: the launch (or
+                // the graph node a capture records) holds its own copy.
+                let map = crate::tmap::encode_kv_map(req, shape)?;
+                let mut args = [
+                    &p as *const DecodeParams as *mut c_void,
+                    &map as *const mla_abi::TensorMap as *mut c_void,
+                ];
+                launch_args(self, kernel.symbol, grid, stream, &mut args, kernels.pdl)?;
+            } else {
+                launch_with(self, kernel.symbol, grid, stream, &p, kernels.pdl)?;
             }
-        };
-        if grid_splits > 1 {
-            let c = CombineParams {
-                partial_o: p.partial_o,
-                partial_lse: p.partial_lse,
-                num_splits: p.num_splits,
-                out: p.out,
-                lse: p.lse,
-                out_stride_b: p.out_stride_b,
-                out_stride_s: p.out_stride_s,
-                out_stride_h: p.out_stride_h,
-                batch: p.batch,
-                s_q: p.s_q,
-                heads: p.heads,
-                max_splits: p.max_splits,
-                output_scale: p.output_scale,
-                _pad: 0,
-            };
-            let kernel = shape.dtypes.combine_kernel(
-                grid_splits,
-                shape.batch * rows,
-                self.device().sm_count,
-            );
-            let grid = combine_launch_shape(kernel, rows, shape.batch);
-            // SAFETY: the combine reads what the decode wrote, in stream order.
-            unsafe { launch_dependent(self, kernel, grid, stream, &c)? };
         }
-        Ok(())
+        let Some(combine) = kernels.combine_for(shape.batch * rows, self.device().sm_count) else {
+            return Ok(());
+        };
+        let c = CombineParams {
+            partial_o: p.partial_o,
+            partial_lse: p.partial_lse,
+            num_splits: p.num_splits,
+            out: p.out,
+            lse: p.lse,
+            out_stride_b: p.out_stride_b,
+            out_stride_s: p.out_stride_s,
+            out_stride_h: p.out_stride_h,
+            batch: p.batch,
+            s_q: p.s_q,
+            heads: p.heads,
+            max_splits: p.max_splits,
+            output_scale: p.output_scale,
+            _pad: 0,
+        };
+        let grid = combine_launch_shape(combine, rows, shape.batch);
+        // SAFETY: the combine reads what the decode wrote, in stream order.
+        unsafe { launch_with(self, combine.symbol, grid, stream, &c, kernels.pdl) }
     }
 
     /// Runs the combine kernel alone on caller-provided partials (for tests and for merging
@@ -733,7 +664,7 @@ impl Runtime {
             launch(
                 self,
                 kernel,
-                combine_launch_shape(kernel, rows, batch),
+                combine_launch_shape(kernel_spec(kernel), rows, batch),
                 stream.cu_stream(),
                 &c,
             )

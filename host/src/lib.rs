@@ -11,6 +11,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod autotune;
+pub mod choice;
 pub mod decoder;
 pub mod error;
 pub mod gate;

@@ -12,11 +12,9 @@ use std::sync::Arc;
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
-use mla_abi::{decode_tile, names};
+use mla_abi::kernels::{self, Images, Kernel};
 
 use crate::error::{MlaError, Result};
-use crate::request::DecodeDtypes;
-use crate::tactic::Tile;
 
 /// The kernel images a [`Runtime`] can load (the `mla` crate embeds them).
 #[derive(Clone, Copy, Debug)]
@@ -55,14 +53,12 @@ impl Variant {
         }
     }
 
-    /// Every kernel symbol (with its params size) this variant's image holds: the ABI's
-    /// common set, and on sm_90a its own kernels too.
-    pub fn symbols(self) -> impl Iterator<Item = &'static (&'static str, usize)> {
-        let own: &'static [(&'static str, usize)] = match self {
-            Variant::Sm90a => names::SM90A_ONLY,
-            Variant::Sm100a | Variant::Portable => &[],
-        };
-        names::ALL.iter().chain(own)
+    /// Every kernel this variant's image holds ([`mla_abi::kernels::ALL`]: the common
+    /// set, and on sm_90a its own kernels too).
+    pub fn kernels(self) -> impl Iterator<Item = &'static Kernel> {
+        kernels::ALL
+            .iter()
+            .filter(move |k| k.images == Images::All || self == Variant::Sm90a)
     }
 
     /// The gating backend this variant's image implements.
@@ -273,35 +269,25 @@ impl Runtime {
             detail: format!("{e:?} ({form:?})"),
         })?;
         let mut functions = HashMap::new();
-        for &(name, _) in variant.symbols() {
+        for kernel in variant.kernels() {
+            let name = kernel.symbol;
             let f = module.load_function(name).map_err(|e| MlaError::Load {
                 variant: variant.name().into(),
                 detail: format!("symbol {name}: {e:?}"),
             })?;
             functions.insert(name, f);
         }
-        // Every decode tile this image runs gets its kernel's opt-in dynamic shared memory.
-        let backend = variant.backend();
-        let smem = Tile::ALL.into_iter().flat_map(|tile| {
-            DecodeDtypes::ALL
-                .into_iter()
-                .filter(move |&d| tile.check(backend, d).is_ok())
-                .map(move |d| (tile.decode_kernel(d), tile.smem_bytes()))
-        });
-        // The TMA decode stands in for the bf16 `wgmma` tile where the request allows.
-        let tma = functions
-            .contains_key(names::DECODE_TMA_BF16)
-            .then_some((names::DECODE_TMA_BF16, decode_tile::TMA_SMEM_BYTES));
-        for (name, bytes) in smem.chain(tma) {
-            let f = &functions[name];
-            f.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                bytes as i32,
-            )
-            .map_err(|source| MlaError::Launch {
-                kernel: name,
-                source,
-            })?;
+        // Every kernel opts in to the dynamic shared memory it launches with.
+        for kernel in variant.kernels().filter(|k| k.smem > 0) {
+            functions[kernel.symbol]
+                .set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    kernel.smem as i32,
+                )
+                .map_err(|source| MlaError::Launch {
+                    kernel: kernel.symbol,
+                    source,
+                })?;
         }
         Ok(Self {
             ctx,
@@ -358,7 +344,8 @@ impl Runtime {
     pub fn kernel_resources(&self) -> Result<Vec<KernelResources>> {
         use CUfunction_attribute::*;
         let mut out = Vec::new();
-        for &(name, _) in self.variant.symbols() {
+        for kernel in self.variant.kernels() {
+            let name = kernel.symbol;
             let f = self.function(name)?;
             let attr = |a| {
                 f.get_attribute(a).map_err(|source| MlaError::Launch {

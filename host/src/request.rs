@@ -3,7 +3,7 @@
 //! device pointer is touched.
 
 use crate::tensor::TensorView;
-use mla_abi::{ElemType, names};
+use mla_abi::ElemType;
 
 /// The (q, kv cache, out) element types the decode supports. Accumulation is f32 always.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -53,37 +53,6 @@ impl DecodeDtypes {
             Self::Fp16 => ElemType::Fp16,
             _ => ElemType::Bf16,
         }
-    }
-
-    /// The decode kernel symbol.
-    pub fn decode_kernel(self) -> &'static str {
-        match self {
-            Self::Bf16 => names::DECODE_BF16,
-            Self::Fp16 => names::DECODE_FP16,
-            Self::Fp8KvBf16Q => names::DECODE_FP8KV_BF16Q,
-            Self::Fp8 => names::DECODE_FP8,
-        }
-    }
-
-    /// The reference decode kernel symbol (the `reference` backend).
-    pub fn reference_kernel(self) -> &'static str {
-        match self {
-            Self::Bf16 => names::DECODE_REF_BF16,
-            Self::Fp16 => names::DECODE_REF_FP16,
-            Self::Fp8KvBf16Q => names::DECODE_REF_FP8KV_BF16Q,
-            Self::Fp8 => names::DECODE_REF_FP8,
-        }
-    }
-
-    /// The combine kernel symbol: by output type, narrow or wide by the launch's chunk
-    /// bound and rows (`names::combine`).
-    pub fn combine_kernel(self, max_splits: usize, rows: usize, sm_count: u32) -> &'static str {
-        names::combine(
-            self.out() == ElemType::Fp16,
-            max_splits as u32,
-            rows as u64,
-            sm_count,
-        )
     }
 
     /// A short canonical name (`bf16`, `fp16`, `fp8kv_bf16q`, `fp8`).

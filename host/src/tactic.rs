@@ -133,30 +133,6 @@ impl Tile {
         decode_tile::BLOCK_N
     }
 
-    /// The decode kernel symbol for these dtypes.
-    pub fn decode_kernel(self, dtypes: crate::DecodeDtypes) -> &'static str {
-        use crate::DecodeDtypes::*;
-        use mla_abi::names::*;
-        match (self, dtypes) {
-            (Tile::M64N64, _) => dtypes.decode_kernel(),
-            (Tile::M16N64, Bf16) => DECODE16_BF16,
-            (Tile::M16N64, Fp16) => DECODE16_FP16,
-            (Tile::M16N64, Fp8KvBf16Q) => DECODE16_FP8KV_BF16Q,
-            (Tile::M16N64, Fp8) => DECODE16_FP8,
-            // Only these two pass Tile::check; the symbols are in the sm_90a image only.
-            (Tile::Wg64N64, Fp8KvBf16Q) => DECODE_WG_FP8KV_BF16Q,
-            (Tile::Wg64N64, _) => DECODE_WG_BF16,
-        }
-    }
-
-    /// Dynamic shared memory of this tile's kernel.
-    pub fn smem_bytes(self) -> usize {
-        match self {
-            Tile::M64N64 | Tile::M16N64 => decode_tile::SMEM_BYTES,
-            Tile::Wg64N64 => decode_tile::WG_SMEM_BYTES,
-        }
-    }
-
     /// CTAs per (sequence, split): the query rows cut into tiles.
     pub fn row_tiles(self, rows: usize) -> usize {
         rows.div_ceil(self.block_m())

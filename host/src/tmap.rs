@@ -43,7 +43,7 @@ pub fn tma_unsupported(req: &DecodeRequest, shape: &DecodeShape) -> Option<&'sta
 /// block. It works on blocks in pairs, one per warpgroup, so with one block per CTA half of
 /// it idles, and under a CUDA graph it adds the map's store; the `cp.async` decode was
 /// faster there on the H200 (`mla bench` B=1 L=4096 H=128, 64 splits: 35.8 us against
-/// 37.0; 8 splits of 8 blocks: 57.5 against 55.8, docs/runs/9ca7cf4/bench-ab.txt).
+/// 37.0; 8 splits of 8 blocks: 57.5 against 55.8, at `9ca7cf4`; docs/PERF.md).
 pub fn tma_pays(max_seq_len: usize, grid_splits: usize) -> bool {
     max_seq_len
         .div_ceil(decode_tile::BLOCK_N)

@@ -317,7 +317,7 @@ pub mod paged_tile {
     const _: () = assert!(ACTIVE_THREADS <= THREADS);
 }
 
-/// Kernel symbol names. The host resolves every one of them when it loads a module.
+/// Kernel symbol names; [`kernels::ALL`] says what each one takes and how it launches.
 pub mod names {
     pub const DECODE_BF16: &str = "mla_decode_mma_bf16";
     pub const DECODE_FP16: &str = "mla_decode_mma_fp16";
@@ -328,21 +328,12 @@ pub mod names {
     pub const DECODE16_FP8KV_BF16Q: &str = "mla_decode_mma16_fp8kv_bf16q";
     pub const DECODE16_FP8: &str = "mla_decode_mma16_fp8";
     /// The `wgmma` decodes (64-row tile; bf16 Q with a bf16 or an fp8 cache): only in the
-    /// sm_90a image, so they are not in [`ALL`] but in [`SM90A_ONLY`].
+    /// sm_90a image (`super::kernels::Images::Sm90aOnly`).
     pub const DECODE_WG_BF16: &str = "mla_decode_wg_bf16";
     pub const DECODE_WG_FP8KV_BF16Q: &str = "mla_decode_wg_fp8kv_bf16q";
     /// The TMA-fed `wgmma` decode (bf16; `decode_tile::TMA_*`). Its entry takes a second
     /// parameter after the `DecodeParams`: the cache's `TensorMap`, by value.
     pub const DECODE_TMA_BF16: &str = "mla_decode_tma_bf16";
-    /// Symbols only the sm_90a image has (with their params sizes), resolved only there.
-    pub const SM90A_ONLY: &[(&str, usize)] = &[
-        (DECODE_WG_BF16, core::mem::size_of::<super::DecodeParams>()),
-        (
-            DECODE_WG_FP8KV_BF16Q,
-            core::mem::size_of::<super::DecodeParams>(),
-        ),
-        (DECODE_TMA_BF16, core::mem::size_of::<super::DecodeParams>()),
-    ];
     pub const COMBINE_BF16: &str = "mla_combine_bf16";
     pub const COMBINE_FP16: &str = "mla_combine_fp16";
     pub const COMBINE_WIDE_BF16: &str = "mla_combine_wide_bf16";
@@ -382,38 +373,176 @@ pub mod names {
     pub const DECODE_REF_FP16: &str = "mla_decode_ref_fp16";
     pub const DECODE_REF_FP8KV_BF16Q: &str = "mla_decode_ref_fp8kv_bf16q";
     pub const DECODE_REF_FP8: &str = "mla_decode_ref_fp8";
+}
 
-    /// Every kernel, with the size of its params struct (the one `.param` of its entry).
-    pub const ALL: &[(&str, usize)] = {
-        use super::*;
-        use core::mem::size_of;
-        &[
-            (DECODE_BF16, size_of::<DecodeParams>()),
-            (DECODE_FP16, size_of::<DecodeParams>()),
-            (DECODE_FP8KV_BF16Q, size_of::<DecodeParams>()),
-            (DECODE_FP8, size_of::<DecodeParams>()),
-            (DECODE16_BF16, size_of::<DecodeParams>()),
-            (DECODE16_FP16, size_of::<DecodeParams>()),
-            (DECODE16_FP8KV_BF16Q, size_of::<DecodeParams>()),
-            (DECODE16_FP8, size_of::<DecodeParams>()),
-            (COMBINE_BF16, size_of::<CombineParams>()),
-            (COMBINE_FP16, size_of::<CombineParams>()),
-            (COMBINE_WIDE_BF16, size_of::<CombineParams>()),
-            (COMBINE_WIDE_FP16, size_of::<CombineParams>()),
-            (APPEND_BF16, size_of::<AppendParams>()),
-            (APPEND_FP16, size_of::<AppendParams>()),
-            (APPEND_FP8_FROM_BF16, size_of::<AppendParams>()),
-            (GATHER_BF16, size_of::<GatherParams>()),
-            (GATHER_FP16, size_of::<GatherParams>()),
-            (GATHER_FP8, size_of::<GatherParams>()),
-            (GATHER_FP8_TO_BF16, size_of::<GatherParams>()),
-            (SCHEDULE, size_of::<ScheduleParams>()),
-            (DECODE_REF_BF16, size_of::<DecodeParams>()),
-            (DECODE_REF_FP16, size_of::<DecodeParams>()),
-            (DECODE_REF_FP8KV_BF16Q, size_of::<DecodeParams>()),
-            (DECODE_REF_FP8, size_of::<DecodeParams>()),
-        ]
-    };
+/// Every kernel of the product images in one typed table: symbol, parameters, block
+/// size, dynamic shared memory and the images that hold it. The host loads and configures
+/// exactly these (`Runtime::load`), launches with their blocks and shared memory, and
+/// `tests/ptx_check.rs` holds each image's entries to it.
+pub mod kernels {
+    use super::names::*;
+    use super::*;
+
+    /// What an entry takes: its params struct and, for the TMA decode, the cache's
+    /// [`TensorMap`] by value after it.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Params {
+        Decode,
+        /// `DecodeParams`, then a `TensorMap`.
+        DecodeWithMap,
+        Combine,
+        Append,
+        Gather,
+        Schedule,
+    }
+
+    impl Params {
+        /// Bytes of the first parameter (the params struct).
+        pub const fn size(self) -> usize {
+            use core::mem::size_of;
+            match self {
+                Params::Decode | Params::DecodeWithMap => size_of::<DecodeParams>(),
+                Params::Combine => size_of::<CombineParams>(),
+                Params::Append => size_of::<AppendParams>(),
+                Params::Gather => size_of::<GatherParams>(),
+                Params::Schedule => size_of::<ScheduleParams>(),
+            }
+        }
+
+        /// Bytes of the second parameter, if the entry has one.
+        pub const fn second(self) -> Option<usize> {
+            match self {
+                Params::DecodeWithMap => Some(core::mem::size_of::<TensorMap>()),
+                _ => None,
+            }
+        }
+    }
+
+    /// Which product images hold a kernel.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Images {
+        /// sm_80 (portable), sm_90a and sm_100a.
+        All,
+        /// The sm_90a image only (`wgmma`, TMA).
+        Sm90aOnly,
+    }
+
+    /// One kernel: how to launch it.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Kernel {
+        pub symbol: &'static str,
+        pub params: Params,
+        /// Threads per CTA.
+        pub block: u32,
+        /// Dynamic shared memory per CTA, bytes (the load opts in to it).
+        pub smem: u32,
+        pub images: Images,
+    }
+
+    const fn k(symbol: &'static str, params: Params, block: usize, smem: usize) -> Kernel {
+        Kernel {
+            symbol,
+            params,
+            block: block as u32,
+            smem: smem as u32,
+            images: Images::All,
+        }
+    }
+
+    const fn sm90a(kernel: Kernel) -> Kernel {
+        Kernel {
+            images: Images::Sm90aOnly,
+            ..kernel
+        }
+    }
+
+    const DT: usize = decode_tile::THREADS;
+    const NARROW: usize = combine_tile::THREADS * combine_tile::ROWS_NARROW as usize;
+
+    pub const ALL: &[Kernel] = &[
+        k(DECODE_BF16, Params::Decode, DT, decode_tile::SMEM_BYTES),
+        k(DECODE_FP16, Params::Decode, DT, decode_tile::SMEM_BYTES),
+        k(
+            DECODE_FP8KV_BF16Q,
+            Params::Decode,
+            DT,
+            decode_tile::SMEM_BYTES,
+        ),
+        k(DECODE_FP8, Params::Decode, DT, decode_tile::SMEM_BYTES),
+        k(DECODE16_BF16, Params::Decode, DT, decode_tile::SMEM_BYTES),
+        k(DECODE16_FP16, Params::Decode, DT, decode_tile::SMEM_BYTES),
+        k(
+            DECODE16_FP8KV_BF16Q,
+            Params::Decode,
+            DT,
+            decode_tile::SMEM_BYTES,
+        ),
+        k(DECODE16_FP8, Params::Decode, DT, decode_tile::SMEM_BYTES),
+        sm90a(k(
+            DECODE_WG_BF16,
+            Params::Decode,
+            DT,
+            decode_tile::WG_SMEM_BYTES,
+        )),
+        sm90a(k(
+            DECODE_WG_FP8KV_BF16Q,
+            Params::Decode,
+            DT,
+            decode_tile::WG_SMEM_BYTES,
+        )),
+        sm90a(k(
+            DECODE_TMA_BF16,
+            Params::DecodeWithMap,
+            DT,
+            decode_tile::TMA_SMEM_BYTES,
+        )),
+        k(COMBINE_BF16, Params::Combine, NARROW, 0),
+        k(COMBINE_FP16, Params::Combine, NARROW, 0),
+        k(COMBINE_WIDE_BF16, Params::Combine, combine_tile::THREADS, 0),
+        k(COMBINE_WIDE_FP16, Params::Combine, combine_tile::THREADS, 0),
+        k(APPEND_BF16, Params::Append, paged_tile::THREADS, 0),
+        k(APPEND_FP16, Params::Append, paged_tile::THREADS, 0),
+        k(APPEND_FP8_FROM_BF16, Params::Append, paged_tile::THREADS, 0),
+        k(GATHER_BF16, Params::Gather, paged_tile::THREADS, 0),
+        k(GATHER_FP16, Params::Gather, paged_tile::THREADS, 0),
+        k(GATHER_FP8, Params::Gather, paged_tile::THREADS, 0),
+        k(GATHER_FP8_TO_BF16, Params::Gather, paged_tile::THREADS, 0),
+        k(
+            SCHEDULE,
+            Params::Schedule,
+            schedule_tile::THREADS,
+            schedule_tile::WARPS * 8,
+        ),
+        k(
+            DECODE_REF_BF16,
+            Params::Decode,
+            ref_tile::THREADS,
+            ref_tile::SMEM_BYTES,
+        ),
+        k(
+            DECODE_REF_FP16,
+            Params::Decode,
+            ref_tile::THREADS,
+            ref_tile::SMEM_BYTES,
+        ),
+        k(
+            DECODE_REF_FP8KV_BF16Q,
+            Params::Decode,
+            ref_tile::THREADS,
+            ref_tile::SMEM_BYTES,
+        ),
+        k(
+            DECODE_REF_FP8,
+            Params::Decode,
+            ref_tile::THREADS,
+            ref_tile::SMEM_BYTES,
+        ),
+    ];
+
+    /// The table's entry for `symbol`.
+    pub fn find(symbol: &str) -> Option<&'static Kernel> {
+        ALL.iter().find(|k| k.symbol == symbol)
+    }
 }
 
 /// Params of `mla_decode_mma_*` (`BLOCK_M` rows per CTA), `mla_decode_mma16_*`

@@ -1,0 +1,221 @@
+//! Which kernels a decode runs: the one place that decides it.
+//!
+//! A plan fixes the backend ([`crate::gate`]: the registry's first backend that the device
+//! and the loaded image accept) and the tactic ([`crate::tactic::Tactic::default_on`] unless
+//! tuned or given: the tile, the waves, the split cap). From those, [`DecodeKernels::new`]
+//! picks once, at plan time, every kernel a run may launch; at run time
+//! [`DecodeKernels::decode_for`] only looks at what the request adds (its cache layout and
+//! the longest length its page table can address), and [`DecodeKernels::combine_for`] at
+//! the live batch. The kernels' launch shapes come from [`mla_abi::kernels::ALL`].
+//!
+//! Worked example, bf16, H=64, S_q=2 (128 query rows), page 16, on an H200 (sm_90a image):
+//! 1. Backend `sm90a`: the device is sm_90, the image holds the `wgmma` kernels.
+//! 2. Tile `wg64n64` (`Tile::default_on`): more than 16 rows, bf16 Q, and the `wgmma`
+//!    tile runs bf16 there; two row tiles, so the split cap is 32.
+//! 3. Decode kernel: `mla_decode_wg_bf16`, and for a request whose bf16 cache is
+//!    contiguous and 16-byte aligned, with pages of at least 16 tokens and splits of two or
+//!    more 64-token blocks, the TMA decode `mla_decode_tma_bf16` instead (`decode_for`;
+//!    `crate::tmap` says why each condition holds).
+//! 4. Schedule: folded into the decode up to [`mla_abi::SCHED_FOLD_MAX_BATCH`] sequences,
+//!    the `mla_schedule` kernel above.
+//! 5. Combine: when the plan's grid has more than one split, the narrow or wide combine by
+//!    chunk count and rows (`mla_abi::names::combine`).
+//! 6. Programmatic dependent launch for the decode and combine on the sm_90a and sm_100a
+//!    images.
+//!
+//! [`Overrides`] are the environment's switches for A/B measurements; they are read here
+//! and nowhere else.
+
+use mla_abi::kernels::{self, Kernel};
+use mla_abi::{ElemType, names};
+
+use crate::gate::Backend;
+use crate::module::Variant;
+use crate::request::{DecodeDtypes, DecodeRequest, DecodeShape};
+use crate::tactic::Tile;
+
+/// Environment overrides of the kernel choice, for A/B measurements: each is on unless
+/// its variable is `0`. Read once per process.
+/// - `MLA_PDL=0`: launch the decode and combine without programmatic dependent launch.
+/// - `MLA_WG_TMA=0`: keep the `cp.async` `wgmma` decode where the TMA decode would run.
+/// - `MLA_SCHED_FOLD=0`: launch the schedule kernel at every batch size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Overrides {
+    pub pdl: bool,
+    pub tma: bool,
+    pub fold: bool,
+}
+
+impl Overrides {
+    /// The process's overrides.
+    pub fn get() -> Overrides {
+        static CELL: std::sync::OnceLock<Overrides> = std::sync::OnceLock::new();
+        *CELL.get_or_init(|| {
+            let on = |var: &str| std::env::var(var).as_deref() != Ok("0");
+            Overrides {
+                pdl: on("MLA_PDL"),
+                tma: on("MLA_WG_TMA"),
+                fold: on("MLA_SCHED_FOLD"),
+            }
+        })
+    }
+}
+
+/// The table entry of a kernel this crate names (every name is in the table).
+fn spec(symbol: &'static str) -> &'static Kernel {
+    match kernels::find(symbol) {
+        Some(k) => k,
+        None => unreachable!("{symbol} is not in mla_abi::kernels::ALL"),
+    }
+}
+
+/// The decode kernel of `tile` for `dtypes` (the tile must pass `Tile::check`).
+pub fn tile_kernel(tile: Tile, dtypes: DecodeDtypes) -> &'static Kernel {
+    use DecodeDtypes::*;
+    use names::*;
+    spec(match (tile, dtypes) {
+        (Tile::M64N64, Bf16) => DECODE_BF16,
+        (Tile::M64N64, Fp16) => DECODE_FP16,
+        (Tile::M64N64, Fp8KvBf16Q) => DECODE_FP8KV_BF16Q,
+        (Tile::M64N64, Fp8) => DECODE_FP8,
+        (Tile::M16N64, Bf16) => DECODE16_BF16,
+        (Tile::M16N64, Fp16) => DECODE16_FP16,
+        (Tile::M16N64, Fp8KvBf16Q) => DECODE16_FP8KV_BF16Q,
+        (Tile::M16N64, Fp8) => DECODE16_FP8,
+        // Only these two pass Tile::check; the symbols are in the sm_90a image only.
+        (Tile::Wg64N64, Fp8KvBf16Q) => DECODE_WG_FP8KV_BF16Q,
+        (Tile::Wg64N64, _) => DECODE_WG_BF16,
+    })
+}
+
+/// The reference backend's decode kernel for `dtypes`.
+pub fn reference_kernel(dtypes: DecodeDtypes) -> &'static Kernel {
+    use DecodeDtypes::*;
+    use names::*;
+    spec(match dtypes {
+        Bf16 => DECODE_REF_BF16,
+        Fp16 => DECODE_REF_FP16,
+        Fp8KvBf16Q => DECODE_REF_FP8KV_BF16Q,
+        Fp8 => DECODE_REF_FP8,
+    })
+}
+
+/// Every kernel a decode with one tactic may launch, fixed at plan time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeKernels {
+    /// The decode kernel: the reference kernel on the reference backend, else the tile's.
+    pub decode: &'static Kernel,
+    /// The TMA decode that stands in for `decode` where a request suits it
+    /// ([`DecodeKernels::decode_for`]); `None` where it never can.
+    pub tma: Option<&'static Kernel>,
+    /// Batches up to this many sequences fold the split schedule into the decode; larger
+    /// ones launch the schedule kernel first. 0: never folded.
+    pub fold_max_batch: usize,
+    /// The largest split count (the decode grid's z extent); above 1 a combine follows.
+    pub grid_splits: usize,
+    /// The combine writes fp16 (else bf16).
+    pub combine_fp16: bool,
+    /// The decode and combine launch with programmatic dependent launch.
+    pub pdl: bool,
+    /// Only the reference kernel runs (no schedule, no combine).
+    pub reference: bool,
+}
+
+impl DecodeKernels {
+    /// The kernels for `tile` on `backend` (whose image `variant` is loaded), `dtypes`,
+    /// pages of `page_size` tokens and a grid of `grid_splits` splits.
+    pub fn new(
+        backend: Backend,
+        variant: Variant,
+        tile: Tile,
+        dtypes: DecodeDtypes,
+        page_size: usize,
+        grid_splits: usize,
+    ) -> DecodeKernels {
+        let o = Overrides::get();
+        let reference = backend == Backend::Reference;
+        let decode = if reference {
+            reference_kernel(dtypes)
+        } else {
+            tile_kernel(tile, dtypes)
+        };
+        // The TMA decode: the bf16 `wgmma` tile's kernel, fed by tensor copies; pages of
+        // fewer than TMA_MIN_PAGE tokens make boxes too small to pay.
+        let tma = (decode.symbol == names::DECODE_WG_BF16
+            && o.tma
+            && page_size >= mla_abi::decode_tile::TMA_MIN_PAGE)
+            .then(|| spec(names::DECODE_TMA_BF16));
+        DecodeKernels {
+            decode,
+            tma,
+            fold_max_batch: if o.fold && !reference {
+                mla_abi::SCHED_FOLD_MAX_BATCH
+            } else {
+                0
+            },
+            grid_splits: grid_splits.max(1),
+            combine_fp16: dtypes.out() == ElemType::Fp16,
+            // The portable (sm_80) image's kernels have no `griddepcontrol.wait`.
+            pdl: o.pdl && variant != Variant::Portable,
+            reference,
+        }
+    }
+
+    /// The decode kernel for a validated request: the TMA decode where the request's cache
+    /// suits it ([`crate::tmap::tma_unsupported`]) and its splits hold two or more blocks
+    /// ([`crate::tmap::tma_pays`]), else [`DecodeKernels::decode`].
+    pub fn decode_for(&self, req: &DecodeRequest, shape: &DecodeShape) -> &'static Kernel {
+        match self.tma {
+            Some(tma)
+                if crate::tmap::tma_pays(shape.max_seq_len(), self.grid_splits)
+                    && crate::tmap::tma_unsupported(req, shape).is_none() =>
+            {
+                tma
+            }
+            _ => self.decode,
+        }
+    }
+
+    /// Whether a batch of `batch` sequences folds the schedule into the decode.
+    pub fn folds(&self, batch: usize) -> bool {
+        batch <= self.fold_max_batch
+    }
+
+    /// The combine for `rows` query rows in all (`batch * s_q * heads`) on `sm_count` SMs,
+    /// or `None` when the grid has one split (the decode writes the output itself).
+    pub fn combine_for(&self, rows: usize, sm_count: u32) -> Option<&'static Kernel> {
+        (self.grid_splits > 1 && !self.reference).then(|| {
+            spec(names::combine(
+                self.combine_fp16,
+                self.grid_splits as u32,
+                rows as u64,
+                sm_count,
+            ))
+        })
+    }
+
+    /// Every kernel a run may launch for up to `max_batch` sequences of `rows` query rows
+    /// each, in launch order.
+    pub fn all(&self, max_batch: usize, rows: usize, sm_count: u32) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        if self.reference {
+            out.push(self.decode.symbol);
+            return out;
+        }
+        if max_batch > self.fold_max_batch {
+            out.push(names::SCHEDULE);
+        }
+        if let Some(t) = self.tma {
+            out.push(t.symbol);
+        }
+        out.push(self.decode.symbol);
+        for batch in [1, max_batch] {
+            if let Some(c) = self.combine_for(batch * rows, sm_count)
+                && !out.contains(&c.symbol)
+            {
+                out.push(c.symbol);
+            }
+        }
+        out
+    }
+}
