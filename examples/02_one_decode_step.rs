@@ -4,7 +4,6 @@
 
 use mla::harness::{self, CaseSpec, DeviceCase, HostCase, Values};
 use mla::rng::SplitMix64;
-use mla::tactic::Tactic;
 use mla::{DecodeConfig, DecodeDtypes, MlaError};
 
 fn main() -> Result<(), MlaError> {
@@ -35,7 +34,7 @@ fn main() -> Result<(), MlaError> {
         page_size: 64,
         max_seq_len: host.max_pages * 64,
     };
-    let plan = rt.plan_decode(&stream, config, Tactic::default_for(config.rows()))?;
+    let plan = rt.plan_decode(&stream, config, rt.default_tactic(&config))?;
     // ... and run every step: validation, then launches on this stream only.
     dev.poison_outputs(&stream)?;
     let shape = plan.run(&rt, &stream, &dev.request(&stream, &host))?;

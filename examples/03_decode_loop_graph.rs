@@ -12,7 +12,6 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use mla::abi::{D_QK, D_V, ElemType};
 use mla::oracle::{self, OracleInput};
 use mla::rng::SplitMix64;
-use mla::tactic::Tactic;
 use mla::{
     AppendRequest, DecodeConfig, DecodeDtypes, DecodeRequest, HostMirror, MlaError, Scales,
     TensorView, numeric,
@@ -82,7 +81,7 @@ fn main() -> Result<(), MlaError> {
         page_size: PAGE,
         max_seq_len: MAX_PAGES * PAGE,
     };
-    let plan = rt.plan_decode(&stream, config, Tactic::default_for(config.rows()))?;
+    let plan = rt.plan_decode(&stream, config, rt.default_tactic(&config))?;
 
     let mut graph = None;
     for step in 0..STEPS {

@@ -12,7 +12,6 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use mla_abi::{D_QK, D_V, ElemType};
 
-use crate::tactic::Tactic;
 use crate::{
     DecodeConfig, DecodeDtypes, DecodeFault, DecodePlan, DecodeRequest, HostMirror, MlaError,
     Runtime, Scales, TensorView,
@@ -307,7 +306,7 @@ pub unsafe extern "C" fn mla_plan_create(
         }
         // SAFETY: checked non-null; the caller guarantees it is live.
         let rt = unsafe { &(*rt).rt };
-        let mut tactic = Tactic::default_on(config.rows(), rt.backend(), config.dtypes);
+        let mut tactic = rt.default_tactic(&config);
         if cfg.waves != 0 {
             tactic.waves = cfg.waves;
         }

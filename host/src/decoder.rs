@@ -180,7 +180,14 @@ impl std::fmt::Debug for DecodePlan {
 }
 
 impl Runtime {
-    /// Plans a decode for `config` with `tactic` ([`Tactic::default`] when not tuning).
+    /// The tactic the library picks for `config` on this runtime's backend when not
+    /// tuning ([`Tactic::default_on`]): the measured default path.
+    pub fn default_tactic(&self, config: &DecodeConfig) -> Tactic {
+        Tactic::default_on(config.rows(), self.backend(), config.dtypes)
+    }
+
+    /// Plans a decode for `config` with `tactic` ([`Runtime::default_tactic`] when not
+    /// tuning).
     /// Allocates the workspace; call it outside graph capture.
     pub fn plan_decode(
         &self,
