@@ -4,9 +4,13 @@
 
 The library is found at $MLA_LIB, else stage/lib/libmla.so next to this repo's root
 (bash tests/gpu/stage.sh --peers puts it there). One runtime per process; one plan per
-shape, made in make() (not timed); fn() launches schedule + decode + combine on torch's
-current stream through mla_decode_run, with no allocation and no synchronisation, so the
-harness can capture it in a CUDA graph.
+shape, made in make() (not timed). As the peers compute their scheduling metadata once per
+decode step outside the timed call (FlashMLA's tile-scheduler metadata, FlashInfer's plan,
+FA3's scheduler metadata), make() runs the step's schedule once (mla_schedule_step) and fn()
+times one layer (mla_decode_run_layer: decode + combine). With STEP = True (the wrapper
+peer_plugin_step.py, peer `mla_rs_step`) fn() times schedule + decode + combine
+(mla_decode_run) instead. Either way fn() launches on torch's current stream with no
+allocation and no synchronisation, so the harness can capture it in a CUDA graph.
 """
 import ctypes
 import os
@@ -60,6 +64,10 @@ def _load():
         lib.mla_runtime_create.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]
         lib.mla_plan_create.argtypes = [ctypes.c_void_p, ctypes.POINTER(PlanConfig), ctypes.POINTER(ctypes.c_void_p)]
         lib.mla_decode_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(DecodeArgs), ctypes.c_void_p]
+        lib.mla_decode_run_layer.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(DecodeArgs),
+                                             ctypes.c_void_p]
+        lib.mla_schedule_step.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32,
+                                          ctypes.c_uint32, ctypes.c_void_p]
         lib.mla_last_error.restype = ctypes.c_char_p
         lib.mla_plan_destroy.argtypes = [ctypes.c_void_p]
         rt = ctypes.c_void_p()
@@ -73,8 +81,10 @@ def _check(lib, status, what):
         raise RuntimeError(f"{what}: status {status}: {lib.mla_last_error().decode(errors='replace')}")
 
 
-# Tile forced by a wrapper plugin (peer_plugin_m16.py); None: MLA_TILE, else the library default.
+# Tile forced by a wrapper plugin (peer_plugin_m64.py); None: MLA_TILE, else the library default.
 FORCE_TILE = None
+# True (peer_plugin_step.py): fn() runs the whole step, schedule included.
+STEP = False
 
 
 def _tile_for(rows):
@@ -116,12 +126,21 @@ def _make(q, kcache, kv_dtype, kv_scale, block_table, seq_lens, scale):
                       page_table_stride=block_table.stride(0), kv_page_stride=kcache.stride(0),
                       softmax_scale=scale, output_scale=1.0, q_scale=1.0, kv_scale=kv_scale)
     keep = (q, kcache, block_table, seq_lens, out, lse, plan, args)
-    run, byref = lib.mla_decode_run, ctypes.byref(args)
+    if STEP:
+        run, what = lib.mla_decode_run, "mla_decode_run"
+    else:
+        # The step's schedule, once, outside the timed call (the lengths do not change).
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        _check(lib, lib.mla_schedule_step(_rt, plan, seq_lens.data_ptr(), B, max_pages, stream),
+               "mla_schedule_step")
+        torch.cuda.current_stream().synchronize()
+        run, what = lib.mla_decode_run_layer, "mla_decode_run_layer"
+    byref = ctypes.byref(args)
 
     def fn():
         status = run(_rt, plan, byref, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
         if status != 0:
-            _check(lib, status, "mla_decode_run")
+            _check(lib, status, what)
         return keep[4]
     # The plan (and its workspace) lives as long as fn.
     weakref.finalize(fn, lib.mla_plan_destroy, plan)

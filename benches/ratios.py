@@ -3,13 +3,13 @@
     python3 benches/ratios.py peers.json [--ours mla_rs] [--markdown]
 
 Speed ratio = best peer's time / our time (> 1: we are faster), per shape, for bf16 KV
-against the best BF16 peer (FlashMLA, FlashInfer; torch_naive excluded), and for fp8 KV
+against the best BF16 peer (FlashMLA, FlashInfer, FA3-MLA; torch_naive excluded), and for fp8 KV
 against our own bf16 throughput (tokens/s) and FlashMLA's fp8 kernel where both ran.
 """
 import json
 import sys
 
-BF16_PEERS = ("flashmla_bf16", "flashinfer")
+BF16_PEERS = ("flashmla_bf16", "flashinfer", "fa3_mla")
 
 
 def main():

@@ -463,6 +463,49 @@ pub unsafe extern "C" fn mla_plan_clear_fault(
     })
 }
 
+/// The decode request the C args describe for `plan` (shapes from the plan's config).
+fn request_of(plan: &DecodePlan, a: &MlaDecodeArgs) -> DecodeRequest<'static> {
+    let c = plan.config();
+    let (b, s, h) = (a.batch as usize, c.s_q, c.heads);
+    let d = c.dtypes;
+    let page = c.page_size;
+    let table_stride = if a.page_table_stride == 0 {
+        a.max_pages as usize
+    } else {
+        a.page_table_stride as usize
+    };
+    let kv_page_stride = if a.kv_page_stride == 0 {
+        page * D_QK
+    } else {
+        a.kv_page_stride as usize
+    };
+    DecodeRequest {
+        q: TensorView::contiguous(a.q, d.q(), [b, s, h, D_QK]),
+        kv_cache: TensorView::strided(
+            a.kv_cache,
+            d.kv(),
+            [a.num_pages as usize, page, D_QK],
+            [kv_page_stride, D_QK, 1],
+        ),
+        page_table: TensorView::strided(
+            a.page_table,
+            ElemType::I32,
+            [b, a.max_pages as usize],
+            [table_stride, 1],
+        ),
+        seq_lens: TensorView::contiguous(a.seq_lens, ElemType::I32, [b]),
+        out: TensorView::contiguous(a.out, d.out(), [b, s, h, D_V]),
+        lse: TensorView::contiguous(a.lse, ElemType::F32, [b, s, h]),
+        scales: Scales {
+            softmax_scale: a.softmax_scale,
+            output_scale: a.output_scale,
+            q_scale: a.q_scale,
+            kv_scale: a.kv_scale,
+        },
+        host: HostMirror::default(),
+    }
+}
+
 /// One decode step on `stream` (a `CUstream`; null is the legacy default stream): schedule,
 /// decode, combine. No allocation, no synchronisation: safe to capture in a CUDA graph.
 ///
@@ -485,47 +528,67 @@ pub unsafe extern "C" fn mla_decode_run(
         }
         // SAFETY: checked non-null; the caller guarantees validity.
         let a = unsafe { *args };
-        let c = plan.config();
-        let (b, s, h) = (a.batch as usize, c.s_q, c.heads);
-        let d = c.dtypes;
-        let page = c.page_size;
-        let table_stride = if a.page_table_stride == 0 {
-            a.max_pages as usize
-        } else {
-            a.page_table_stride as usize
-        };
-        let kv_page_stride = if a.kv_page_stride == 0 {
-            page * D_QK
-        } else {
-            a.kv_page_stride as usize
-        };
-        let req = DecodeRequest {
-            q: TensorView::contiguous(a.q, d.q(), [b, s, h, D_QK]),
-            kv_cache: TensorView::strided(
-                a.kv_cache,
-                d.kv(),
-                [a.num_pages as usize, page, D_QK],
-                [kv_page_stride, D_QK, 1],
-            ),
-            page_table: TensorView::strided(
-                a.page_table,
-                ElemType::I32,
-                [b, a.max_pages as usize],
-                [table_stride, 1],
-            ),
-            seq_lens: TensorView::contiguous(a.seq_lens, ElemType::I32, [b]),
-            out: TensorView::contiguous(a.out, d.out(), [b, s, h, D_V]),
-            lse: TensorView::contiguous(a.lse, ElemType::F32, [b, s, h]),
-            scales: Scales {
-                softmax_scale: a.softmax_scale,
-                output_scale: a.output_scale,
-                q_scale: a.q_scale,
-                kv_scale: a.kv_scale,
-            },
-            host: HostMirror::default(),
-        };
+        let req = request_of(plan, &a);
         // SAFETY: forwarded from the caller.
         unsafe { plan.run_raw(rt, stream as cudarc::driver::sys::CUstream, &req)? };
+        Ok(())
+    })
+}
+
+/// Per-step scheduling (`DecodePlan::schedule_step`): the split counts of a batch of
+/// `batch` sequences whose lengths are at `seq_lens` (`[batch]` int32, device), computed on
+/// the device into the plan's workspace in stream order on `stream` (capturable); lengths
+/// are cut at `max_pages * page_size`, as the decode cuts them. Every
+/// `mla_decode_run_layer` after it on the same stream reuses them.
+///
+/// # Safety
+/// `rt` and `plan` are live handles (the plan made from `rt`), `seq_lens` a device pointer
+/// to `batch` int32 valid until the kernel completes, `stream` a stream of the runtime's
+/// context (null: the legacy default stream).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mla_schedule_step(
+    rt: *const MlaRuntime,
+    plan: *const MlaPlan,
+    seq_lens: u64,
+    batch: u32,
+    max_pages: u32,
+    stream: *mut c_void,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded from the caller.
+        let (rt, plan) = unsafe { handles(rt, plan)? };
+        let lens = TensorView::contiguous(seq_lens, ElemType::I32, [batch as usize]);
+        let capacity = max_pages as usize * plan.config().page_size;
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            plan.schedule_step_raw(rt, stream as cudarc::driver::sys::CUstream, &lens, capacity)
+        }
+    })
+}
+
+/// One layer of a scheduled step (`DecodePlan::run_layer`): validation, then the decode
+/// and combine with the split counts of the last `mla_schedule_step` on `stream`; the
+/// args' batch and `seq_lens` contents must be the scheduled ones. Capturable.
+///
+/// # Safety
+/// As `mla_decode_run`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mla_decode_run_layer(
+    rt: *const MlaRuntime,
+    plan: *const MlaPlan,
+    args: *const MlaDecodeArgs,
+    stream: *mut c_void,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded from the caller.
+        let (rt, plan) = unsafe { handles(rt, plan)? };
+        if args.is_null() {
+            return Err(MlaError::NullArgument { field: "args" });
+        }
+        // SAFETY: checked non-null; the caller guarantees validity.
+        let req = request_of(plan, unsafe { &*args });
+        // SAFETY: forwarded from the caller.
+        unsafe { plan.run_layer_raw(rt, stream as cudarc::driver::sys::CUstream, &req)? };
         Ok(())
     })
 }

@@ -106,6 +106,16 @@ int mla_plan_info(const MlaRuntime *rt, const MlaPlan *plan, MlaPlanInfo *out);
  * only, no allocation or synchronisation, capturable in a CUDA graph. Each launch reads
  * the buffers it is given, also when eager runs and graph replays of one plan mix. */
 int mla_decode_run(const MlaRuntime *rt, const MlaPlan *plan, const MlaDecodeArgs *args, void *stream);
+/* Per-step scheduling, for the layers of one decode step: the split counts of a batch whose
+ * lengths are at `seq_lens` ([batch] int32, device), computed on the device into the plan's
+ * workspace in stream order (capturable); lengths are cut at max_pages * page_size. Each
+ * mla_decode_run_layer after it on the same stream reuses them. */
+int mla_schedule_step(const MlaRuntime *rt, const MlaPlan *plan, uint64_t seq_lens, uint32_t batch,
+                      uint32_t max_pages, void *stream);
+/* One layer of a scheduled step: mla_decode_run without the schedule; args->batch and the
+ * contents of args->seq_lens must be the ones mla_schedule_step read. Capturable. */
+int mla_decode_run_layer(const MlaRuntime *rt, const MlaPlan *plan, const MlaDecodeArgs *args,
+                         void *stream);
 /* Checked mode on (1) or off (0, as made) for the plan's runs launched from now on: each
  * decode also records the first page id outside [0, num_pages) or length past
  * max_pages * page_size it meets. Not while the plan's work is in flight; a graph captured

@@ -101,6 +101,34 @@ fn null_handles_and_arguments_are_named() {
         unsafe { mla_plan_clear_fault(std::ptr::null(), std::ptr::null(), std::ptr::null_mut()) };
     assert_eq!(s, MLA_ERR_INVALID);
     // SAFETY: as above.
+    let s = unsafe {
+        mla_schedule_step(
+            std::ptr::null(),
+            std::ptr::null(),
+            0,
+            1,
+            1,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(
+        (s, last_error().as_str()),
+        (MLA_ERR_INVALID, "rt is a null handle")
+    );
+    // SAFETY: as above.
+    let s = unsafe {
+        mla_decode_run_layer(
+            std::ptr::null(),
+            std::ptr::null(),
+            std::ptr::null(),
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(
+        (s, last_error().as_str()),
+        (MLA_ERR_INVALID, "rt is a null handle")
+    );
+    // SAFETY: as above.
     let s = unsafe { mla_runtime_create(0, std::ptr::null_mut()) };
     assert_eq!(
         (s, last_error().as_str()),

@@ -487,3 +487,113 @@ fn lengths_below_s_q_give_zero_rows() {
     }
     assert!(failures.is_empty());
 }
+
+/// Per-step scheduling: one plan, one `schedule_step` per step, then `run_layer` on many
+/// layers (each its own cache and page order, the lengths shared), eager and inside one
+/// captured graph of the whole step (schedule + every layer), every layer against the
+/// oracle; for every kernel case, and 61 layers (a DeepSeek-V3 model's) on the TMA decode.
+#[test]
+fn one_schedule_serves_every_layer_of_a_step() {
+    let test = "step_layers";
+    let seed = common::seed(test);
+    let Some((rt, stream)) = common::gpu(test) else {
+        return;
+    };
+    let mut rng = SplitMix64::new(seed);
+    let mut cases: Vec<(KernelCase, usize)> =
+        kernel_cases(&rt).into_iter().map(|c| (c, 3)).collect();
+    cases.push((
+        KernelCase {
+            dtypes: DecodeDtypes::Bf16,
+            heads: 128,
+            s_q: 1,
+            page: 64,
+            tile: Tile::Wg64N64,
+            backend: None,
+            batch: 4,
+        },
+        61,
+    ));
+    let mut failures = Vec::new();
+    let mut layers_checked = 0;
+    for (case, layers) in &cases {
+        if case.tile.check(rt.backend(), case.dtypes).is_err() {
+            continue;
+        }
+        let spec = case.spec(&mut rng);
+        let specs = vec![spec; *layers];
+        let prepared = common::prepare(&specs, seed ^ rng.range(0, 1 << 30) as u64);
+        let max_pages = prepared.iter().map(|p| p.0.max_pages).max().unwrap_or(1);
+        let num_pages = prepared.iter().map(|p| p.0.num_pages).max().unwrap_or(1);
+        let hosts: Vec<HostCase> = prepared
+            .iter()
+            .map(|p| p.0.pad_to(num_pages, max_pages))
+            .collect();
+        let mut devs: Vec<DeviceCase> = hosts
+            .iter()
+            .map(|h| DeviceCase::upload(&stream, h).unwrap())
+            .collect();
+        let plan = case.plan(&rt, &stream, &hosts[0], false);
+        let reqs: Vec<_> = hosts
+            .iter()
+            .zip(&devs)
+            .map(|(h, d)| d.request(&stream, h))
+            .collect();
+        let lens = reqs[0].seq_lens;
+        let cap = max_pages * case.page;
+        let check_all = |devs: &[DeviceCase], what: &str, failures: &mut Vec<String>| {
+            for (l, (p, d)) in prepared.iter().zip(devs).enumerate() {
+                let got = d.download(&stream, p.0.spec.dtypes.out()).unwrap();
+                let c = harness::check(&got, &p.1);
+                if !c.ok() {
+                    failures.push(format!(
+                        "{}: {what}, layer {l}: {} | {}",
+                        case.label(),
+                        c.out,
+                        c.lse
+                    ));
+                }
+            }
+        };
+        // Eager: one schedule, every layer.
+        for d in devs.iter_mut() {
+            d.poison_outputs(&stream).unwrap();
+        }
+        plan.schedule_step(&rt, &stream, &lens, cap).unwrap();
+        for r in &reqs {
+            plan.run_layer(&rt, &stream, r).unwrap();
+        }
+        stream.synchronize().unwrap();
+        check_all(&devs, "eager step", &mut failures);
+        // The whole step in one graph, replayed twice.
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .unwrap();
+        plan.schedule_step(&rt, &stream, &lens, cap).unwrap();
+        for r in &reqs {
+            plan.run_layer(&rt, &stream, r).unwrap();
+        }
+        let graph = stream
+            .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
+            .unwrap()
+            .expect("a captured graph");
+        for rep in 0..2 {
+            for d in devs.iter_mut() {
+                d.poison_outputs(&stream).unwrap();
+            }
+            graph.launch().unwrap();
+            stream.synchronize().unwrap();
+            check_all(&devs, &format!("graph replay {rep}"), &mut failures);
+        }
+        layers_checked += 3 * layers;
+    }
+    eprintln!(
+        "[{test}] {} kernel cases, {layers_checked} layer decodes checked, {} failed (seed {seed})",
+        cases.len(),
+        failures.len()
+    );
+    for f in &failures {
+        eprintln!("  FAIL {f}");
+    }
+    assert!(failures.is_empty());
+}

@@ -24,6 +24,7 @@ use crate::module::Runtime;
 use crate::plan::{self, ScheduleConfig, WorkspaceCapacity};
 use crate::request::{DecodeDtypes, DecodeRequest, DecodeShape};
 use crate::tactic::Tactic;
+use crate::tensor::TensorView;
 use crate::validate::validate_decode;
 
 /// What a plan serves: every request run with it must have these heads, query tokens,
@@ -481,41 +482,15 @@ impl DecodePlan {
         stream: CUstream,
         req: &DecodeRequest,
     ) -> Result<DecodeShape> {
-        let shape = validate_decode(req)?;
-        self.check_request(&shape)?;
-        is_supported(self.backend, rt.device(), &shape).map_err(|d| MlaError::Unsupported {
-            what: "decode request",
-            got: format!("{shape:?}"),
-            why: d.to_string(),
-        })?;
-        check_workspace(&shape, self.ws.capacity())?;
+        let shape = self.check_run(rt, req)?;
         if self.kernels.reference {
-            let p = decode_params(req, &shape, &self.ws);
-            let kernel = self.kernels.decode;
-            let grid = LaunchShape {
-                grid: (shape.rows() as u32, shape.batch as u32, 1),
-                block: kernel.block,
-                smem: kernel.smem,
-            };
-            // SAFETY: validated request; the reference kernel reads q, the cache, the table
-            // and the lengths, and writes out and lse only.
-            unsafe { launch(rt, kernel.symbol, grid, stream, &p)? };
-            return Ok(shape);
+            // SAFETY: forwarded from the caller.
+            return unsafe { self.launch_reference(rt, stream, req, shape) };
         }
-        let grid_splits = self.kernels.grid_splits;
-        let p = ScheduleParams {
-            seq_lens: mla_abi::DevPtr::from_addr(req.seq_lens.ptr),
-            num_splits: mla_abi::DevPtr::from_addr(self.ws.ptrs().num_splits),
-            batch: shape.batch as u32,
-            tiles: self.schedule.tiles as u32,
-            target_ctas: self.schedule.target_ctas.min(u32::MAX as usize) as u32,
-            max_splits: grid_splits as u32,
-            max_len: shape.max_seq_len().min(u32::MAX as usize) as u32,
-            _pad: 0,
-        };
         // Small batches: every decode CTA runs the schedule's rule itself (SchedFold), so the
         // decode does not wait out a schedule kernel; larger ones launch it.
         let fold = if self.kernels.folds(shape.batch) {
+            let p = self.schedule_params(req.seq_lens.ptr, &shape);
             mla_abi::SchedFold {
                 tiles: p.tiles.max(1),
                 target_ctas: p.target_ctas,
@@ -523,24 +498,13 @@ impl DecodePlan {
                 _pad: 0,
             }
         } else {
+            // SAFETY: seq_lens holds `batch` i32 (validated); num_splits `max_batch`.
+            unsafe { self.launch_schedule(rt, stream, req.seq_lens.ptr, &shape)? };
             mla_abi::SchedFold::default()
         };
-        // SAFETY: seq_lens and num_splits hold `batch` entries (validated / capacity); the
-        // decode then reads split counts in 1..=grid_splits, which the schedule writes (or
-        // computes them by the same rule, folded).
+        // SAFETY: the decode reads split counts in 1..=grid_splits, which the schedule
+        // writes (or computes them by the same rule, folded).
         unsafe {
-            if fold.tiles == 0 {
-                let k = kernels::find(names::SCHEDULE).ok_or(MlaError::Load {
-                    variant: rt.variant().name().into(),
-                    detail: "no schedule kernel in the kernel table".into(),
-                })?;
-                let grid = LaunchShape {
-                    grid: (1, 1, 1),
-                    block: k.block,
-                    smem: k.smem,
-                };
-                launch(rt, k.symbol, grid, stream, &p)?;
-            }
             rt.launch_decode(
                 req,
                 &shape,
@@ -551,6 +515,208 @@ impl DecodePlan {
                 stream,
             )?;
         }
+        Ok(shape)
+    }
+
+    /// Per-step scheduling, for the layers of one decode step: the split counts of a batch
+    /// whose lengths are `seq_lens` (`[batch]` i32 on the device), computed on the device by
+    /// the schedule kernel into the plan's workspace, in stream order on `stream`
+    /// (capturable). Each [`DecodePlan::run_layer`] after it on the same stream reuses
+    /// them, for every layer whose request has the same batch and the same `seq_lens`
+    /// contents (the lengths the schedule read); as with any library's scheduling metadata,
+    /// other lengths are not detected. `max_seq_len` is the page table's capacity in tokens
+    /// (`max_pages * page_size` of the layers' requests): lengths are clamped there, as the
+    /// decode clamps them.
+    pub fn schedule_step(
+        &self,
+        rt: &Runtime,
+        stream: &CudaStream,
+        seq_lens: &TensorView<1>,
+        max_seq_len: usize,
+    ) -> Result<()> {
+        // SAFETY: a cudarc stream is a live stream of its context.
+        unsafe { self.schedule_step_raw(rt, stream.cu_stream(), seq_lens, max_seq_len) }
+    }
+
+    /// [`DecodePlan::schedule_step`] on a raw `CUstream`.
+    ///
+    /// # Safety
+    /// `stream` is a live stream (or null) of `rt`'s context and `seq_lens` stays valid
+    /// until the schedule kernel completes.
+    pub unsafe fn schedule_step_raw(
+        &self,
+        rt: &Runtime,
+        stream: CUstream,
+        seq_lens: &TensorView<1>,
+        max_seq_len: usize,
+    ) -> Result<()> {
+        let batch = seq_lens.shape[0];
+        if seq_lens.dtype != mla_abi::ElemType::I32 {
+            return Err(MlaError::DtypeMismatch {
+                field: "seq_lens",
+                expected: "i32".into(),
+                got: seq_lens.dtype.name().into(),
+            });
+        }
+        if !(1..=self.config.max_batch).contains(&batch) {
+            return Err(MlaError::shape(
+                "seq_lens.shape[0] (batch)",
+                format!("1..={} (the plan's max_batch)", self.config.max_batch),
+                batch,
+            ));
+        }
+        if batch > 1 && seq_lens.strides[0] != 1 {
+            return Err(MlaError::shape(
+                "seq_lens.strides[0]",
+                "1 (contiguous)",
+                seq_lens.strides[0],
+            ));
+        }
+        if seq_lens.ptr == 0 {
+            return Err(MlaError::NullPointer { field: "seq_lens" });
+        }
+        if !seq_lens.ptr.is_multiple_of(4) {
+            return Err(MlaError::Misaligned {
+                field: "seq_lens",
+                addr: seq_lens.ptr,
+                align: 4,
+            });
+        }
+        let capacity = max_seq_len.min(u32::MAX as usize);
+        if self.kernels.reference {
+            // The reference decode has no splits.
+            return Ok(());
+        }
+        let shape = DecodeShape {
+            batch,
+            s_q: self.config.s_q,
+            heads: self.config.heads,
+            page_size: self.config.page_size,
+            num_pages: 0,
+            max_pages: capacity.div_ceil(self.config.page_size),
+            dtypes: self.config.dtypes,
+        };
+        // SAFETY: checked above: `batch` i32 at a 4-byte aligned non-null address;
+        // num_splits holds max_batch >= batch entries.
+        unsafe { self.launch_schedule(rt, stream, seq_lens.ptr, &shape) }
+    }
+
+    /// One layer of a scheduled step: validation, then the decode and combine only, with
+    /// the split counts the last [`DecodePlan::schedule_step`] on `stream` wrote. The request's
+    /// batch and `seq_lens` contents must be the ones scheduled.
+    pub fn run_layer(
+        &self,
+        rt: &Runtime,
+        stream: &CudaStream,
+        req: &DecodeRequest,
+    ) -> Result<DecodeShape> {
+        // SAFETY: a cudarc stream is a live stream of its context.
+        unsafe { self.run_layer_raw(rt, stream.cu_stream(), req) }
+    }
+
+    /// [`DecodePlan::run_layer`] on a raw `CUstream`.
+    ///
+    /// # Safety
+    /// As [`DecodePlan::run_raw`].
+    pub unsafe fn run_layer_raw(
+        &self,
+        rt: &Runtime,
+        stream: CUstream,
+        req: &DecodeRequest,
+    ) -> Result<DecodeShape> {
+        let shape = self.check_run(rt, req)?;
+        if self.kernels.reference {
+            // SAFETY: forwarded from the caller.
+            return unsafe { self.launch_reference(rt, stream, req, shape) };
+        }
+        // SAFETY: forwarded; the scheduled counts are in 1..=grid_splits (or 0: skipped).
+        unsafe {
+            rt.launch_decode(
+                req,
+                &shape,
+                &self.ws,
+                &self.kernels,
+                self.tactic.tile,
+                mla_abi::SchedFold::default(),
+                stream,
+            )?;
+        }
+        Ok(shape)
+    }
+
+    /// The schedule kernel's params for `shape`'s batch with lengths at `seq_lens`.
+    fn schedule_params(&self, seq_lens: u64, shape: &DecodeShape) -> ScheduleParams {
+        ScheduleParams {
+            seq_lens: mla_abi::DevPtr::from_addr(seq_lens),
+            num_splits: mla_abi::DevPtr::from_addr(self.ws.ptrs().num_splits),
+            batch: shape.batch as u32,
+            tiles: self.schedule.tiles as u32,
+            target_ctas: self.schedule.target_ctas.min(u32::MAX as usize) as u32,
+            max_splits: self.kernels.grid_splits as u32,
+            max_len: shape.max_seq_len().min(u32::MAX as usize) as u32,
+            _pad: 0,
+        }
+    }
+
+    /// The schedule kernel on `shape.batch` lengths at `seq_lens`.
+    ///
+    /// # Safety
+    /// `seq_lens` holds `shape.batch <= max_batch` i32; `stream` as in `run_raw`.
+    unsafe fn launch_schedule(
+        &self,
+        rt: &Runtime,
+        stream: CUstream,
+        seq_lens: u64,
+        shape: &DecodeShape,
+    ) -> Result<()> {
+        let p = self.schedule_params(seq_lens, shape);
+        let k = kernels::find(names::SCHEDULE).ok_or(MlaError::Load {
+            variant: rt.variant().name().into(),
+            detail: "no schedule kernel in the kernel table".into(),
+        })?;
+        let grid = LaunchShape {
+            grid: (1, 1, 1),
+            block: k.block,
+            smem: k.smem,
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { launch(rt, k.symbol, grid, stream, &p) }
+    }
+
+    /// The reference backend's decode.
+    ///
+    /// # Safety
+    /// `req` validated into `shape`; `stream` as in `run_raw`.
+    unsafe fn launch_reference(
+        &self,
+        rt: &Runtime,
+        stream: CUstream,
+        req: &DecodeRequest,
+        shape: DecodeShape,
+    ) -> Result<DecodeShape> {
+        let p = decode_params(req, &shape, &self.ws);
+        let kernel = self.kernels.decode;
+        let grid = LaunchShape {
+            grid: (shape.rows() as u32, shape.batch as u32, 1),
+            block: kernel.block,
+            smem: kernel.smem,
+        };
+        // SAFETY: validated request; the reference kernel reads q, the cache, the table
+        // and the lengths, and writes out and lse only.
+        unsafe { launch(rt, kernel.symbol, grid, stream, &p)? };
+        Ok(shape)
+    }
+
+    /// Validation of a run's request against the request rules, the plan and the device.
+    fn check_run(&self, rt: &Runtime, req: &DecodeRequest) -> Result<DecodeShape> {
+        let shape = validate_decode(req)?;
+        self.check_request(&shape)?;
+        is_supported(self.backend, rt.device(), &shape).map_err(|d| MlaError::Unsupported {
+            what: "decode request",
+            got: format!("{shape:?}"),
+            why: d.to_string(),
+        })?;
+        check_workspace(&shape, self.ws.capacity())?;
         Ok(shape)
     }
 
