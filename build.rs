@@ -104,8 +104,10 @@ fn main() {
         println!("cargo:rerun-if-env-changed={v}");
     }
 
-    let ptxas = find_ptxas(&root);
     let packaged = !root.join("kernels-gpu/src").is_dir() && root.join("prebuilt").is_dir();
+    // A package embeds its prebuilt cubins: no ptxas is looked for, whatever the consumer's
+    // environment holds.
+    let ptxas = if packaged { None } else { find_ptxas(&root) };
     // A package's cubins were built by the ptxas named in prebuilt/ptxas-version.txt.
     let ptxas_version = match (&ptxas, packaged) {
         (Some(p), _) => ptxas_version(p),

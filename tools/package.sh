@@ -16,7 +16,7 @@ cp "$out_dir"/mla_*.ptx "$out_dir"/mla_*.cubin prebuilt/
 for c in prebuilt/mla_sm_90a.cubin prebuilt/mla_sm_100a.cubin; do
   [[ -s $c ]] || { echo "package: $c is empty (no ptxas at build time)" >&2; exit 1; }
 done
-ptxas=${MLA_PTXAS:-$(ls .venv/lib/python3*/site-packages/nvidia/cu13/bin/ptxas 2>/dev/null | head -1)}
+ptxas=${MLA_PTXAS:-$(ls "$root"/.venv/lib/python3*/site-packages/nvidia/cu13/bin/ptxas 2>/dev/null | head -1)}
 "$ptxas" --version | grep release > prebuilt/ptxas-version.txt
 cargo package --workspace --allow-dirty
 # The consumer: the unpacked packages, patched in for crates.io's (they are unpublished).
