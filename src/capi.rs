@@ -520,6 +520,21 @@ pub unsafe extern "C" fn mla_decode_run(
     args: *const MlaDecodeArgs,
     stream: *mut c_void,
 ) -> c_int {
+    // SAFETY: forwarded from the caller.
+    unsafe { decode_c(rt, plan, args, stream, false) }
+}
+
+/// `mla_decode_run` (`layer` false) or `mla_decode_run_layer` (true).
+///
+/// # Safety
+/// As `mla_decode_run`.
+unsafe fn decode_c(
+    rt: *const MlaRuntime,
+    plan: *const MlaPlan,
+    args: *const MlaDecodeArgs,
+    stream: *mut c_void,
+    layer: bool,
+) -> c_int {
     guard(|| {
         // SAFETY: forwarded from the caller.
         let (rt, plan) = unsafe { handles(rt, plan)? };
@@ -527,10 +542,16 @@ pub unsafe extern "C" fn mla_decode_run(
             return Err(MlaError::NullArgument { field: "args" });
         }
         // SAFETY: checked non-null; the caller guarantees validity.
-        let a = unsafe { *args };
-        let req = request_of(plan, &a);
+        let req = request_of(plan, unsafe { &*args });
+        let stream = stream as cudarc::driver::sys::CUstream;
         // SAFETY: forwarded from the caller.
-        unsafe { plan.run_raw(rt, stream as cudarc::driver::sys::CUstream, &req)? };
+        unsafe {
+            if layer {
+                plan.run_layer_raw(rt, stream, &req)?;
+            } else {
+                plan.run_raw(rt, stream, &req)?;
+            }
+        }
         Ok(())
     })
 }
@@ -579,18 +600,8 @@ pub unsafe extern "C" fn mla_decode_run_layer(
     args: *const MlaDecodeArgs,
     stream: *mut c_void,
 ) -> c_int {
-    guard(|| {
-        // SAFETY: forwarded from the caller.
-        let (rt, plan) = unsafe { handles(rt, plan)? };
-        if args.is_null() {
-            return Err(MlaError::NullArgument { field: "args" });
-        }
-        // SAFETY: checked non-null; the caller guarantees validity.
-        let req = request_of(plan, unsafe { &*args });
-        // SAFETY: forwarded from the caller.
-        unsafe { plan.run_layer_raw(rt, stream as cudarc::driver::sys::CUstream, &req)? };
-        Ok(())
-    })
+    // SAFETY: forwarded from the caller.
+    unsafe { decode_c(rt, plan, args, stream, true) }
 }
 
 /// The library's version (the `mla` crate's), for a caller to check the ABI it loaded.

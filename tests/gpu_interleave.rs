@@ -148,6 +148,15 @@ fn kernel_cases(rt: &Runtime) -> Vec<KernelCase> {
 
 type Prepared = (HostCase, (OracleOutput, OracleOutput));
 
+/// Prints the test's summary line and every failure, then fails the test if any.
+fn report(test: &str, summary: &str, failures: &[String]) {
+    eprintln!("[{test}] {summary}");
+    for f in failures {
+        eprintln!("  FAIL {f}");
+    }
+    assert!(failures.is_empty());
+}
+
 /// Two independent inputs (A and B: other data, other page orders, other buffers) per
 /// case, with their references.
 fn prepare_pairs(cases: &[KernelCase], seed: u64) -> Vec<[Prepared; 2]> {
@@ -240,16 +249,13 @@ fn eager_runs_and_graph_replays_mix_on_one_plan() {
             check_step(&stream, p, d, &what, &mut failures);
         }
     }
-    eprintln!(
-        "[{test}] {} kernel cases x {} steps checked, {} failed (seed {seed})",
+    let summary = format!(
+        "{} kernel cases x {} steps checked, {} failed (seed {seed})",
         cases.len(),
         steps.len(),
         failures.len()
     );
-    for f in &failures {
-        eprintln!("  FAIL {f}");
-    }
-    assert!(failures.is_empty());
+    report(test, &summary, &failures);
 }
 
 /// Two plans of the same config on two streams, each with its own cache and graph, eager
@@ -300,16 +306,13 @@ fn two_plans_on_two_streams_mix_eager_and_replays() {
             check_step(&s2, p2, &d2, &format!("{what}, plan 2"), &mut failures);
         }
     }
-    eprintln!(
-        "[{test}] {} kernel cases x {} steps x 2 streams checked, {} failed (seed {seed})",
+    let summary = format!(
+        "{} kernel cases x {} steps x 2 streams checked, {} failed (seed {seed})",
         cases.len(),
         steps.len(),
         failures.len()
     );
-    for f in &failures {
-        eprintln!("  FAIL {f}");
-    }
-    assert!(failures.is_empty());
+    report(test, &summary, &failures);
 }
 
 /// Runs `plan` on `d` with device-side inputs only (no host mirror, as a serving stack
@@ -414,15 +417,12 @@ fn checked_mode_records_the_first_fault() {
             Some(want),
         );
     }
-    eprintln!(
-        "[{test}] {} kernel cases, {} failed (seed {seed})",
+    let summary = format!(
+        "{} kernel cases, {} failed (seed {seed})",
         cases.len(),
         failures.len()
     );
-    for f in &failures {
-        eprintln!("  FAIL {f}");
-    }
-    assert!(failures.is_empty());
+    report(test, &summary, &failures);
 }
 
 /// A device length below `s_q` (no host mirror to refuse it): the query tokens that see no
@@ -481,11 +481,8 @@ fn lengths_below_s_q_give_zero_rows() {
             }
         }
     }
-    eprintln!("[{test}] {} failed (seed {seed})", failures.len());
-    for f in &failures {
-        eprintln!("  FAIL {f}");
-    }
-    assert!(failures.is_empty());
+    let summary = format!("{} failed (seed {seed})", failures.len());
+    report(test, &summary, &failures);
 }
 
 /// Per-step scheduling: one plan, one `schedule_step` per step, then `run_layer` on many
@@ -587,13 +584,10 @@ fn one_schedule_serves_every_layer_of_a_step() {
         }
         layers_checked += 3 * layers;
     }
-    eprintln!(
-        "[{test}] {} kernel cases, {layers_checked} layer decodes checked, {} failed (seed {seed})",
+    let summary = format!(
+        "{} kernel cases, {layers_checked} layer decodes checked, {} failed (seed {seed})",
         cases.len(),
         failures.len()
     );
-    for f in &failures {
-        eprintln!("  FAIL {f}");
-    }
-    assert!(failures.is_empty());
+    report(test, &summary, &failures);
 }

@@ -482,40 +482,8 @@ impl DecodePlan {
         stream: CUstream,
         req: &DecodeRequest,
     ) -> Result<DecodeShape> {
-        let shape = self.check_run(rt, req)?;
-        if self.kernels.reference {
-            // SAFETY: forwarded from the caller.
-            return unsafe { self.launch_reference(rt, stream, req, shape) };
-        }
-        // Small batches: every decode CTA runs the schedule's rule itself (SchedFold), so the
-        // decode does not wait out a schedule kernel; larger ones launch it.
-        let fold = if self.kernels.folds(shape.batch) {
-            let p = self.schedule_params(req.seq_lens.ptr, &shape);
-            mla_abi::SchedFold {
-                tiles: p.tiles.max(1),
-                target_ctas: p.target_ctas,
-                max_len: p.max_len,
-                _pad: 0,
-            }
-        } else {
-            // SAFETY: seq_lens holds `batch` i32 (validated); num_splits `max_batch`.
-            unsafe { self.launch_schedule(rt, stream, req.seq_lens.ptr, &shape)? };
-            mla_abi::SchedFold::default()
-        };
-        // SAFETY: the decode reads split counts in 1..=grid_splits, which the schedule
-        // writes (or computes them by the same rule, folded).
-        unsafe {
-            rt.launch_decode(
-                req,
-                &shape,
-                &self.ws,
-                &self.kernels,
-                self.tactic.tile,
-                fold,
-                stream,
-            )?;
-        }
-        Ok(shape)
+        // SAFETY: forwarded from the caller.
+        unsafe { self.run_with(rt, stream, req, false) }
     }
 
     /// Per-step scheduling, for the layers of one decode step: the split counts of a batch
@@ -624,12 +592,47 @@ impl DecodePlan {
         stream: CUstream,
         req: &DecodeRequest,
     ) -> Result<DecodeShape> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.run_with(rt, stream, req, true) }
+    }
+
+    /// A run: validation, then (unless `scheduled`: the counts of `schedule_step` are in
+    /// the workspace) the schedule or its fold, the decode and the combine.
+    ///
+    /// # Safety
+    /// As [`DecodePlan::run_raw`].
+    unsafe fn run_with(
+        &self,
+        rt: &Runtime,
+        stream: CUstream,
+        req: &DecodeRequest,
+        scheduled: bool,
+    ) -> Result<DecodeShape> {
         let shape = self.check_run(rt, req)?;
         if self.kernels.reference {
             // SAFETY: forwarded from the caller.
             return unsafe { self.launch_reference(rt, stream, req, shape) };
         }
-        // SAFETY: forwarded; the scheduled counts are in 1..=grid_splits (or 0: skipped).
+        // A scheduled layer reads the counts `schedule_step` wrote. Otherwise small batches:
+        // every decode CTA runs the schedule's rule itself (SchedFold), so the decode does
+        // not wait out a schedule kernel; larger ones launch it.
+        let fold = if scheduled {
+            mla_abi::SchedFold::default()
+        } else if self.kernels.folds(shape.batch) {
+            let p = self.schedule_params(req.seq_lens.ptr, &shape);
+            mla_abi::SchedFold {
+                tiles: p.tiles.max(1),
+                target_ctas: p.target_ctas,
+                max_len: p.max_len,
+                _pad: 0,
+            }
+        } else {
+            // SAFETY: seq_lens holds `batch` i32 (validated); num_splits `max_batch`.
+            unsafe { self.launch_schedule(rt, stream, req.seq_lens.ptr, &shape)? };
+            mla_abi::SchedFold::default()
+        };
+        // SAFETY: the decode reads split counts in 1..=grid_splits, which the schedule
+        // writes (or computes them by the same rule, folded).
         unsafe {
             rt.launch_decode(
                 req,
@@ -637,7 +640,7 @@ impl DecodePlan {
                 &self.ws,
                 &self.kernels,
                 self.tactic.tile,
-                mla_abi::SchedFold::default(),
+                fold,
                 stream,
             )?;
         }
