@@ -13,8 +13,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use mla_abi::{D_QK, D_V, ElemType};
 
 use crate::{
-    DecodeConfig, DecodeDtypes, DecodeFault, DecodePlan, DecodeRequest, HostMirror, MlaError,
-    Runtime, Scales, TensorView,
+    DecodeConfig, DecodeDtypes, DecodeFault, DecodePlan, DecodeRequest, HostMirror, MergeRequest,
+    MlaError, Runtime, Scales, TensorView,
 };
 
 /// The C header of this ABI (`src/mla.h`), as shipped.
@@ -602,6 +602,96 @@ pub unsafe extern "C" fn mla_decode_run_layer(
 ) -> c_int {
     // SAFETY: forwarded from the caller.
     unsafe { decode_c(rt, plan, args, stream, true) }
+}
+
+/// A rank merge (C layout; `MergeRequest`): `ranks` results of the same query rows.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MlaMergeArgs {
+    /// `[ranks][batch, s_q, heads, 512]` of `dtype`, device.
+    pub outs: u64,
+    /// `[ranks][batch, s_q, heads]` f32, device.
+    pub lses: u64,
+    /// `[batch, s_q, heads, 512]` of `dtype`, device.
+    pub out: u64,
+    /// `[batch, s_q, heads]` f32, device.
+    pub lse: u64,
+    pub ranks: u32,
+    pub batch: u32,
+    pub s_q: u32,
+    pub heads: u32,
+    /// `MLA_BF16` or `MLA_FP16`: `outs` and `out`.
+    pub dtype: u32,
+    pub _pad: u32,
+    /// Elements from one rank's `outs` to the next (0: `batch * s_q * heads * 512`).
+    pub outs_rank_stride: u64,
+    /// Elements from one rank's `lses` to the next (0: `batch * s_q * heads`).
+    pub lses_rank_stride: u64,
+}
+
+/// Merges `ranks` results of the same query rows by their LSE (`Runtime::merge`), on
+/// `stream`; capturable.
+///
+/// # Safety
+/// `rt` is a live handle, `args` valid, its device pointers valid for the described
+/// shapes until the merge completes, `stream` a stream of the runtime's context.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mla_merge(
+    rt: *const MlaRuntime,
+    args: *const MlaMergeArgs,
+    stream: *mut c_void,
+) -> c_int {
+    guard(|| {
+        if rt.is_null() {
+            return Err(MlaError::NullHandle { field: "rt" });
+        }
+        if args.is_null() {
+            return Err(MlaError::NullArgument { field: "args" });
+        }
+        // SAFETY: checked non-null; the caller guarantees validity.
+        let (rt, a) = unsafe { (&(*rt).rt, *args) };
+        let dtype = match elem(a.dtype, "dtype")? {
+            t @ (ElemType::Bf16 | ElemType::Fp16) => t,
+            other => {
+                return Err(MlaError::DtypeMismatch {
+                    field: "dtype",
+                    expected: "bf16 or fp16".into(),
+                    got: other.name().into(),
+                });
+            }
+        };
+        let (r, b, s, h) = (
+            a.ranks as usize,
+            a.batch as usize,
+            a.s_q as usize,
+            a.heads as usize,
+        );
+        let rows = b * s * h;
+        let or = if a.outs_rank_stride == 0 {
+            rows * D_V
+        } else {
+            a.outs_rank_stride as usize
+        };
+        let lr = if a.lses_rank_stride == 0 {
+            rows
+        } else {
+            a.lses_rank_stride as usize
+        };
+        let req = MergeRequest {
+            outs: TensorView::strided(
+                a.outs,
+                dtype,
+                [r, b, s, h, D_V],
+                [or, s * h * D_V, h * D_V, D_V, 1],
+            ),
+            lses: TensorView::strided(a.lses, ElemType::F32, [r, b, s, h], [lr, s * h, h, 1]),
+            out: TensorView::contiguous(a.out, dtype, [b, s, h, D_V]),
+            lse: TensorView::contiguous(a.lse, ElemType::F32, [b, s, h]),
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { rt.merge_raw(stream as cudarc::driver::sys::CUstream, &req)? };
+        Ok(())
+    })
 }
 
 /// The library's version (the `mla` crate's), for a caller to check the ABI it loaded.

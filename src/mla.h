@@ -95,6 +95,18 @@ typedef struct MlaFault {
   int32_t value;    /* the page id or the length met */
 } MlaFault;
 
+/* A rank merge (context-parallel decode): `ranks` results of the same query rows, each
+ * over its own share of the KV, merged exactly by their LSE. A rank with lse -inf for a row
+ * contributes nothing (its out row is not read); a row no rank saw gets zeros and -inf. */
+typedef struct MlaMergeArgs {
+  uint64_t outs, lses, out, lse; /* device: outs [ranks][batch, s_q, heads, 512] of dtype,
+                                    lses [ranks][batch, s_q, heads] float, out, lse */
+  uint32_t ranks, batch, s_q, heads; /* ranks 1..64 */
+  uint32_t dtype, _pad;              /* MLA_BF16 or MLA_FP16 (outs and out) */
+  uint64_t outs_rank_stride;         /* elements; 0: batch * s_q * heads * 512 */
+  uint64_t lses_rank_stride;         /* elements; 0: batch * s_q * heads */
+} MlaMergeArgs;
+
 /* Loads the kernels on device `ordinal` (>= 0; its primary context). */
 int mla_runtime_create(int ordinal, MlaRuntime **out);
 void mla_runtime_destroy(MlaRuntime *rt); /* NULL is ignored; destroy its plans first */
@@ -126,6 +138,8 @@ int mla_plan_set_checked(const MlaRuntime *rt, MlaPlan *plan, int checked);
 int mla_plan_fault(const MlaRuntime *rt, const MlaPlan *plan, void *stream, MlaFault *out);
 /* Checked plans only: empties the fault record in stream order (capturable). */
 int mla_plan_clear_fault(const MlaRuntime *rt, const MlaPlan *plan, void *stream);
+/* Merges the ranks' results on `stream` (capturable). */
+int mla_merge(const MlaRuntime *rt, const MlaMergeArgs *args, void *stream);
 /* This thread's last error; empty after a call that succeeded. */
 const char *mla_last_error(void);
 /* The library's version (each pointer may be NULL). */

@@ -129,6 +129,12 @@ fn null_handles_and_arguments_are_named() {
         (MLA_ERR_INVALID, "rt is a null handle")
     );
     // SAFETY: as above.
+    let s = unsafe { mla_merge(std::ptr::null(), std::ptr::null(), std::ptr::null_mut()) };
+    assert_eq!(
+        (s, last_error().as_str()),
+        (MLA_ERR_INVALID, "rt is a null handle")
+    );
+    // SAFETY: as above.
     let s = unsafe { mla_runtime_create(0, std::ptr::null_mut()) };
     assert_eq!(
         (s, last_error().as_str()),
@@ -292,6 +298,9 @@ fn header_matches_the_rust_structs() {
         "offsetof(MlaPlanInfo, checked)",
         "sizeof(MlaFault)",
         "offsetof(MlaFault, value)",
+        "sizeof(MlaMergeArgs)",
+        "offsetof(MlaMergeArgs, dtype)",
+        "offsetof(MlaMergeArgs, lses_rank_stride)",
     ];
     let prints: String = probes
         .iter()
@@ -344,6 +353,9 @@ fn header_matches_the_rust_structs() {
         offset_of!(MlaPlanInfo, checked),
         size_of::<MlaFault>(),
         offset_of!(MlaFault, value),
+        size_of::<MlaMergeArgs>(),
+        offset_of!(MlaMergeArgs, dtype),
+        offset_of!(MlaMergeArgs, lses_rank_stride),
     ];
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(got, want, "C sizes/offsets {probes:?} vs Rust");

@@ -9,16 +9,18 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, result};
 use mla_abi::kernels::{Kernel, Params};
 use mla_abi::{
     AppendParams, CombineParams, DecodeParams, DevPtr, ElemType, GatherParams, MAX_SPLITS,
-    combine_tile, names, paged_tile,
+    MergeParams, combine_tile, names, paged_tile,
 };
 
 use crate::choice::DecodeKernels;
 use crate::error::{MlaError, Result};
 use crate::module::Runtime;
 use crate::plan::WorkspaceCapacity;
-use crate::request::{AppendRequest, DecodeRequest, DecodeShape, GatherRequest, PagedShape};
+use crate::request::{
+    AppendRequest, DecodeRequest, DecodeShape, GatherRequest, MergeRequest, MergeShape, PagedShape,
+};
 use crate::tactic::Tile;
-use crate::validate::{validate_append, validate_decode, validate_gather};
+use crate::validate::{validate_append, validate_decode, validate_gather, validate_merge};
 
 /// Largest grid y / z dimension.
 pub(crate) const MAX_GRID_YZ: usize = 65535;
@@ -669,6 +671,49 @@ impl Runtime {
                 &c,
             )
         }
+    }
+
+    /// Merges `ranks` results of the same query rows by their LSE into the exact result
+    /// (context-parallel decode: each rank decoded its own share of every sequence's KV).
+    /// `lse = ln(sum_r exp(lse_r))`, `out = sum_r exp(lse_r - lse) * out_r`; a rank with
+    /// `lse_r = -inf` contributes nothing and its `out_r` is not read; a row no rank saw
+    /// gets zeros and `-inf`. Launches on `stream` only: capturable.
+    pub fn merge(&self, stream: &CudaStream, req: &MergeRequest) -> Result<MergeShape> {
+        // SAFETY: a cudarc stream is a live stream of its context.
+        unsafe { self.merge_raw(stream.cu_stream(), req) }
+    }
+
+    /// [`Runtime::merge`] on a raw `CUstream`.
+    ///
+    /// # Safety
+    /// `stream` is a live stream (or null) of this runtime's context, and the request's
+    /// device pointers stay valid until the merge completes.
+    pub unsafe fn merge_raw(&self, stream: CUstream, req: &MergeRequest) -> Result<MergeShape> {
+        let shape = validate_merge(req)?;
+        let kernel = kernel_spec(if shape.dtype == ElemType::Fp16 {
+            names::MERGE_FP16
+        } else {
+            names::MERGE_BF16
+        });
+        let p = MergeParams {
+            outs: dev(req.outs.ptr),
+            lses: dev(req.lses.ptr),
+            out: dev(req.out.ptr),
+            lse: dev(req.lse.ptr),
+            out_rank_stride: req.outs.strides[0] as u64,
+            lse_rank_stride: req.lses.strides[0] as u64,
+            rows: shape.rows as u32,
+            ranks: shape.ranks as u32,
+        };
+        let per_cta = kernel.block / combine_tile::THREADS as u32;
+        let grid = LaunchShape {
+            grid: ((shape.rows as u32).div_ceil(per_cta), 1, 1),
+            block: kernel.block,
+            smem: kernel.smem,
+        };
+        // SAFETY: validated: every index the kernel forms is inside the views.
+        unsafe { launch(self, kernel.symbol, grid, stream, &p)? };
+        Ok(shape)
     }
 
     /// Writes each sequence's `s_q` new rows into its pages (quantising for fp8 caches).

@@ -34,7 +34,7 @@ pub use module::{
     DeviceInfo, ImageForm, KernelImages, KernelResources, LoadOptions, Runtime, Variant,
 };
 pub use request::{
-    AppendRequest, DecodeDtypes, DecodeRequest, DecodeShape, GatherRequest, HostMirror, PagedShape,
-    Scales,
+    AppendRequest, DecodeDtypes, DecodeRequest, DecodeShape, GatherRequest, HostMirror,
+    MergeRequest, MergeShape, PagedShape, Scales,
 };
 pub use tensor::TensorView;

@@ -189,3 +189,29 @@ pub struct PagedShape {
     /// The element type of `new_kv` (append) or `out` (gather).
     pub other: ElemType,
 }
+
+/// A rank merge ([`crate::Runtime::merge`]): the results of `ranks` decodes of the same
+/// query rows, each over its own share of the KV (context parallelism), merged into the
+/// exact result by their LSE.
+#[derive(Clone, Copy, Debug)]
+pub struct MergeRequest {
+    /// `[ranks, batch, s_q, heads, 512]` bf16 or fp16, each rank's `[batch, s_q, heads,
+    /// 512]` row-major; ranks any multiple of 4 elements apart.
+    pub outs: TensorView<5>,
+    /// `[ranks, batch, s_q, heads]` f32 natural-log LSE (`-inf`: the rank saw no key of
+    /// the row), each rank's row-major.
+    pub lses: TensorView<4>,
+    /// `[batch, s_q, heads, 512]` row-major, the dtype of `outs`.
+    pub out: TensorView<4>,
+    /// `[batch, s_q, heads]` f32 row-major.
+    pub lse: TensorView<3>,
+}
+
+/// Checked facts of a rank merge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MergeShape {
+    pub ranks: usize,
+    /// Query rows, `batch * s_q * heads`.
+    pub rows: usize,
+    pub dtype: ElemType,
+}

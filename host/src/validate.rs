@@ -21,8 +21,8 @@ use mla_abi::{D_QK, D_V, ElemType, MAX_HEADS, MAX_PAGE_SIZE, MAX_S_Q};
 
 use crate::error::{MlaError, Result};
 use crate::request::{
-    AppendRequest, DecodeDtypes, DecodeRequest, DecodeShape, GatherRequest, HostMirror, PagedShape,
-    Scales,
+    AppendRequest, DecodeDtypes, DecodeRequest, DecodeShape, GatherRequest, HostMirror,
+    MergeRequest, MergeShape, PagedShape, Scales,
 };
 use crate::tensor::TensorView;
 
@@ -68,6 +68,12 @@ const PAGE_TABLE: Names<2> = names!("page_table"; 0 "batch" "batch", 1 "max_page
 const SEQ_LENS: Names<1> = names!("seq_lens"; 0 "batch" "batch");
 const NEW_KV: Names<3> = names!("new_kv"; 0 "batch" "batch", 1 "s_q" "token", 2 "D_QK" "dim");
 const GATHER_OUT: Names<3> = names!("out"; 0 "batch" "batch", 1 "max_len" "row", 2 "D_QK" "dim");
+const OUTS: Names<5> = names!("outs"; 0 "ranks" "rank", 1 "batch" "batch", 2 "s_q" "token",
+    3 "heads" "head", 4 "D_V" "dim");
+const LSES: Names<4> =
+    names!("lses"; 0 "ranks" "rank", 1 "batch" "batch", 2 "s_q" "token", 3 "heads" "head");
+/// Alignment of the merge's 16-bit rows (it moves four elements at a time).
+const QUAD_ALIGN: u64 = 8;
 
 /// A tensor's name and the bytes `[start, end)` it may touch.
 type Span = (&'static str, (u64, u64));
@@ -87,6 +93,50 @@ impl Paged {
     fn capacity(&self) -> usize {
         self.max_pages.saturating_mul(self.page_size)
     }
+}
+
+/// Checks a rank merge and returns its shape.
+pub fn validate_merge(req: &MergeRequest) -> Result<MergeShape> {
+    let (o, l) = (&req.outs, &req.lses);
+    let ranks = dim_in(
+        OUTS.shape[0],
+        o.shape[0],
+        1..=mla_abi::MAX_MERGE_RANKS as usize,
+    )?;
+    let batch = dim_in(OUTS.shape[1], o.shape[1], 1..=U32_LIMIT)?;
+    let s_q = dim_in(OUTS.shape[2], o.shape[2], 1..=MAX_S_Q as usize)?;
+    let heads = dim_in(OUTS.shape[3], o.shape[3], 1..=MAX_HEADS as usize)?;
+    dim_is(OUTS.shape[4], o.shape[4], D_V)?;
+    dtype_in(OUTS.tensor, o.dtype, &[ElemType::Bf16, ElemType::Fp16])?;
+    row_major_from(&OUTS, o, 1)?;
+    for (i, want) in [ranks, batch, s_q, heads].into_iter().enumerate() {
+        dim_as(LSES.shape[i], l.shape[i], want, OUTS.shape[i])?;
+    }
+    dtype_in(LSES.tensor, l.dtype, &[ElemType::F32])?;
+    row_major_from(&LSES, l, 1)?;
+    decode_output_layout(&req.out, &req.lse, [batch, s_q, heads])?;
+    row_major(&OUT, &req.out)?;
+    if req.out.dtype != o.dtype {
+        return Err(MlaError::DtypeMismatch {
+            field: OUT.tensor,
+            expected: format!("{} (the dtype of outs)", o.dtype.name()),
+            got: req.out.dtype.name().into(),
+        });
+    }
+    dtype_in(LSE.tensor, req.lse.dtype, &[ElemType::F32])?;
+    let rows = batch * s_q * heads;
+    dim_in("rows (batch * s_q * heads)", rows, 1..=i32::MAX as usize)?;
+    let inputs = [placed(&OUTS, o, QUAD_ALIGN)?, placed(&LSES, l, WORD_ALIGN)?];
+    let outputs = [
+        placed(&OUT, &req.out, QUAD_ALIGN)?,
+        placed(&LSE, &req.lse, WORD_ALIGN)?,
+    ];
+    no_aliasing(&outputs, &inputs)?;
+    Ok(MergeShape {
+        ranks,
+        rows,
+        dtype: o.dtype,
+    })
 }
 
 /// Checks one decode step and returns its shape.
@@ -274,8 +324,17 @@ fn unit_last_stride<const R: usize>(names: &Names<R>, view: &TensorView<R>) -> R
 
 /// Exactly row-major: for the tensors whose strides the kernels do not receive.
 fn row_major<const R: usize>(names: &Names<R>, view: &TensorView<R>) -> Result<()> {
+    row_major_from(names, view, 0)
+}
+
+/// Row-major over dims `first..R` (a stack of row-major blocks along the dims before).
+fn row_major_from<const R: usize>(
+    names: &Names<R>,
+    view: &TensorView<R>,
+    first: usize,
+) -> Result<()> {
     let mut want = 1usize;
-    for i in (0..R).rev() {
+    for i in (first..R).rev() {
         if view.shape[i] > 1 && view.strides[i] != want {
             return Err(MlaError::shape(
                 names.strides[i],

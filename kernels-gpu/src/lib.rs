@@ -27,6 +27,7 @@ pub mod decode_tma;
 #[cfg(mla_wgmma)]
 pub mod decode_wg;
 pub mod elem;
+pub mod merge;
 pub mod paged;
 #[cfg(mla_primitives)]
 pub mod primitives;
@@ -72,6 +73,20 @@ combine_kernel!(
 );
 combine_kernel!(mla_combine_wide_bf16, Bf16, combine_tile::UNROLL_WIDE, 1);
 combine_kernel!(mla_combine_wide_fp16, Fp16, combine_tile::UNROLL_WIDE, 1);
+
+/// `mla_merge_bf16`: see [`merge`].
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mla_merge_bf16(p: mla_abi::MergeParams) {
+    // SAFETY: launched by the host with the documented grid on validated params.
+    unsafe { merge::merge::<Bf16>(p) }
+}
+
+/// `mla_merge_fp16`: see [`merge`].
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mla_merge_fp16(p: mla_abi::MergeParams) {
+    // SAFETY: launched by the host with the documented grid on validated params.
+    unsafe { merge::merge::<Fp16>(p) }
+}
 
 /// Every decode kernel's first step: the host launches decodes with programmatic
 /// dependent launch (sm_90+), so the decode waits for the kernel before it (the split

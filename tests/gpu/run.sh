@@ -40,6 +40,7 @@ plan=(
   "prims-tma  test-gpu_primitives 30  tma_slabs"
   "paged      test-gpu_paged      90"
   "combine    test-gpu_combine    60"
+  "merge      test-gpu_merge      90"
   "capi       test-capi           30"
   "serving    test-gpu_serving    240"
   "interleave test-gpu_interleave  300"

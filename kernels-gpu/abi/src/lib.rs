@@ -338,6 +338,9 @@ pub mod names {
     pub const COMBINE_FP16: &str = "mla_combine_fp16";
     pub const COMBINE_WIDE_BF16: &str = "mla_combine_wide_bf16";
     pub const COMBINE_WIDE_FP16: &str = "mla_combine_wide_fp16";
+    /// The rank merge of context-parallel decode (`MergeParams`).
+    pub const MERGE_BF16: &str = "mla_merge_bf16";
+    pub const MERGE_FP16: &str = "mla_merge_fp16";
 
     /// The combine kernel for a 16-bit output (`fp16`, else bf16), a launch's chunk bound
     /// and its rows (`batch * s_q * heads`, one CTA each) on `sm_count` SMs (see
@@ -391,6 +394,7 @@ pub mod kernels {
         /// `DecodeParams`, then a `TensorMap`.
         DecodeWithMap,
         Combine,
+        Merge,
         Append,
         Gather,
         Schedule,
@@ -403,6 +407,7 @@ pub mod kernels {
             match self {
                 Params::Decode | Params::DecodeWithMap => size_of::<DecodeParams>(),
                 Params::Combine => size_of::<CombineParams>(),
+                Params::Merge => size_of::<MergeParams>(),
                 Params::Append => size_of::<AppendParams>(),
                 Params::Gather => size_of::<GatherParams>(),
                 Params::Schedule => size_of::<ScheduleParams>(),
@@ -500,6 +505,8 @@ pub mod kernels {
         k(COMBINE_FP16, Params::Combine, NARROW, 0),
         k(COMBINE_WIDE_BF16, Params::Combine, combine_tile::THREADS, 0),
         k(COMBINE_WIDE_FP16, Params::Combine, combine_tile::THREADS, 0),
+        k(MERGE_BF16, Params::Merge, NARROW, 0),
+        k(MERGE_FP16, Params::Merge, NARROW, 0),
         k(APPEND_BF16, Params::Append, paged_tile::THREADS, 0),
         k(APPEND_FP16, Params::Append, paged_tile::THREADS, 0),
         k(APPEND_FP8_FROM_BF16, Params::Append, paged_tile::THREADS, 0),
@@ -671,6 +678,30 @@ pub mod fault {
     pub const PAGE_ID: i32 = 1;
     /// A length is past what the page table addresses (`max_pages * page_size`).
     pub const SEQ_LEN: i32 = 2;
+}
+
+/// Most ranks one merge takes (`mla_merge_*`).
+pub const MAX_MERGE_RANKS: u32 = 64;
+
+/// Params of `mla_merge_bf16` / `mla_merge_fp16`: `ranks` results of the same `rows` query
+/// rows merged by their LSE. Grid: `ceil(rows / combine_tile::ROWS_NARROW)`, block
+/// `combine_tile::THREADS * combine_tile::ROWS_NARROW`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MergeParams {
+    /// `[ranks][rows, D_V]` 16-bit, ranks `out_rank_stride` elements apart. Never null.
+    pub outs: DevPtr<u8>,
+    /// `[ranks][rows]` f32, ranks `lse_rank_stride` apart. Never null.
+    pub lses: DevPtr<f32>,
+    /// `[rows, D_V]` 16-bit. Never null.
+    pub out: DevPtr<u8>,
+    /// `[rows]` f32. Never null.
+    pub lse: DevPtr<f32>,
+    pub out_rank_stride: u64,
+    pub lse_rank_stride: u64,
+    pub rows: u32,
+    /// `1..=MAX_MERGE_RANKS`.
+    pub ranks: u32,
 }
 
 /// Params of `mla_combine_*`. Grid: `(s_q * heads, batch)`, block `combine_tile::THREADS`.
@@ -945,6 +976,7 @@ const _: () = assert!(core::mem::size_of::<DevPtr<u8>>() == 8);
 const _: () = assert!(core::mem::size_of::<ScheduleParams>() == 2 * 8 + 6 * 4);
 const _: () = assert!(core::mem::size_of::<DecodeParams>() == 10 * 8 + 8 * 8 + 16 * 4);
 const _: () = assert!(core::mem::size_of::<TensorMap>() == 128);
+const _: () = assert!(core::mem::size_of::<MergeParams>() == 6 * 8 + 2 * 4);
 const _: () = assert!(core::mem::align_of::<TensorMap>() == 16);
 const _: () = assert!(core::mem::size_of::<CombineParams>() == 5 * 8 + 3 * 8 + 6 * 4);
 const _: () = assert!(core::mem::size_of::<AppendParams>() == 4 * 8 + 4 * 8 + 8 * 4);

@@ -1,0 +1,103 @@
+//! Rank merge, for context-parallel decode: `R` ranks each decoded the same query rows over
+//! their own share of the KV; their results `(out_r, lse_r)` (`out_r` 16-bit, normalised
+//! over that rank's keys, `lse_r` natural log) merge exactly by
+//! `lse = ln(sum_r exp(lse_r))`, `out = sum_r exp(lse_r - lse) * out_r`.
+//!
+//! - Grid: `ceil(rows / ROWS_NARROW)` CTAs of `combine_tile::ROWS_NARROW` rows,
+//!   `combine_tile::THREADS` (128) threads per row; thread `t` owns dims `4t .. 4t + 4`.
+//! - Each warp loads every rank's `lse` of its row at once (lane `j`: ranks `j`, `j + 32`)
+//!   and reduces with shuffles, as the split-KV combine does.
+//! - A rank with `lse_r = -inf` (no key of the row in its share) weighs exactly 0 and its
+//!   `out_r` is never read, whatever it holds; a row no rank saw gets `out = 0` and
+//!   `lse = -inf`, never NaN.
+
+use crate::arch::{self, sync};
+use crate::elem::Half16;
+use mla_abi::{D_V, MAX_MERGE_RANKS, MergeParams, combine_tile};
+
+const LOG2E: f32 = core::f32::consts::LOG2_E;
+const LN2: f32 = core::f32::consts::LN_2;
+
+/// # Safety
+/// Launched with the grid and block above on params that the host validated.
+#[inline(always)]
+pub unsafe fn merge<O: Half16>(p: MergeParams) {
+    let per_cta = combine_tile::ROWS_NARROW;
+    let row = arch::block_idx_x() * per_cta + arch::thread_idx_x() / combine_tile::THREADS as u32;
+    if row >= p.rows {
+        return;
+    }
+    const _: () = assert!(MAX_MERGE_RANKS <= 64);
+    let ranks = p.ranks.min(MAX_MERGE_RANKS);
+    let lane = arch::thread_idx_x() % 32;
+    // SAFETY (the loads below): r < ranks and row < rows index what the host validated.
+    let lse_at = |r: u32| {
+        if r < ranks {
+            unsafe {
+                *p.lses
+                    .ptr()
+                    .add(r as usize * p.lse_rank_stride as usize + row as usize)
+            }
+        } else {
+            f32::NEG_INFINITY
+        }
+    };
+    let l = [lse_at(lane), lse_at(lane + 32)];
+    // SAFETY (shuffles): every lane of the warp runs them (row is warp-uniform).
+    let mut m = sync::fmax(l[0], l[1]);
+    for x in [16, 8, 4, 2, 1] {
+        m = sync::fmax(m, unsafe { sync::shfl_xor_f32(m, x) });
+    }
+    let weight = |li: f32| {
+        if li == f32::NEG_INFINITY {
+            0.0
+        } else {
+            sync::ex2((li - m) * LOG2E)
+        }
+    };
+    let w = [weight(l[0]), weight(l[1])];
+    let mut sum = w[0] + w[1];
+    for x in [16, 8, 4, 2, 1] {
+        sum += unsafe { sync::shfl_xor_f32(sum, x) };
+    }
+    let t = (arch::thread_idx_x() % combine_tile::THREADS as u32) as usize;
+    let dim0 = t * combine_tile::DIMS_PER_THREAD;
+    let mut acc = [0.0f32; combine_tile::DIMS_PER_THREAD];
+    for r in 0..ranks {
+        let src_w = if r < 32 { w[0] } else { w[1] };
+        // SAFETY: a warp-uniform source lane.
+        let wr = unsafe { sync::shfl_idx_f32(src_w, r % 32) };
+        if wr != 0.0 {
+            let src = r as usize * p.out_rank_stride as usize + row as usize * D_V + dim0;
+            // SAFETY: 8-byte aligned (host: base and rank stride; dim0 a multiple of 4), in
+            // bounds (validated shapes).
+            let v = unsafe { *((p.outs.ptr() as *const u16).add(src) as *const [u32; 2]) };
+            let vals = [
+                v[0] as u16,
+                (v[0] >> 16) as u16,
+                v[1] as u16,
+                (v[1] >> 16) as u16,
+            ];
+            for d in 0..combine_tile::DIMS_PER_THREAD {
+                acc[d] += wr * O::to_f32(vals[d]);
+            }
+        }
+    }
+    let (scale, lse) = if sum > 0.0 {
+        (1.0 / sum, m + sync::lg2(sum) * LN2)
+    } else {
+        (0.0, f32::NEG_INFINITY)
+    };
+    let packed = [
+        O::pack2(acc[0] * scale, acc[1] * scale),
+        O::pack2(acc[2] * scale, acc[3] * scale),
+    ];
+    // SAFETY: the row's four dims of `out` (`[rows, D_V]`, 8-byte aligned: host).
+    unsafe {
+        let o = (p.out.ptr() as *mut u16).add(row as usize * D_V + dim0) as *mut [u32; 2];
+        *o = packed;
+        if t == 0 {
+            *p.lse.ptr().add(row as usize) = lse;
+        }
+    }
+}
