@@ -3,7 +3,7 @@
 //! by no rank at all), each rank's `(out, lse)` computed by the f64 oracle over its share
 //! and rounded to the output dtype, rows that saw nothing poisoned with NaN; the merge
 //! must equal the f64 decode over the whole KV (the emulated reference merges the rounded
-//! shares), never NaN; through the Rust API and the C ABI, eager and in a captured graph.
+//! shares and rounds the result to the output dtype), never NaN; through the Rust API and the C ABI, eager and in a captured graph.
 
 mod common;
 
@@ -97,7 +97,15 @@ fn make_case(
         outs,
         lses,
         exact: oracle::combine(&exact_parts),
-        emulated: oracle::combine(&emulated_parts),
+        emulated: {
+            // The kernel's arithmetic: the merge of the rounded shares, rounded to the
+            // output dtype.
+            let (o, l) = oracle::combine(&emulated_parts);
+            (
+                o.into_iter().map(|v| numeric::round_to(dtype, v)).collect(),
+                l,
+            )
+        },
     }
 }
 
