@@ -18,7 +18,13 @@ for c in prebuilt/mla_sm_90a.cubin prebuilt/mla_sm_100a.cubin; do
 done
 ptxas=${MLA_PTXAS:-$(ls "$root"/.venv/lib/python3*/site-packages/nvidia/cu13/bin/ptxas 2>/dev/null | head -1)}
 "$ptxas" --version | grep release > prebuilt/ptxas-version.txt
-cargo package --workspace --allow-dirty
+# cargo takes registry crates of one version as unchanging: it reuses their unpacked
+# sources under CARGO_HOME and their builds in the target dir. Both start fresh (the
+# verification builds in its own target dir), or a rerun would verify an earlier packaging.
+rm -rf target/package target/package-verify "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/mla-abi-* \
+  "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/mla-host-*
+cargo package --workspace --allow-dirty --target-dir target/package-verify
+mkdir -p target/package && cp target/package-verify/package/*.crate target/package/
 # The consumer: the unpacked packages, patched in for crates.io's (they are unpublished).
 work=$root/target/downstream
 rm -rf "$work" && mkdir -p "$work/crates"
