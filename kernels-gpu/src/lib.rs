@@ -90,7 +90,7 @@ pub unsafe extern "ptx-kernel" fn mla_merge_fp16(p: mla_abi::MergeParams) {
 
 /// Every decode kernel's first step: the host launches decodes with programmatic
 /// dependent launch (sm_90+), so the decode waits for the kernel before it (the split
-/// schedule, the tensor-map store, or whatever the caller ran: Q and the cache may be its
+/// schedule, or whatever the caller ran: Q and the cache may be its
 /// output), then lets the combine after it start its CTAs on SMs this grid leaves free.
 #[inline(always)]
 fn decode_entry() {

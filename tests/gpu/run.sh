@@ -135,7 +135,7 @@ if [[ -n "${MLA_NCU:-}" ]]; then
   save
 fi
 # MLA_NSYS="bf16 wg64n64 B64 L4096 H128 S1": Nsight Systems over `mla bench` on that
-# shape through the serving path (MLA_BENCH_PLAN=1: schedule or fold, map store, decode,
+# shape through the serving path (MLA_BENCH_PLAN=1: schedule or fold, decode,
 # combine), the per-kernel GPU trace (start, duration, gaps) as nsys-trace.csv: where the
 # plan path's time over the decode goes. Needs nsys on the GPU machine.
 if [[ -n "${MLA_NSYS:-}" ]]; then
