@@ -19,13 +19,6 @@ macro_rules! unroll {
 pub mod arch;
 pub mod combine;
 pub mod decode;
-#[cfg(mla_hw_fp8)]
-pub mod decode_f8;
-pub mod decode_ref;
-#[cfg(mla_wgmma)]
-pub mod decode_tma;
-#[cfg(mla_wgmma)]
-pub mod decode_wg;
 pub mod elem;
 pub mod merge;
 pub mod paged;
@@ -120,12 +113,12 @@ macro_rules! decode_kernel {
             // SAFETY: launched by the host with the documented grid on validated params.
             unsafe { decode::decode::<$kind, decode::M16>(p) }
         }
-        /// The reference decode of the same dtypes: see [`decode_ref`].
+        /// The reference decode of the same dtypes: see [`decode::reference`].
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $ref_name(p: DecodeParams) {
             decode_entry();
             // SAFETY: launched by the host with the documented grid on validated params.
-            unsafe { decode_ref::decode_reference::<$kind>(p) }
+            unsafe { decode::reference::decode_reference::<$kind>(p) }
         }
     };
 }
@@ -196,26 +189,26 @@ paged_kernel!(
     RowFormat::Fp8ToBf16
 );
 
-/// `mla_decode_wg_bf16`: see [`decode_wg`] (sm_90a image only).
+/// `mla_decode_wg_bf16`: see [`decode::wg`] (sm_90a image only).
 #[cfg(mla_wgmma)]
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mla_decode_wg_bf16(p: DecodeParams) {
     decode_entry();
     // SAFETY: launched by the host with the documented grid on validated bf16 params.
-    unsafe { decode_wg::decode_wg::<DecodeBf16>(p) }
+    unsafe { decode::wg::decode_wg::<DecodeBf16>(p) }
 }
 
-/// `mla_decode_wg_fp8kv_bf16q`: see [`decode_wg`] (sm_90a image only).
+/// `mla_decode_wg_fp8kv_bf16q`: see [`decode::wg`] (sm_90a image only).
 #[cfg(mla_wgmma)]
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mla_decode_wg_fp8kv_bf16q(p: DecodeParams) {
     decode_entry();
     // SAFETY: launched by the host with the documented grid on validated params (bf16 Q,
     // fp8 e4m3 cache).
-    unsafe { decode_wg::decode_wg::<DecodeFp8KvBf16Q>(p) }
+    unsafe { decode::wg::decode_wg::<DecodeFp8KvBf16Q>(p) }
 }
 
-/// `mla_decode_tma_bf16`: see [`decode_tma`] (sm_90a image only). `tmap` is the cache's
+/// `mla_decode_tma_bf16`: see [`decode::tma`] (sm_90a image only). `tmap` is the cache's
 /// tensor map by value: the copies are issued from the parameter's own address (generic,
 /// through `cvta.param`), as `__grid_constant__` parameters are in CUDA C++, so the map is
 /// never copied to local or global memory.
@@ -236,7 +229,7 @@ pub unsafe extern "ptx-kernel" fn mla_decode_tma_bf16(p: DecodeParams, _tmap: ml
     }
     // SAFETY: launched by the host with the documented grid on validated params (bf16 Q
     // and cache, pages of at least TMA_MIN_PAGE tokens) and the cache's tensor map.
-    unsafe { decode_tma::decode_tma::<DecodeBf16>(p, tmap as *const u8) }
+    unsafe { decode::tma::decode_tma::<DecodeBf16>(p, tmap as *const u8) }
 }
 
 /// `mla_schedule`: see [`schedule`].

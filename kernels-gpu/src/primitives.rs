@@ -10,7 +10,7 @@
 //! LBO = 128 B (next core in K) and SBO = 256 B (next core in M / N).
 
 use crate::arch::{self, bulk, smem, sync, wgmma};
-use crate::decode_wg::aligned_base;
+use crate::decode::wg::aligned_base;
 use mla_abi::primitives::{
     BulkCopyParams, EXCHANGE_TILE_A, ExchangeParams, TmaSlabsParams, WgmmaLayoutParams,
     WgmmaPrimParams,

@@ -1,6 +1,6 @@
 //! The TMA-fed `wgmma` decode (sm_90a only; `--cfg mla_wgmma`): bf16 Q and a bf16 cache
 //! with pages of at least `decode_tile::TMA_MIN_PAGE` tokens. Same grid, block, params
-//! and outputs as [`crate::decode_wg`], plus the cache's tensor map as a second kernel
+//! and outputs as [`crate::decode::wg`], plus the cache's tensor map as a second kernel
 //! parameter (by value, so every launch, eager or captured, carries the map of its own
 //! cache), so the host's split schedule, workspace and combine are shared.
 //!
@@ -32,8 +32,8 @@
 //!   writer (see the loop).
 
 use crate::arch::{self, bulk, cp_async, cvt, smem, sync, wgmma};
+use crate::decode::wg::{SLAB, SLAB_TILE, aligned_base, slab_off};
 use crate::decode::{self, DecodeKind, M64};
-use crate::decode_wg::{SLAB, SLAB_TILE, aligned_base, slab_off};
 use crate::elem::Bf16;
 use mla_abi::DecodeParams;
 use mla_abi::decode_tile as T;
@@ -150,7 +150,7 @@ unsafe fn issue_half(
 /// The kernel body (see the module docs).
 ///
 /// # Safety
-/// Launched with the grid and block of [`crate::decode_wg`] and `TMA_SMEM_BYTES` of
+/// Launched with the grid and block of [`crate::decode::wg`] and `TMA_SMEM_BYTES` of
 /// dynamic shared memory on params the host validated (bf16 Q and cache, pages of at
 /// least `TMA_MIN_PAGE` tokens); `tmap` is the generic address of the cache's map as
 /// `decode_tile` describes it, in the kernel's parameter space.
