@@ -328,8 +328,8 @@ pub fn default_shapes() -> Vec<BenchShape> {
     v
 }
 
-/// The secondary targets, each against its own baseline in the same grid: page sizes
-/// 16, 32, 64, 128 (B = 64, L = 4096; H = 16 and 128) and MTP S_q = 1, 2, 4 at page 64
+/// Secondary targets, each against its own baseline in the same grid: page sizes
+/// 16, 32, 64, 128 (B = 64, L = 4096; H = 16 and 128) and MTP S_q = 1, 2, 3, 4 at page 64
 /// (B = 64, L = 4096; H = 16 and 128), bf16 and fp8 KV, each with the shape's default tile
 /// on `backend`.
 pub fn extra_shapes(backend: crate::gate::Backend) -> Vec<BenchShape> {
@@ -348,7 +348,7 @@ pub fn extra_shapes(backend: crate::gate::Backend) -> Vec<BenchShape> {
             for page in [16, 32, 64, 128] {
                 v.push(shape(1, page));
             }
-            for s_q in [2, 4] {
+            for s_q in [2, 3, 4] {
                 v.push(shape(s_q, PAGE));
             }
         }

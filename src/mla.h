@@ -120,7 +120,8 @@ int mla_plan_info(const MlaRuntime *rt, const MlaPlan *plan, MlaPlanInfo *out);
 int mla_decode_run(const MlaRuntime *rt, const MlaPlan *plan, const MlaDecodeArgs *args, void *stream);
 /* Per-step scheduling, for the layers of one decode step: the split counts of a batch whose
  * lengths are at `seq_lens` ([batch] int32, device), computed on the device into the plan's
- * workspace in stream order (capturable); lengths are cut at max_pages * page_size. Each
+ * workspace in stream order (capturable); lengths are cut at max_pages * page_size
+ * (max_pages >= 1: the layers' page-table columns). Each
  * mla_decode_run_layer after it on the same stream reuses them. */
 int mla_schedule_step(const MlaRuntime *rt, const MlaPlan *plan, uint64_t seq_lens, uint32_t batch,
                       uint32_t max_pages, void *stream);

@@ -550,6 +550,14 @@ impl DecodePlan {
                 align: 4,
             });
         }
+        if max_seq_len == 0 {
+            // A clamp at 0 would give every sequence 0 splits: skipped, nothing written.
+            return Err(MlaError::shape(
+                "max_seq_len",
+                ">= 1 (the page table's capacity in tokens, max_pages * page_size)",
+                0,
+            ));
+        }
         let capacity = max_seq_len.min(u32::MAX as usize);
         if self.kernels.reference {
             // The reference decode has no splits.

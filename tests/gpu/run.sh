@@ -96,7 +96,7 @@ if [[ "${MLA_BENCH:-0}" == 1 ]]; then
   save
 fi
 if [[ "${MLA_BENCH_EXTRA:-0}" == 1 ]]; then
-  # Page sizes 16..128 and S_q 1, 2, 4 (the secondary targets).
+  # Page sizes 16..128 and S_q 1, 2, 3, 4 (secondary targets).
   timeout 120 stage/bin/mla bench --grid extra --seed "${MLA_SEED:0:9}" --json "$logs/bench-extra.json" >"$logs/bench-extra.log" 2>&1
   summary+=("$(printf '%-11s rc=%-3d  (table in bench-extra.log)' bench-extra "$?")")
   save
