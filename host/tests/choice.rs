@@ -1,0 +1,186 @@
+//! Which kernels a decode runs (`mla_host::choice`), on the CPU: the plan-time choice for
+//! each backend and tile, the TMA decode's request-time rule, the schedule fold and the
+//! combine, and the kernel table they come from.
+
+use mla_abi::kernels::{self, Images, Params};
+use mla_abi::{D_QK, D_V, ElemType, names};
+use mla_host::choice::{DecodeKernels, tile_kernel};
+use mla_host::gate::Backend;
+use mla_host::request::*;
+use mla_host::tactic::Tile;
+use mla_host::tensor::TensorView;
+use mla_host::{DecodeFault, Variant};
+
+fn kernels(
+    backend: Backend,
+    tile: Tile,
+    d: DecodeDtypes,
+    page: usize,
+    splits: usize,
+) -> DecodeKernels {
+    let variant = match backend {
+        Backend::Sm90a => Variant::Sm90a,
+        _ => Variant::Portable,
+    };
+    DecodeKernels::new(backend, variant, tile, d, page, splits)
+}
+
+fn request(
+    d: DecodeDtypes,
+    page: usize,
+    max_pages: usize,
+) -> (DecodeRequest<'static>, DecodeShape) {
+    let (b, s, h, pages) = (2, 2, 64, 64);
+    let req = DecodeRequest {
+        q: TensorView::contiguous(0x1000_0000, d.q(), [b, s, h, D_QK]),
+        kv_cache: TensorView::contiguous(0x2000_0000, d.kv(), [pages, page, D_QK]),
+        page_table: TensorView::contiguous(0x3000_0000, ElemType::I32, [b, max_pages]),
+        seq_lens: TensorView::contiguous(0x4000_0000, ElemType::I32, [b]),
+        out: TensorView::contiguous(0x5000_0000, d.out(), [b, s, h, D_V]),
+        lse: TensorView::contiguous(0x6000_0000, ElemType::F32, [b, s, h]),
+        scales: Scales::default_for_mla(),
+        host: HostMirror::default(),
+    };
+    let shape = DecodeShape {
+        batch: b,
+        s_q: s,
+        heads: h,
+        page_size: page,
+        num_pages: pages,
+        max_pages,
+        dtypes: d,
+    };
+    (req, shape)
+}
+
+/// The module's worked example: bf16, H=64, S_q=2, page 16 on sm_90a.
+#[test]
+fn bf16_h64_sq2_page16_on_sm90a() {
+    let k = kernels(Backend::Sm90a, Tile::Wg64N64, DecodeDtypes::Bf16, 16, 32);
+    assert_eq!(k.decode.symbol, names::DECODE_WG_BF16);
+    assert_eq!(k.tma.map(|t| t.symbol), Some(names::DECODE_TMA_BF16));
+    assert!(k.pdl && !k.reference);
+    // Long enough that a split holds two blocks: the TMA decode; one block: the cp.async one.
+    let (req, shape) = request(DecodeDtypes::Bf16, 16, 256);
+    assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_TMA_BF16);
+    let (req, shape) = request(DecodeDtypes::Bf16, 16, 4);
+    assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_WG_BF16);
+    // A padded (non-contiguous) cache keeps the cp.async kernel.
+    let (mut req, shape) = request(DecodeDtypes::Bf16, 16, 256);
+    req.kv_cache.strides[0] += D_QK;
+    assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_WG_BF16);
+}
+
+#[test]
+fn small_pages_other_dtypes_and_other_backends_take_no_tma() {
+    let k = kernels(Backend::Sm90a, Tile::Wg64N64, DecodeDtypes::Bf16, 8, 32);
+    assert_eq!(k.tma, None);
+    let k = kernels(
+        Backend::Sm90a,
+        Tile::Wg64N64,
+        DecodeDtypes::Fp8KvBf16Q,
+        64,
+        32,
+    );
+    assert_eq!(k.decode.symbol, names::DECODE_WG_FP8KV_BF16Q);
+    assert_eq!(k.tma, None);
+    let k = kernels(Backend::Portable, Tile::M64N64, DecodeDtypes::Bf16, 64, 32);
+    assert_eq!(
+        (k.decode.symbol, k.tma, k.pdl),
+        (names::DECODE_BF16, None, false)
+    );
+    let k = kernels(Backend::Reference, Tile::M64N64, DecodeDtypes::Fp8, 64, 1);
+    assert!(k.reference);
+    assert_eq!(k.decode.symbol, names::DECODE_REF_FP8);
+    assert_eq!(k.all(4, 16, 132), vec![names::DECODE_REF_FP8]);
+    assert_eq!(k.combine_for(64, 132), None);
+}
+
+#[test]
+fn fold_and_combine_follow_batch_and_splits() {
+    let k = kernels(Backend::Sm90a, Tile::M16N64, DecodeDtypes::Fp16, 64, 64);
+    assert!(k.folds(1) && k.folds(mla_abi::SCHED_FOLD_MAX_BATCH));
+    assert!(!k.folds(mla_abi::SCHED_FOLD_MAX_BATCH + 1));
+    // 64 chunks over few rows: the wide combine; over many rows the narrow one.
+    assert_eq!(
+        k.combine_for(16, 132).map(|c| c.symbol),
+        Some(names::COMBINE_WIDE_FP16)
+    );
+    assert_eq!(
+        k.combine_for(100_000, 132).map(|c| c.symbol),
+        Some(names::COMBINE_FP16)
+    );
+    assert_eq!(
+        k.all(64, 16, 132),
+        vec![
+            names::SCHEDULE,
+            names::DECODE16_FP16,
+            names::COMBINE_WIDE_FP16,
+            names::COMBINE_FP16
+        ]
+    );
+    // One split: the decode writes the output, no combine.
+    let k = kernels(Backend::Sm90a, Tile::M16N64, DecodeDtypes::Fp16, 64, 1);
+    assert_eq!(k.combine_for(16, 132), None);
+    assert_eq!(k.all(4, 16, 132), vec![names::DECODE16_FP16]);
+}
+
+#[test]
+fn every_tile_and_dtype_names_a_kernel_of_the_table() {
+    for tile in Tile::ALL {
+        for d in DecodeDtypes::ALL {
+            if tile.check(Backend::Sm90a, d).is_err() {
+                continue;
+            }
+            let k = tile_kernel(tile, d);
+            assert_eq!(k.params, Params::Decode, "{tile:?} {d:?}");
+            assert_eq!(kernels::find(k.symbol), Some(k));
+            // The portable image holds only what every image holds.
+            if tile.check(Backend::Portable, d).is_ok() {
+                assert_eq!(k.images, Images::All, "{}", k.symbol);
+            }
+        }
+    }
+    // Symbols are unique, and only the TMA decode takes a second parameter.
+    for (i, a) in kernels::ALL.iter().enumerate() {
+        assert!(
+            kernels::ALL[i + 1..].iter().all(|b| b.symbol != a.symbol),
+            "{}",
+            a.symbol
+        );
+        assert_eq!(
+            a.params.second().is_some(),
+            a.symbol == names::DECODE_TMA_BF16,
+            "{}",
+            a.symbol
+        );
+    }
+}
+
+#[test]
+fn fault_records_read_back() {
+    use mla_abi::fault::*;
+    assert_eq!(DecodeFault::from_record([NONE, 0, 0, 0]), None);
+    let f = DecodeFault::from_record([PAGE_ID, 3, 7, -2]).unwrap();
+    assert_eq!(
+        f,
+        DecodeFault::PageId {
+            sequence: 3,
+            column: 7,
+            page: -2
+        }
+    );
+    assert_eq!(
+        f.to_string(),
+        "page_table[3][7] = -2 is outside 0..num_pages"
+    );
+    let f = DecodeFault::from_record([SEQ_LEN, 1, -1, 99_999]).unwrap();
+    assert_eq!(
+        f,
+        DecodeFault::SeqLen {
+            sequence: 1,
+            len: 99_999
+        }
+    );
+    assert!(f.to_string().contains("seq_lens[1] = 99999"));
+}
