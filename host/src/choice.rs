@@ -62,7 +62,7 @@ impl Overrides {
 }
 
 /// The table entry of a kernel this crate names (every name is in the table).
-fn spec(symbol: &'static str) -> &'static Kernel {
+pub(crate) fn spec(symbol: &'static str) -> &'static Kernel {
     match kernels::find(symbol) {
         Some(k) => k,
         None => unreachable!("{symbol} is not in mla_abi::kernels::ALL"),

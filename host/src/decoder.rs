@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 use cudarc::driver::sys::{CUstream, CUstreamCaptureStatus};
-use mla_abi::{ScheduleParams, kernels, names};
+use mla_abi::{ScheduleParams, names};
 
 use crate::autotune::{Autotuner, DeviceKey, ShapeKey};
 use crate::choice::DecodeKernels;
@@ -518,37 +518,13 @@ impl DecodePlan {
         seq_lens: &TensorView<1>,
         max_seq_len: usize,
     ) -> Result<()> {
-        let batch = seq_lens.shape[0];
-        if seq_lens.dtype != mla_abi::ElemType::I32 {
-            return Err(MlaError::DtypeMismatch {
-                field: "seq_lens",
-                expected: "i32".into(),
-                got: seq_lens.dtype.name().into(),
-            });
-        }
-        if !(1..=self.config.max_batch).contains(&batch) {
+        let batch = crate::validate::validate_seq_lens(seq_lens)?;
+        if batch > self.config.max_batch {
             return Err(MlaError::shape(
                 "seq_lens.shape[0] (batch)",
                 format!("1..={} (the plan's max_batch)", self.config.max_batch),
                 batch,
             ));
-        }
-        if batch > 1 && seq_lens.strides[0] != 1 {
-            return Err(MlaError::shape(
-                "seq_lens.strides[0]",
-                "1 (contiguous)",
-                seq_lens.strides[0],
-            ));
-        }
-        if seq_lens.ptr == 0 {
-            return Err(MlaError::NullPointer { field: "seq_lens" });
-        }
-        if !seq_lens.ptr.is_multiple_of(4) {
-            return Err(MlaError::Misaligned {
-                field: "seq_lens",
-                addr: seq_lens.ptr,
-                align: 4,
-            });
         }
         if max_seq_len == 0 {
             // A clamp at 0 would give every sequence 0 splits: skipped, nothing written.
@@ -681,10 +657,7 @@ impl DecodePlan {
         shape: &DecodeShape,
     ) -> Result<()> {
         let p = self.schedule_params(seq_lens, shape);
-        let k = kernels::find(names::SCHEDULE).ok_or(MlaError::Load {
-            variant: rt.variant().name().into(),
-            detail: "no schedule kernel in the kernel table".into(),
-        })?;
+        let k = crate::choice::spec(names::SCHEDULE);
         let grid = LaunchShape {
             grid: (1, 1, 1),
             block: k.block,

@@ -12,7 +12,7 @@ use mla_abi::{
     MergeParams, combine_tile, names, paged_tile,
 };
 
-use crate::choice::DecodeKernels;
+use crate::choice::{DecodeKernels, spec};
 use crate::error::{MlaError, Result};
 use crate::module::Runtime;
 use crate::plan::WorkspaceCapacity;
@@ -440,14 +440,6 @@ fn paged_launch(shape: &PagedShape) -> Result<LaunchShape> {
     })
 }
 
-/// The table entry of a kernel the launch code names.
-fn kernel_spec(symbol: &'static str) -> &'static Kernel {
-    match mla_abi::kernels::find(symbol) {
-        Some(k) => k,
-        None => unreachable!("{symbol} is not in mla_abi::kernels::ALL"),
-    }
-}
-
 fn dev<T>(p: u64) -> DevPtr<T> {
     DevPtr::from_addr(p)
 }
@@ -666,7 +658,7 @@ impl Runtime {
             launch(
                 self,
                 kernel,
-                combine_launch_shape(kernel_spec(kernel), rows, batch),
+                combine_launch_shape(spec(kernel), rows, batch),
                 stream.cu_stream(),
                 &c,
             )
@@ -690,7 +682,7 @@ impl Runtime {
     /// device pointers stay valid until the merge completes.
     pub unsafe fn merge_raw(&self, stream: CUstream, req: &MergeRequest) -> Result<MergeShape> {
         let shape = validate_merge(req)?;
-        let kernel = kernel_spec(if shape.dtype == ElemType::Fp16 {
+        let kernel = spec(if shape.dtype == ElemType::Fp16 {
             names::MERGE_FP16
         } else {
             names::MERGE_BF16
@@ -705,12 +697,8 @@ impl Runtime {
             rows: shape.rows as u32,
             ranks: shape.ranks as u32,
         };
-        let per_cta = kernel.block / combine_tile::THREADS as u32;
-        let grid = LaunchShape {
-            grid: ((shape.rows as u32).div_ceil(per_cta), 1, 1),
-            block: kernel.block,
-            smem: kernel.smem,
-        };
+        // The combine's rows-per-CTA grid, over one "sequence" of every row.
+        let grid = combine_launch_shape(kernel, shape.rows, 1);
         // SAFETY: validated: every index the kernel forms is inside the views.
         unsafe { launch(self, kernel.symbol, grid, stream, &p)? };
         Ok(shape)

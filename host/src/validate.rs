@@ -95,6 +95,17 @@ impl Paged {
     }
 }
 
+/// Checks the lengths a step is scheduled from (`DecodePlan::schedule_step`): `[batch]`
+/// i32, contiguous, non-null and aligned, by the rules a decode's `seq_lens` follows.
+/// Returns the batch.
+pub fn validate_seq_lens(seq_lens: &TensorView<1>) -> Result<usize> {
+    let batch = dim_in(SEQ_LENS.shape[0], seq_lens.shape[0], 1..=U32_LIMIT)?;
+    dtype_in(SEQ_LENS.tensor, seq_lens.dtype, &[ElemType::I32])?;
+    row_major(&SEQ_LENS, seq_lens)?;
+    placed(&SEQ_LENS, seq_lens, WORD_ALIGN)?;
+    Ok(batch)
+}
+
 /// Checks a rank merge and returns its shape.
 pub fn validate_merge(req: &MergeRequest) -> Result<MergeShape> {
     let (o, l) = (&req.outs, &req.lses);

@@ -141,6 +141,23 @@ fn every_tile_and_dtype_names_a_kernel_of_the_table() {
             }
         }
     }
+    // Every kernel the host names by constant is in the table (choice::spec relies on it).
+    for symbol in [
+        names::SCHEDULE,
+        names::DECODE_TMA_BF16,
+        names::COMBINE_BF16,
+        names::COMBINE_FP16,
+        names::COMBINE_WIDE_BF16,
+        names::COMBINE_WIDE_FP16,
+        names::MERGE_BF16,
+        names::MERGE_FP16,
+        names::DECODE_REF_BF16,
+        names::DECODE_REF_FP16,
+        names::DECODE_REF_FP8KV_BF16Q,
+        names::DECODE_REF_FP8,
+    ] {
+        assert!(kernels::find(symbol).is_some(), "{symbol}");
+    }
     // Symbols are unique, and only the TMA decode takes a second parameter.
     for (i, a) in kernels::ALL.iter().enumerate() {
         assert!(

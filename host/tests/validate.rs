@@ -1384,3 +1384,36 @@ fn fuzz_gather_agrees_with_spec() {
         |c| gather_by_spec(&c.gather()),
     );
 }
+
+// ---- the lengths a step is scheduled from ----------------------------------------------
+
+#[test]
+fn step_lengths_follow_the_seq_lens_rules() {
+    let ok = TensorView::contiguous(region(3), ElemType::I32, [5]);
+    assert_eq!(validate_seq_lens(&ok).unwrap(), 5);
+    let mut r = ok;
+    r.shape[0] = 0;
+    invalid_shape(validate_seq_lens(&r), "seq_lens.shape[0] (batch)");
+    let mut r = ok;
+    r.dtype = ElemType::F32;
+    dtype_mismatch(validate_seq_lens(&r), "seq_lens");
+    let mut r = ok;
+    r.strides[0] = 2;
+    invalid_shape(validate_seq_lens(&r), "seq_lens.strides[0] (batch)");
+    let mut r = ok;
+    r.ptr += 2;
+    assert!(matches!(
+        validate_seq_lens(&r),
+        Err(MlaError::Misaligned {
+            field: "seq_lens",
+            align: 4,
+            ..
+        })
+    ));
+    let mut r = ok;
+    r.ptr = 0;
+    assert!(matches!(
+        validate_seq_lens(&r),
+        Err(MlaError::NullPointer { field: "seq_lens" })
+    ));
+}

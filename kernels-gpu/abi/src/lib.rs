@@ -356,14 +356,6 @@ pub mod names {
             (true, true) => COMBINE_WIDE_FP16,
         }
     }
-    /// Query rows per CTA of combine kernel `kernel` (one of [`combine`]'s symbols).
-    pub fn combine_rows_per_cta(kernel: &str) -> u32 {
-        if kernel == COMBINE_WIDE_BF16 || kernel == COMBINE_WIDE_FP16 {
-            1
-        } else {
-            super::combine_tile::ROWS_NARROW
-        }
-    }
     pub const APPEND_BF16: &str = "mla_append_bf16";
     pub const APPEND_FP16: &str = "mla_append_fp16";
     pub const APPEND_FP8_FROM_BF16: &str = "mla_append_fp8_from_bf16";
