@@ -26,6 +26,36 @@ use mla_abi::{CombineParams, D_V, MAX_SPLITS, combine_tile};
 const LOG2E: f32 = core::f32::consts::LOG2_E;
 const LN2: f32 = core::f32::consts::LN_2;
 
+/// The exact LSE merge's weights over up to 64 parts held by one warp (lane `j`: parts `j`
+/// and `j + 32`): the maximum `m`, this lane's two weights `exp(l - m)` and their sum over
+/// the warp. A part with `l = -inf` (no visible key) weighs exactly 0, and so does every part
+/// when all are `-inf` (`m = -inf`, sum 0).
+///
+/// # Safety
+/// All 32 lanes of the warp call it together.
+#[inline(always)]
+pub(crate) unsafe fn warp_lse_weights(l: [f32; 2]) -> (f32, [f32; 2], f32) {
+    let mut m = sync::fmax(l[0], l[1]);
+    for x in [16, 8, 4, 2, 1] {
+        // SAFETY: forwarded from the caller.
+        m = sync::fmax(m, unsafe { sync::shfl_xor_f32(m, x) });
+    }
+    let weight = |li: f32| {
+        if li == f32::NEG_INFINITY {
+            0.0
+        } else {
+            sync::ex2((li - m) * LOG2E)
+        }
+    };
+    let w = [weight(l[0]), weight(l[1])];
+    let mut sum = w[0] + w[1];
+    for x in [16, 8, 4, 2, 1] {
+        // SAFETY: forwarded from the caller.
+        sum += unsafe { sync::shfl_xor_f32(sum, x) };
+    }
+    (m, w, sum)
+}
+
 /// # Safety
 /// Launched with the grid and block above on params that the host validated.
 #[inline(always)]
@@ -62,26 +92,8 @@ pub unsafe fn combine<O: Half16, const UNROLL: usize, const ROWS: u32>(p: Combin
             f32::NEG_INFINITY
         }
     };
-    let l = [lse_at(lane), lse_at(lane + 32)];
-    // SAFETY (shuffles): the whole CTA runs this code converged (row and b are CTA-uniform).
-    let mut m = sync::fmax(l[0], l[1]);
-    for x in [16, 8, 4, 2, 1] {
-        m = sync::fmax(m, unsafe { sync::shfl_xor_f32(m, x) });
-    }
-    // Chunks with no visible keys (lse = -inf) weigh exactly 0, and so does everything
-    // when the whole row is empty (m = -inf).
-    let weight = |li: f32| {
-        if li == f32::NEG_INFINITY {
-            0.0
-        } else {
-            sync::ex2((li - m) * LOG2E)
-        }
-    };
-    let w = [weight(l[0]), weight(l[1])];
-    let mut sum = w[0] + w[1];
-    for x in [16, 8, 4, 2, 1] {
-        sum += unsafe { sync::shfl_xor_f32(sum, x) };
-    }
+    // SAFETY: the whole CTA runs this code converged (row and b are CTA-uniform).
+    let (m, w, sum) = unsafe { warp_lse_weights([lse_at(lane), lse_at(lane + 32)]) };
 
     // O: this thread's four dims of each chunk, UNROLL chunk loads in flight at a time. A
     // chunk of weight 0 may hold garbage (an empty chunk's O is never written): its value

@@ -6,16 +6,16 @@
 //! - Grid: `ceil(rows / ROWS_NARROW)` CTAs of `combine_tile::ROWS_NARROW` rows,
 //!   `combine_tile::THREADS` (128) threads per row; thread `t` owns dims `4t .. 4t + 4`.
 //! - Each warp loads every rank's `lse` of its row at once (lane `j`: ranks `j`, `j + 32`)
-//!   and reduces with shuffles, as the split-KV combine does.
+//!   and reduces them with the split-KV combine's `warp_lse_weights`.
 //! - A rank with `lse_r = -inf` (no key of the row in its share) weighs exactly 0 and its
 //!   `out_r` is never read, whatever it holds; a row no rank saw gets `out = 0` and
 //!   `lse = -inf`, never NaN.
 
 use crate::arch::{self, sync};
+use crate::combine::warp_lse_weights;
 use crate::elem::Half16;
 use mla_abi::{D_V, MAX_MERGE_RANKS, MergeParams, combine_tile};
 
-const LOG2E: f32 = core::f32::consts::LOG2_E;
 const LN2: f32 = core::f32::consts::LN_2;
 
 /// # Safety
@@ -42,24 +42,8 @@ pub unsafe fn merge<O: Half16>(p: MergeParams) {
             f32::NEG_INFINITY
         }
     };
-    let l = [lse_at(lane), lse_at(lane + 32)];
-    // SAFETY (shuffles): every lane of the warp runs them (row is warp-uniform).
-    let mut m = sync::fmax(l[0], l[1]);
-    for x in [16, 8, 4, 2, 1] {
-        m = sync::fmax(m, unsafe { sync::shfl_xor_f32(m, x) });
-    }
-    let weight = |li: f32| {
-        if li == f32::NEG_INFINITY {
-            0.0
-        } else {
-            sync::ex2((li - m) * LOG2E)
-        }
-    };
-    let w = [weight(l[0]), weight(l[1])];
-    let mut sum = w[0] + w[1];
-    for x in [16, 8, 4, 2, 1] {
-        sum += unsafe { sync::shfl_xor_f32(sum, x) };
-    }
+    // SAFETY: every lane of the warp runs it (row is warp-uniform).
+    let (m, w, sum) = unsafe { warp_lse_weights([lse_at(lane), lse_at(lane + 32)]) };
     let t = (arch::thread_idx_x() % combine_tile::THREADS as u32) as usize;
     let dim0 = t * combine_tile::DIMS_PER_THREAD;
     let mut acc = [0.0f32; combine_tile::DIMS_PER_THREAD];
