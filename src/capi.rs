@@ -59,6 +59,7 @@ fn status_of(e: &MlaError) -> c_int {
         MlaError::Load { .. }
         | MlaError::Launch { .. }
         | MlaError::Alloc { .. }
+        | MlaError::Comm { .. }
         | MlaError::Driver(_) => MLA_ERR_CUDA,
         _ => MLA_ERR_INVALID,
     }
@@ -442,6 +443,34 @@ pub unsafe extern "C" fn mla_plan_set_checked(
         // SAFETY: non-null (handles) and not shared during the call (caller).
         unsafe { (*plan).plan.set_checked(on) };
         Ok(())
+    })
+}
+
+/// Decode context parallelism: the plan's runs from now on decode rank `rank`'s share of
+/// every sequence, which is spread over `ranks` ranks in runs of `interleave` consecutive
+/// tokens (`mla::Shard`; `ranks` 0 or 1: off). `seq_lens` stay global.
+///
+/// # Safety
+/// As [`mla_plan_set_checked`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mla_plan_set_shard(
+    rt: *const MlaRuntime,
+    plan: *mut MlaPlan,
+    rank: u32,
+    ranks: u32,
+    interleave: u32,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded from the caller.
+        unsafe { handles(rt, plan)? };
+        let shard = mla_abi::Shard {
+            rank,
+            ranks,
+            interleave,
+            _pad: 0,
+        };
+        // SAFETY: non-null (handles) and not shared during the call (caller).
+        unsafe { (*plan).plan.set_shard(shard) }
     })
 }
 

@@ -256,6 +256,64 @@ impl HostCase {
         out
     }
 
+    /// Rank `shard.rank`'s share of these inputs under decode context parallelism: the
+    /// same q and global `seq_lens`, and a cache of its own holding, for each sequence, the
+    /// global tokens the shard puts on this rank at their local positions (fresh pages in a
+    /// random order, two spare NaN pages, invalid ids past each sequence's pages).
+    pub fn shard(&self, shard: &mla_abi::Shard, rng: &mut SplitMix64) -> Self {
+        let (b, p) = (self.spec.lens.len(), self.spec.page_size);
+        let local: Vec<usize> = self
+            .seq_lens
+            .iter()
+            .map(|&l| shard.local_len(l).max(0) as usize)
+            .collect();
+        let pages_of: Vec<usize> = local.iter().map(|&l| l.div_ceil(p)).collect();
+        let num_pages = pages_of.iter().sum::<usize>() + 2;
+        let max_pages = pages_of.iter().copied().max().unwrap_or(0) + 1;
+        let perm = rng.permutation(num_pages);
+        let mut table = vec![-1i32; b * max_pages];
+        let mut next = 0;
+        for s in 0..b {
+            for j in 0..pages_of[s] {
+                table[s * max_pages + j] = perm[next] as i32;
+                next += 1;
+            }
+        }
+        let width = self.kv_bytes.len() / self.kv_vals.len();
+        let nan = nan_bits(self.spec.dtypes.kv());
+        let mut out = self.clone();
+        out.kv_vals = vec![f32::NAN; num_pages * p * D_QK];
+        out.kv_orig = vec![f32::NAN; num_pages * p * D_QK];
+        out.kv_bytes = nan
+            .iter()
+            .copied()
+            .cycle()
+            .take(num_pages * p * D_QK * width)
+            .collect();
+        for s in 0..b {
+            let mut j = 0usize;
+            for t in 0..self.seq_lens[s].max(0) as usize {
+                if (t / shard.interleave as usize) % shard.ranks as usize != shard.rank as usize {
+                    continue;
+                }
+                let src_page = self.page_table[s * self.max_pages + t / p] as usize;
+                let src = (src_page * p + t % p) * D_QK;
+                let dst_page = table[s * max_pages + j / p] as usize;
+                let dst = (dst_page * p + j % p) * D_QK;
+                out.kv_vals[dst..dst + D_QK].copy_from_slice(&self.kv_vals[src..src + D_QK]);
+                out.kv_orig[dst..dst + D_QK].copy_from_slice(&self.kv_orig[src..src + D_QK]);
+                out.kv_bytes[dst * width..(dst + D_QK) * width]
+                    .copy_from_slice(&self.kv_bytes[src * width..(src + D_QK) * width]);
+                j += 1;
+            }
+            assert_eq!(j, local[s], "shard local length");
+        }
+        out.page_table = table;
+        out.num_pages = num_pages;
+        out.max_pages = max_pages;
+        out
+    }
+
     /// The same inputs in a cache of `num_pages` pages (extra pages NaN) and a table of
     /// `max_pages` columns (extra entries invalid ids), so that inputs of different
     /// lengths fit one set of fixed-size device buffers (a captured CUDA graph).

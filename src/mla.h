@@ -134,6 +134,18 @@ int mla_decode_run_layer(const MlaRuntime *rt, const MlaPlan *plan, const MlaDec
  * max_pages * page_size it meets. Not while the plan's work is in flight; a graph captured
  * before keeps its mode. */
 int mla_plan_set_checked(const MlaRuntime *rt, MlaPlan *plan, int checked);
+/* Decode context parallelism for the plan's runs launched from now on: the plan's cache
+ * holds rank `rank`'s share of every sequence, global token t living on rank
+ * (t / interleave) % ranks at local position (t / (interleave * ranks)) * interleave +
+ * t % interleave (interleave 1: round-robin tokens; page_size: whole pages, as vLLM's
+ * decode context parallelism; >= ceil(longest / ranks): one contiguous range per rank).
+ * seq_lens stay the global lengths on every rank; the causal rule is the global one. Every
+ * row of a sequence with seq_len > 0 is written, zeros and lse -inf where the rank holds
+ * none of the keys the row sees, so mla_merge of the ranks' (out, lse) is exact. ranks 0
+ * or 1: off (as made). MLA_ERR_INVALID naming the field: ranks > 64, rank >= ranks,
+ * interleave 0. Not while the plan's work is in flight. */
+int mla_plan_set_shard(const MlaRuntime *rt, MlaPlan *plan, uint32_t rank, uint32_t ranks,
+                       uint32_t interleave);
 /* Checked plans only: waits for `stream`, then writes the first fault (kind
  * MLA_FAULT_NONE: none). Not during graph capture. */
 int mla_plan_fault(const MlaRuntime *rt, const MlaPlan *plan, void *stream, MlaFault *out);

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 use cudarc::driver::sys::{CUstream, CUstreamCaptureStatus};
-use mla_abi::{ScheduleParams, names};
+use mla_abi::{ScheduleParams, Shard, names};
 
 use crate::autotune::{Autotuner, DeviceKey, ShapeKey};
 use crate::choice::DecodeKernels;
@@ -448,6 +448,27 @@ impl DecodePlan {
         self.ws.checked = on;
     }
 
+    /// Decode context parallelism for the runs launched from now on: this plan decodes
+    /// rank `shard.rank`'s share of every sequence ([`Shard`]: which global tokens the
+    /// rank's cache holds, and where). Requests keep the global `seq_lens` (the same
+    /// tensor on every rank); each rank's local lengths and the causal rule across ranks
+    /// follow from them on the device. Every row of a sequence with a positive length is
+    /// written, `(0, -inf)` where the rank holds none of the keys it sees, so that
+    /// [`crate::Runtime::merge`] of the ranks' `(out, lse)` gives the exact result.
+    /// [`Shard::OFF`] (the default) turns it off. A graph captured before the switch keeps
+    /// the shard it was captured with. Errors name the field: `ranks` above
+    /// `MAX_MERGE_RANKS`, `rank >= ranks`, `interleave == 0`.
+    pub fn set_shard(&mut self, shard: Shard) -> Result<()> {
+        crate::validate::shard_fields(&shard)?;
+        self.ws.shard = shard;
+        Ok(())
+    }
+
+    /// The shard runs decode ([`DecodePlan::set_shard`]).
+    pub fn shard(&self) -> Shard {
+        self.ws.shard
+    }
+
     /// Whether checked mode is on ([`DecodePlan::set_checked`]).
     pub fn checked(&self) -> bool {
         self.ws.checked
@@ -642,6 +663,7 @@ impl DecodePlan {
             max_splits: self.kernels.grid_splits as u32,
             max_len: shape.max_seq_len().min(u32::MAX as usize) as u32,
             _pad: 0,
+            shard: self.ws.shard,
         }
     }
 
@@ -693,7 +715,7 @@ impl DecodePlan {
 
     /// Validation of a run's request against the request rules, the plan and the device.
     fn check_run(&self, rt: &Runtime, req: &DecodeRequest) -> Result<DecodeShape> {
-        let shape = validate_decode(req)?;
+        let shape = crate::validate::validate_decode_shard(req, &self.ws.shard)?;
         self.check_request(&shape)?;
         is_supported(self.backend, rt.device(), &shape).map_err(|d| MlaError::Unsupported {
             what: "decode request",

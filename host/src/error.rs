@@ -80,6 +80,10 @@ pub enum MlaError {
         source: DriverError,
     },
     /// Any other driver call failed.
+    /// A collective of the context-parallel transport failed, or did not finish in time
+    /// (a lost peer): the communicator was aborted.
+    #[error("NCCL {op} failed: {detail}")]
+    Comm { op: &'static str, detail: String },
     #[error("CUDA driver call failed: {0}")]
     Driver(#[from] DriverError),
 }

@@ -37,6 +37,8 @@ pub struct DecodeWorkspace {
     _fault: CudaSlice<i32>,
     /// Decodes on this workspace run in checked mode (they get the fault record).
     pub(crate) checked: bool,
+    /// The rank's share of the KV that decodes on this workspace read ([`mla_abi::Shard`]).
+    pub(crate) shard: mla_abi::Shard,
     /// Device addresses of the three buffers, taken once the allocation completed, so that
     /// launches (also on a caller's raw stream, also under graph capture) need no cudarc call.
     ptrs: WorkspacePtrs,
@@ -90,6 +92,7 @@ impl DecodeWorkspace {
             _num_splits: ns,
             _fault: fault,
             checked: false,
+            shard: mla_abi::Shard::OFF,
             ptrs,
             capacity,
             grid_splits: 0,
@@ -226,7 +229,7 @@ impl DecodeWorkspace {
 
 /// Device address of a cudarc slice, for params (the slice outlives the launch because the
 /// caller holds it across the call and the stream orders later frees after the kernel).
-fn addr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
+pub(crate) fn addr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
     let (p, _sync) = s.device_ptr(stream);
     p
 }
@@ -402,6 +405,7 @@ pub(crate) fn decode_params(
         max_pages: shape.max_pages as u32,
         fault: dev(if ws.checked { w.fault } else { 0 }),
         fold: mla_abi::SchedFold::default(),
+        shard: ws.shard,
     }
 }
 

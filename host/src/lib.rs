@@ -12,6 +12,7 @@
 
 pub mod autotune;
 pub mod choice;
+pub mod cp;
 pub mod decoder;
 pub mod error;
 pub mod gate;
@@ -27,9 +28,11 @@ pub mod tensor;
 pub mod tmap;
 pub mod validate;
 
+pub use cp::{ContextParallel, NcclId};
 pub use decoder::{DecodeConfig, DecodeFault, DecodePlan, PlanInfo};
 pub use error::{MlaError, Result};
 pub use launch::DecodeWorkspace;
+pub use mla_abi::Shard;
 pub use module::{
     DeviceInfo, ImageForm, KernelImages, KernelResources, LoadOptions, Runtime, Variant,
 };

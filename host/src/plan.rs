@@ -71,10 +71,16 @@ impl ScheduleConfig {
 /// Host twin of the `mla_schedule` kernel, bit for bit: sequence `b` gets
 /// [`mla_abi::schedule_splits`] of its KV blocks.
 pub fn schedule(seq_lens: &[i32], cfg: &ScheduleConfig) -> Vec<i32> {
+    schedule_shard(seq_lens, cfg, &mla_abi::Shard::OFF)
+}
+
+/// [`schedule`] of one rank's share ([`mla_abi::Shard`]) of sequences whose global lengths
+/// are `seq_lens`, as the schedule kernel computes it for a sharded plan.
+pub fn schedule_shard(seq_lens: &[i32], cfg: &ScheduleConfig, shard: &mla_abi::Shard) -> Vec<i32> {
     let max_len = cfg.max_len.min(u32::MAX as usize) as u32;
     let blocks: Vec<u64> = seq_lens
         .iter()
-        .map(|&l| mla_abi::schedule_blocks(l, max_len))
+        .map(|&l| shard.schedule_blocks(l, max_len))
         .collect();
     let total = blocks.iter().sum::<u64>() * cfg.tiles.max(1) as u64;
     blocks

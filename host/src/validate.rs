@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::ops::{Range, RangeInclusive};
 
-use mla_abi::{D_QK, D_V, ElemType, MAX_HEADS, MAX_PAGE_SIZE, MAX_S_Q};
+use mla_abi::{D_QK, D_V, ElemType, MAX_HEADS, MAX_PAGE_SIZE, MAX_S_Q, Shard};
 
 use crate::error::{MlaError, Result};
 use crate::request::{
@@ -106,6 +106,34 @@ pub fn validate_seq_lens(seq_lens: &TensorView<1>) -> Result<usize> {
     Ok(batch)
 }
 
+/// A shard's fields: `ranks` in `0..=MAX_MERGE_RANKS` (0 and 1: off, the other fields
+/// ignored); when on, `rank < ranks` and `interleave >= 1`.
+pub fn shard_fields(shard: &Shard) -> Result<()> {
+    let max = mla_abi::MAX_MERGE_RANKS;
+    if shard.ranks > max {
+        return Err(MlaError::shape(
+            "shard.ranks",
+            format!("0..={max} (0 or 1: not sharded)"),
+            shard.ranks,
+        ));
+    }
+    if shard.is_on() && shard.rank >= shard.ranks {
+        return Err(MlaError::shape(
+            "shard.rank",
+            format!("0..{} (shard.ranks)", shard.ranks),
+            shard.rank,
+        ));
+    }
+    if shard.is_on() && shard.interleave == 0 {
+        return Err(MlaError::shape(
+            "shard.interleave",
+            ">= 1 (consecutive tokens per rank)",
+            0,
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a rank merge and returns its shape.
 pub fn validate_merge(req: &MergeRequest) -> Result<MergeShape> {
     let (o, l) = (&req.outs, &req.lses);
@@ -152,6 +180,14 @@ pub fn validate_merge(req: &MergeRequest) -> Result<MergeShape> {
 
 /// Checks one decode step and returns its shape.
 pub fn validate_decode(req: &DecodeRequest) -> Result<DecodeShape> {
+    validate_decode_shard(req, &Shard::OFF)
+}
+
+/// [`validate_decode`] for one rank's share of the KV ([`Shard`], on when `ranks > 1`):
+/// `seq_lens` are global lengths, and the page table's capacity and the used page ids are
+/// checked against this rank's share of each (`Shard::local_len`).
+pub fn validate_decode_shard(req: &DecodeRequest, shard: &Shard) -> Result<DecodeShape> {
+    shard_fields(shard)?;
     let (batch, s_q, heads) = query_layout(&req.q)?;
     let paged = paged_layout(
         &req.kv_cache,
@@ -160,7 +196,10 @@ pub fn validate_decode(req: &DecodeRequest) -> Result<DecodeShape> {
         batch,
         Q.shape[0],
     )?;
-    enough_pages(&paged, s_q)?;
+    if !shard.is_on() {
+        // A rank's share of the last s_q tokens may be anything down to none.
+        enough_pages(&paged, s_q)?;
+    }
     decode_output_layout(&req.out, &req.lse, [batch, s_q, heads])?;
 
     let dtypes = decode_dtypes(req.q.dtype, req.kv_cache.dtype)?;
@@ -177,7 +216,52 @@ pub fn validate_decode(req: &DecodeRequest) -> Result<DecodeShape> {
     no_aliasing(&[out, lse], &[q, kv, page_table, seq_lens])?;
 
     decode_scales(&req.scales, dtypes)?;
-    host_mirror(&req.host, &paged, s_q..=paged.capacity().min(I32_LIMIT))?;
+    let capacity = paged.capacity().min(I32_LIMIT);
+    match req.host.seq_lens {
+        Some(global) if shard.is_on() => {
+            // Global lengths as unsharded ones (s_q ..= i32::MAX), then each rank's share
+            // against this cache's page table.
+            let whole = Paged {
+                max_pages: I32_LIMIT,
+                page_size: 1,
+                ..paged
+            };
+            host_mirror(
+                &HostMirror {
+                    seq_lens: Some(global),
+                    page_table: None,
+                },
+                &whole,
+                s_q..=I32_LIMIT,
+            )?;
+            let local: Vec<i32> = global.iter().map(|&l| shard.local_len(l)).collect();
+            if let Some((b, &l)) = local
+                .iter()
+                .enumerate()
+                .find(|&(_, &l)| l as usize > capacity)
+            {
+                return Err(MlaError::OutOfRange {
+                    field: SEQ_LENS.tensor,
+                    index: b,
+                    expected: format!(
+                        "a global length whose share on rank {} of {} (interleave {}), \
+                         here {l} tokens, fits the page table: <= {capacity}",
+                        shard.rank, shard.ranks, shard.interleave
+                    ),
+                    got: i64::from(global[b]),
+                });
+            }
+            host_mirror(
+                &HostMirror {
+                    seq_lens: Some(&local),
+                    page_table: req.host.page_table,
+                },
+                &paged,
+                0..=capacity,
+            )?;
+        }
+        _ => host_mirror(&req.host, &paged, s_q..=capacity)?,
+    }
 
     Ok(DecodeShape {
         batch,

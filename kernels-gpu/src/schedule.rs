@@ -15,7 +15,7 @@ use mla_abi::{ScheduleParams, schedule_splits, schedule_tile};
 fn blocks_of(p: &ScheduleParams, b: u32) -> u64 {
     // SAFETY: b < batch entries of seq_lens (the caller's loop bound).
     let len = unsafe { *p.seq_lens.ptr().add(b as usize) };
-    mla_abi::schedule_blocks(len, p.max_len)
+    p.shard.schedule_blocks(len, p.max_len)
 }
 
 /// # Safety

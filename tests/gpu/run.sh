@@ -29,6 +29,13 @@ save() {
   printf '%s\n' "${summary[@]}" >"$logs/summary.txt"
   tar czf "$OUT/logs.tgz" -C stage logs 2>/dev/null
 }
+# NCCL for the context-parallel tests and example: the PyPI wheel's libnccl.so.2 (torch
+# brings it), linked as the libnccl.so the loader is asked for.
+nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+if [[ -n "$nccl_dir" && -f "$nccl_dir/libnccl.so.2" ]]; then
+  mkdir -p stage/nccl && ln -sf "$nccl_dir/libnccl.so.2" stage/nccl/libnccl.so
+  export LD_LIBRARY_PATH="$PWD/stage/nccl:$nccl_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 stage/bin/mla info >"$logs/info.log" 2>&1
 head -4 "$logs/info.log"
 
@@ -41,6 +48,7 @@ plan=(
   "paged      test-gpu_paged      90"
   "combine    test-gpu_combine    60"
   "merge      test-gpu_merge      90"
+  "shard      test-gpu_shard      300"
   "capi       test-capi           30"
   "serving    test-gpu_serving    240"
   "interleave test-gpu_interleave  300"

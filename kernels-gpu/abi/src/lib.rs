@@ -236,6 +236,101 @@ pub const fn clamp_len(len: i32, cap: u32) -> u32 {
     if l < cap { l } else { cap }
 }
 
+/// One rank's share of every sequence's KV under decode context parallelism: global token
+/// `t` lives on rank `(t / interleave) % ranks`, at local position
+/// `(t / (interleave * ranks)) * interleave + t % interleave` of that rank's paged cache. So
+/// `interleave = 1` spreads tokens round-robin, `interleave = page_size` spreads whole pages
+/// (vLLM's decode context parallelism lays pages out this way), and an `interleave` at least
+/// `ceil(longest / ranks)` gives each rank one contiguous range. Every rank reads the same
+/// global `seq_lens`; its local length and each query row's causal limit follow from them,
+/// on the device, so a captured graph stays right as lengths grow. `ranks <= 1`: no
+/// sharding (the cache holds every token).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Shard {
+    /// This rank, `0..ranks`.
+    pub rank: u32,
+    /// Ranks the sequences are spread over, `..=MAX_MERGE_RANKS`; 0 or 1: off.
+    pub ranks: u32,
+    /// Consecutive global tokens per run on one rank, `>= 1`.
+    pub interleave: u32,
+    pub _pad: u32,
+}
+
+impl Shard {
+    /// No sharding.
+    pub const OFF: Shard = Shard {
+        rank: 0,
+        ranks: 1,
+        interleave: 1,
+        _pad: 0,
+    };
+
+    /// Whether sequences are spread over more than one rank.
+    #[inline(always)]
+    pub const fn is_on(&self) -> bool {
+        self.ranks > 1
+    }
+
+    /// How many of the global positions `0..x` live on this rank (`x` itself when off).
+    #[inline(always)]
+    pub const fn local_count(&self, x: u32) -> u32 {
+        if !self.is_on() {
+            return x;
+        }
+        let g = if self.interleave == 0 {
+            1
+        } else {
+            self.interleave
+        };
+        let run = x / g;
+        let rounds = run / self.ranks;
+        let owner = run % self.ranks;
+        let mut n = rounds * g;
+        if owner > self.rank {
+            n += g;
+        } else if owner == self.rank {
+            n += x % g;
+        }
+        n
+    }
+
+    /// This rank's length of a sequence whose global length is `len`; lengths `<= 0`
+    /// (padding) stay as they are.
+    #[inline(always)]
+    pub const fn local_len(&self, len: i32) -> i32 {
+        if len <= 0 {
+            len
+        } else {
+            self.local_count(len as u32) as i32
+        }
+    }
+
+    /// Query token `t` of `s_q` (at global position `len - s_q + t`) sees the global keys
+    /// `0..len - s_q + t + 1`, which are this rank's first `visible` local keys (local
+    /// positions ascend with global ones), cut to the local length `local`.
+    #[inline(always)]
+    pub const fn visible(&self, glen: u32, local: u32, t: u32, s_q: u32) -> u32 {
+        let end = (glen + t + 1).saturating_sub(s_q);
+        let v = self.local_count(end);
+        if v < local { v } else { local }
+    }
+
+    /// The schedule's KV blocks of a sequence of global length `len` on this rank: its local
+    /// length's blocks under the clamp to `max_len`, and at least one while the sharded
+    /// sequence has any token, so that a rank holding none of it still writes its rows
+    /// (zeros, LSE `-inf`) for the merge.
+    #[inline(always)]
+    pub const fn schedule_blocks(&self, len: i32, max_len: u32) -> u64 {
+        let blocks = schedule_blocks(self.local_len(len), max_len);
+        if blocks == 0 && len > 0 && self.is_on() {
+            1
+        } else {
+            blocks
+        }
+    }
+}
+
 /// KV blocks (`decode_tile::BLOCK_N` tokens) of a sequence of length `len` under the
 /// schedule's clamp to `max_len`: the unit [`schedule_splits`] counts in, for the schedule
 /// kernel, the decode's folded schedule and the host twin alike.
@@ -610,6 +705,9 @@ pub struct DecodeParams {
     /// The split schedule folded into the decode ([`SchedFold`]); `tiles == 0`: off, the
     /// split counts are read from `num_splits`.
     pub fold: SchedFold,
+    /// Context parallelism ([`Shard`]): `seq_lens` are global lengths and the cache holds
+    /// this rank's share of each sequence. Off (`ranks <= 1`): the cache holds it all.
+    pub shard: Shard,
 }
 
 /// The schedule kernel's rule run by every decode CTA instead (batches up to
@@ -800,6 +898,8 @@ pub struct ScheduleParams {
     /// Lengths are clamped to `0..=max_len` (`max_pages * page_size`), as the decode does.
     pub max_len: u32,
     pub _pad: u32,
+    /// The decode's shard ([`Shard`]): the schedule counts this rank's blocks.
+    pub shard: Shard,
 }
 
 /// The primitive test kernels of the separate primitives image (`mla_prim_sm_90a`): one tiny
@@ -965,8 +1065,8 @@ pub mod primitives {
 }
 
 const _: () = assert!(core::mem::size_of::<DevPtr<u8>>() == 8);
-const _: () = assert!(core::mem::size_of::<ScheduleParams>() == 2 * 8 + 6 * 4);
-const _: () = assert!(core::mem::size_of::<DecodeParams>() == 10 * 8 + 8 * 8 + 16 * 4);
+const _: () = assert!(core::mem::size_of::<ScheduleParams>() == 2 * 8 + 6 * 4 + 16);
+const _: () = assert!(core::mem::size_of::<DecodeParams>() == 10 * 8 + 8 * 8 + 16 * 4 + 16);
 const _: () = assert!(core::mem::size_of::<TensorMap>() == 128);
 const _: () = assert!(core::mem::size_of::<MergeParams>() == 6 * 8 + 2 * 4);
 const _: () = assert!(core::mem::align_of::<TensorMap>() == 16);

@@ -267,6 +267,7 @@ pub unsafe fn decode16_fp8<K: DecodeKind>(p: DecodeParams) {
     let (tile, b, split) = decode::cta_coords();
     let Some(CtaWork {
         len,
+        glen,
         nsplit,
         kb0,
         kb1,
@@ -290,8 +291,8 @@ pub unsafe fn decode16_fp8<K: DecodeKind>(p: DecodeParams) {
 
     let row_a = row0 + g;
     let vis_r = [
-        decode::visible(&p, len, row_a),
-        decode::visible(&p, len, row_a + 8),
+        decode::visible(&p, len, glen, row_a),
+        decode::visible(&p, len, glen, row_a + 8),
     ];
     // Block i of the chunk: this thread's row's page-table entry, loaded one issue ahead.
     let blocks = kb1 - kb0;

@@ -372,15 +372,21 @@ pub(crate) fn rescale_rows(
 
 /// Causal visibility of query row `gr` (`t * heads + h`) over a KV length `len`: the keys
 /// `0..visible` it attends to (query token `t` sits at position `len - s_q + t`). Rows past
-/// the last take the last token's count (their outputs are never stored).
+/// the last take the last token's count (their outputs are never stored). Sharded
+/// ([`mla_abi::Shard`]): `len` is the local length and `glen` the global one, and the keys
+/// are this rank's first `visible` (local positions ascend with global ones).
 #[inline(always)]
-pub(crate) fn visible(p: &DecodeParams, len: u32, gr: u32) -> u32 {
+pub(crate) fn visible(p: &DecodeParams, len: u32, glen: u32, gr: u32) -> u32 {
     let t = if gr < p.s_q * p.heads {
         gr / p.heads
     } else {
         p.s_q - 1
     };
-    (len + t + 1).saturating_sub(p.s_q)
+    if p.shard.is_on() {
+        p.shard.visible(glen, len, t, p.s_q)
+    } else {
+        (len + t + 1).saturating_sub(p.s_q)
+    }
 }
 
 /// This CTA's `(row tile, sequence, split)` in a decode grid (every decode kernel's).
@@ -398,8 +404,11 @@ pub(crate) fn cta_coords() -> (u32, u32, u32) {
 /// What CTA `(_, b, split)` of a decode grid (64- or 16-row tile, `mma.sync` or `wgmma`)
 /// works on.
 pub(crate) struct CtaWork {
-    /// The sequence's KV length, cut to what its page table can address.
+    /// The sequence's KV length in this cache (this rank's share when sharded), cut to
+    /// what its page table can address.
     pub len: u32,
+    /// The global length (sharded: what the causal rule counts from; else `len`).
+    pub glen: u32,
     /// Its split count, `1..=max_splits`.
     pub nsplit: u32,
     /// This split's 64-token blocks `kb0..kb1` ([`chunk_blocks`]).
@@ -424,11 +433,12 @@ pub(crate) fn cta_work(p: &DecodeParams, split: u32, b: u32) -> Option<CtaWork> 
         return None;
     }
     // SAFETY: b < batch entries of seq_lens and num_splits.
-    let len_raw = unsafe { *p.seq_lens.ptr().add(b as usize) };
+    let glen_raw = unsafe { *p.seq_lens.ptr().add(b as usize) };
+    let len_raw = p.shard.local_len(glen_raw);
     let nsplit_raw = match batch_blocks {
         Some(total) => {
             let s = mla_abi::schedule_splits(
-                mla_abi::schedule_blocks(len_raw, p.fold.max_len),
+                p.shard.schedule_blocks(glen_raw, p.fold.max_len),
                 total * p.fold.tiles as u64,
                 p.fold.target_ctas as u64,
                 p.max_splits as u64,
@@ -451,7 +461,14 @@ pub(crate) fn cta_work(p: &DecodeParams, split: u32, b: u32) -> Option<CtaWork> 
         return None;
     }
     let len = mla_abi::clamp_len(len_raw, p.max_pages.saturating_mul(p.page_size));
-    let (kb0, kb1) = chunk_blocks(len.div_ceil(BLOCK_N), nsplit, split);
+    let (glen, blocks) = if p.shard.is_on() {
+        // A rank with none of a live sequence's keys still runs one (empty) block, so
+        // that its rows are written: zeros with LSE -inf, which the rank merge skips.
+        (mla_abi::clamp_len(glen_raw, u32::MAX), len.div_ceil(BLOCK_N).max(1))
+    } else {
+        (len, len.div_ceil(BLOCK_N))
+    };
+    let (kb0, kb1) = chunk_blocks(blocks, nsplit, split);
     if !p.fault.is_null() && arch::block_idx_x() == 0 {
         // SAFETY: b < batch; the tokens are this split's, below the clamped length.
         unsafe {
@@ -467,6 +484,7 @@ pub(crate) fn cta_work(p: &DecodeParams, split: u32, b: u32) -> Option<CtaWork> 
     }
     Some(CtaWork {
         len,
+        glen,
         nsplit,
         kb0,
         kb1,
@@ -545,8 +563,9 @@ unsafe fn warp_batch_blocks(p: &DecodeParams) -> u64 {
     let mut i = lane;
     while i < p.batch {
         // SAFETY: i < batch entries of seq_lens.
-        sum +=
-            mla_abi::schedule_blocks(unsafe { *p.seq_lens.ptr().add(i as usize) }, p.fold.max_len);
+        sum += p
+            .shard
+            .schedule_blocks(unsafe { *p.seq_lens.ptr().add(i as usize) }, p.fold.max_len);
         i += 32;
     }
     // SAFETY: forwarded from the caller.

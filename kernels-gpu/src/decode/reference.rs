@@ -45,13 +45,19 @@ pub unsafe fn decode_reference<K: DecodeKind>(p: DecodeParams) {
     let tid = arch::thread_idx_x() as usize;
     let (t, h) = (row / p.heads, row % p.heads);
     // SAFETY: b < batch entries.
-    let len_raw = unsafe { *p.seq_lens.ptr().add(b as usize) };
+    let glen_raw = unsafe { *p.seq_lens.ptr().add(b as usize) };
+    let len_raw = p.shard.local_len(glen_raw);
     let len = mla_abi::clamp_len(len_raw, p.max_pages.saturating_mul(p.page_size));
     if !p.fault.is_null() && row == 0 {
         // SAFETY: b < batch; every token below the clamped length.
         unsafe { crate::decode::check_faults(&p, b, len_raw, true, 0, len) };
     }
-    let visible = (len + t + 1).saturating_sub(p.s_q);
+    let visible = if p.shard.is_on() {
+        p.shard
+            .visible(mla_abi::clamp_len(glen_raw, u32::MAX), len, t, p.s_q)
+    } else {
+        (len + t + 1).saturating_sub(p.s_q)
+    };
 
     let q_elem = if K::Q_FP8 { 1 } else { 2 };
     let kv_elem = if K::KV_FP8 { 1 } else { 2 };

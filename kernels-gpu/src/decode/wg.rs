@@ -148,6 +148,7 @@ pub unsafe fn decode_wg<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
     let (tile, b, split) = decode::cta_coords();
     let Some(decode::CtaWork {
         len,
+        glen,
         nsplit,
         kb0,
         kb1,
@@ -201,8 +202,8 @@ pub unsafe fn decode_wg<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
     let r_loc = 16 * wq + g;
     let row_a = row0 + r_loc;
     let vis_r = [
-        decode::visible(&p, len, row_a),
-        decode::visible(&p, len, row_a + 8),
+        decode::visible(&p, len, glen, row_a),
+        decode::visible(&p, len, glen, row_a + 8),
     ];
     let scale_log2 = p.softmax_scale * core::f32::consts::LOG2_E;
     // The row exchange: row maxima per warpgroup, then (after the loop) row sums.
