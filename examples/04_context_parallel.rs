@@ -81,11 +81,26 @@ fn rank_run(
     };
     step(&mut cp)?; // warm-up
     start.wait();
+    // The decode alone, then decode + gather + merge (what a step costs on this rank).
+    let t0 = Instant::now();
+    for _ in 0..STEPS {
+        plan.run(&rt, &stream, &req)?;
+    }
+    stream.synchronize()?;
+    let decode = t0.elapsed() / STEPS as u32;
+    start.wait();
     let t0 = Instant::now();
     for _ in 0..STEPS {
         step(&mut cp)?;
     }
     let dt = t0.elapsed() / STEPS as u32;
+    if rank == 0 {
+        println!(
+            "  {ranks} GPU(s), rank 0: decode {:.1} us, decode + gather + merge {:.1} us per step",
+            decode.as_secs_f64() * 1e6,
+            dt.as_secs_f64() * 1e6
+        );
+    }
     let got: Vec<u16> = stream.clone_dtoh(&out)?;
     Ok((dt, got))
 }
