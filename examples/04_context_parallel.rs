@@ -59,7 +59,15 @@ fn rank_run(
     let mut plan = rt.plan_decode(&stream, config, rt.default_tactic(&config))?;
     plan.set_shard(shard)?;
     let rows = s.lens.len() * s.s_q * s.heads;
-    let mut cp = ContextParallel::new(&rt, rank, ranks, &id, rows, Duration::from_secs(60))?;
+    let mut cp = ContextParallel::new(
+        &rt,
+        rank,
+        ranks,
+        &id,
+        rows,
+        s.dtypes.out(),
+        Duration::from_secs(60),
+    )?;
     let out = stream.alloc_zeros::<u16>(rows * mla::abi::D_V)?;
     let lse = stream.alloc_zeros::<f32>(rows)?;
     let dims = [s.lens.len(), s.s_q, s.heads];

@@ -260,12 +260,20 @@ fn one_rank_group_over_nccl() {
     let h = HostCase::random(&spec, &mut rng);
     let refs = h.references();
     let rows = 2 * 2 * 16;
-    let mut cp =
-        ContextParallel::new(&rt, 0, 1, &id, rows, Duration::from_secs(20)).expect("group of one");
+    let mut cp = ContextParallel::new(
+        &rt,
+        0,
+        1,
+        &id,
+        rows,
+        ElemType::Bf16,
+        Duration::from_secs(20),
+    )
+    .expect("group of one");
     let plan = plan_for(&rt, &stream, &h, Shard::OFF);
     let mut d = DeviceCase::upload(&stream, &h).expect("upload");
     d.poison_outputs(&stream).expect("poison");
-    let out = stream
+    let mut out = stream
         .clone_htod(&vec![0xffffu16; rows * D_V])
         .expect("out");
     let lse = stream.clone_htod(&vec![f32::NAN; rows]).expect("lse");
@@ -286,6 +294,48 @@ fn one_rank_group_over_nccl() {
         &(numeric::to_f32(ElemType::Bf16, &bytes), l),
         &refs
     ));
+
+    // The same step captured in a CUDA graph and replayed: the same rows.
+    stream
+        .memcpy_htod(&vec![0xffffu16; rows * D_V], &mut out)
+        .expect("poison");
+    stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .expect("capture");
+    // SAFETY: as above.
+    unsafe { cp.decode_raw(&rt, stream.cu_stream(), &plan, &req, &out_v, &lse_v) }
+        .expect("captured decode + combine");
+    let g = stream
+        .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
+        .expect("end capture")
+        .expect("graph");
+    for _ in 0..3 {
+        g.launch().expect("replay");
+    }
+    cp.wait(&stream).expect("wait after replays");
+    let again: Vec<u16> = stream.clone_dtoh(&out).expect("out");
+    assert_eq!(
+        again, o,
+        "graph replays of the NCCL step differ from the eager step"
+    );
+
+    // A local output of another dtype than the group's: typed, before any launch.
+    let fp16_out = TensorView {
+        dtype: ElemType::Fp16,
+        ..req.out
+    };
+    let e = unsafe { cp.combine_raw(&rt, stream.cu_stream(), &fp16_out, &req.lse, &out_v, &lse_v) }
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            MlaError::DtypeMismatch {
+                field: "local_out",
+                ..
+            }
+        ),
+        "{e}"
+    );
 
     // A plan sharded for two ranks does not fit a group of one: typed, before any launch.
     let mut two = plan_for(&rt, &stream, &h, Shard::OFF);

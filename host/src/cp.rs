@@ -80,6 +80,8 @@ pub struct ContextParallel {
     _lses: CudaSlice<f32>,
     outs_ptr: u64,
     lses_ptr: u64,
+    /// The element type of every rank's `out` rows.
+    dtype: ElemType,
     aborted: bool,
 }
 
@@ -95,16 +97,27 @@ impl ContextParallel {
     }
 
     /// Joins the group `id` as `rank` of `ranks` on `rt`'s device, with a workspace for
-    /// combines of up to `max_rows` query rows (`batch * s_q * heads`). Waits for every
-    /// rank to join, at most `timeout`.
+    /// combines of up to `max_rows` query rows (`batch * s_q * heads`) of `dtype` outputs
+    /// (bf16 or fp16). Waits for every rank to join, at most `timeout`, then checks that
+    /// every rank was made with the same rank count, `max_rows` and `dtype`: a rank that
+    /// differs is an error on every rank (naming the field and the rank), and the
+    /// communicator is aborted.
     pub fn new(
         rt: &Runtime,
         rank: usize,
         ranks: usize,
         id: &NcclId,
         max_rows: usize,
+        dtype: ElemType,
         timeout: Duration,
     ) -> Result<Self> {
+        if !matches!(dtype, ElemType::Bf16 | ElemType::Fp16) {
+            return Err(MlaError::DtypeMismatch {
+                field: "dtype",
+                expected: "bf16 or fp16".into(),
+                got: dtype.name().into(),
+            });
+        }
         if !(1..=MAX_MERGE_RANKS as usize).contains(&ranks) {
             return Err(MlaError::shape(
                 "ranks",
@@ -165,9 +178,11 @@ impl ContextParallel {
             _lses: lses,
             outs_ptr,
             lses_ptr,
+            dtype,
             aborted: false,
         };
         cp.settle("comm_init_rank", None)?;
+        cp.handshake(rt)?;
         Ok(cp)
     }
 
@@ -269,10 +284,10 @@ impl ContextParallel {
         // The merge checks the gathered views and the outputs; the local views are checked
         // here (contiguous rows of the gathered element type, matching shapes).
         let dtype = local_out.dtype;
-        if !matches!(dtype, ElemType::Bf16 | ElemType::Fp16) {
+        if dtype != self.dtype {
             return Err(MlaError::DtypeMismatch {
                 field: "local_out",
-                expected: "bf16 or fp16".into(),
+                expected: format!("{} (the group's)", self.dtype.name()),
                 got: dtype.name().into(),
             });
         }
@@ -426,6 +441,62 @@ impl ContextParallel {
     pub fn wait(&mut self, stream: &cudarc::driver::CudaStream) -> Result<()> {
         self.live()?;
         self.settle("wait", Some(stream.cu_stream()))
+    }
+
+    /// Every rank's (rank count, max_rows, dtype) against this one's, through one small
+    /// all-gather on the context's default stream.
+    fn handshake(&mut self, rt: &Runtime) -> Result<()> {
+        const WORDS: usize = 4;
+        let code = if self.dtype == ElemType::Fp16 { 2 } else { 1 };
+        let mine = [
+            0x4d4c_4131i32,
+            self.ranks as i32,
+            self.max_rows as i32,
+            code,
+        ];
+        let stream = rt.context().default_stream();
+        let send = stream.clone_htod(&mine)?;
+        let recv = stream.alloc_zeros::<i32>(WORDS * self.ranks)?;
+        let (ps, pr) = (
+            crate::launch::addr(&send, &stream),
+            crate::launch::addr(&recv, &stream),
+        );
+        // SAFETY: WORDS i32 sent, ranks x WORDS received, both on the device.
+        let started = unsafe {
+            nccl::all_gather(
+                ps as *const c_void,
+                pr as *mut c_void,
+                WORDS,
+                ncclsys::ncclDataType_t::ncclInt32,
+                self.comm,
+                stream.cu_stream() as ncclsys::cudaStream_t,
+            )
+        };
+        if let Err(e) = started {
+            self.abort();
+            return Err(comm_err("handshake", e));
+        }
+        self.settle("handshake", Some(stream.cu_stream()))?;
+        let all: Vec<i32> = stream.clone_dtoh(&recv)?;
+        for (r, theirs) in all.chunks(WORDS).enumerate() {
+            let field = match (0..WORDS).find(|&i| theirs[i] != mine[i]) {
+                None => continue,
+                Some(0) => "group (a rank outside this library's protocol)",
+                Some(1) => "ranks",
+                Some(2) => "max_rows",
+                Some(_) => "dtype",
+            };
+            self.abort();
+            return Err(MlaError::InvalidShape {
+                field,
+                expected: format!(
+                    "the same on every rank: {:?} here (rank {})",
+                    mine, self.rank
+                ),
+                got: format!("{theirs:?} on rank {r}"),
+            });
+        }
+        Ok(())
     }
 
     fn live(&self) -> Result<()> {
