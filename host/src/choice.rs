@@ -31,7 +31,7 @@ use mla_abi::{ElemType, names};
 
 use crate::gate::Backend;
 use crate::module::Variant;
-use crate::request::{DecodeDtypes, DecodeRequest, DecodeShape};
+use crate::request::{DecodeDtypes, DecodeRequest, DecodeShape, SplitParts};
 use crate::tactic::Tile;
 
 /// Environment overrides of the kernel choice, for A/B measurements: each is on unless
@@ -165,9 +165,22 @@ impl DecodeKernels {
     /// suits it ([`crate::tmap::tma_unsupported`]) and its splits hold two or more blocks
     /// ([`crate::tmap::tma_pays`]), else [`DecodeKernels::decode`].
     pub fn decode_for(&self, req: &DecodeRequest, shape: &DecodeShape) -> &'static Kernel {
+        self.decode_for_parts(req, &SplitParts::default(), shape)
+    }
+
+    /// [`DecodeKernels::decode_for`] with the split layouts of `parts`: a cache split in two
+    /// tensors never takes the TMA decode (its one tensor map spans fused rows); a split q
+    /// does not matter (q is loaded the same way by every decode).
+    pub fn decode_for_parts(
+        &self,
+        req: &DecodeRequest,
+        parts: &SplitParts,
+        shape: &DecodeShape,
+    ) -> &'static Kernel {
         match self.tma {
             Some(tma)
-                if crate::tmap::tma_pays(shape.max_seq_len(), self.grid_splits)
+                if parts.kpe_cache.is_none()
+                    && crate::tmap::tma_pays(shape.max_seq_len(), self.grid_splits)
                     && crate::tmap::tma_unsupported(req, shape).is_none() =>
             {
                 tma

@@ -19,10 +19,10 @@ use crate::autotune::{Autotuner, DeviceKey, ShapeKey};
 use crate::choice::DecodeKernels;
 use crate::error::{MlaError, Result};
 use crate::gate::{Backend, Geometry, Registry, is_available, is_supported};
-use crate::launch::{DecodeWorkspace, LaunchShape, check_workspace, decode_params, launch};
+use crate::launch::{DecodeWorkspace, LaunchShape, check_workspace, launch};
 use crate::module::Runtime;
 use crate::plan::{self, ScheduleConfig, WorkspaceCapacity};
-use crate::request::{DecodeDtypes, DecodeRequest, DecodeShape};
+use crate::request::{DecodeDtypes, DecodeRequest, DecodeShape, SplitParts};
 use crate::tactic::Tactic;
 use crate::tensor::TensorView;
 use crate::validate::validate_decode;
@@ -504,7 +504,7 @@ impl DecodePlan {
         req: &DecodeRequest,
     ) -> Result<DecodeShape> {
         // SAFETY: forwarded from the caller.
-        unsafe { self.run_with(rt, stream, req, false) }
+        unsafe { self.run_with(rt, stream, req, &SplitParts::default(), false) }
     }
 
     /// Per-step scheduling, for the layers of one decode step: the split counts of a batch
@@ -598,7 +598,40 @@ impl DecodePlan {
         req: &DecodeRequest,
     ) -> Result<DecodeShape> {
         // SAFETY: forwarded from the caller.
-        unsafe { self.run_with(rt, stream, req, true) }
+        unsafe { self.run_with(rt, stream, req, &SplitParts::default(), true) }
+    }
+
+    /// [`DecodePlan::run`] on split layouts ([`SplitParts`]): the cache's rope part in its
+    /// own tensor (`req.kv_cache` then holds the latent part, 512 wide), q's likewise, or
+    /// both. Validated as the fused layout is, each tensor with its own strides; every
+    /// kernel and dtype (a split cache takes the `cp.async` decode where a fused one
+    /// would take the TMA decode).
+    pub fn run_split(
+        &self,
+        rt: &Runtime,
+        stream: &CudaStream,
+        req: &DecodeRequest,
+        parts: &SplitParts,
+    ) -> Result<DecodeShape> {
+        // SAFETY: a cudarc stream is a live stream of its context.
+        unsafe { self.run_split_raw(rt, stream.cu_stream(), req, parts, false) }
+    }
+
+    /// [`DecodePlan::run_split`] on a raw `CUstream`; `scheduled`: as
+    /// [`DecodePlan::run_layer`] (the counts of the last [`DecodePlan::schedule_step`]).
+    ///
+    /// # Safety
+    /// As [`DecodePlan::run_raw`], for the parts' pointers too.
+    pub unsafe fn run_split_raw(
+        &self,
+        rt: &Runtime,
+        stream: CUstream,
+        req: &DecodeRequest,
+        parts: &SplitParts,
+        scheduled: bool,
+    ) -> Result<DecodeShape> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.run_with(rt, stream, req, parts, scheduled) }
     }
 
     /// A run: validation, then (unless `scheduled`: the counts of `schedule_step` are in
@@ -611,12 +644,13 @@ impl DecodePlan {
         rt: &Runtime,
         stream: CUstream,
         req: &DecodeRequest,
+        parts: &SplitParts,
         scheduled: bool,
     ) -> Result<DecodeShape> {
-        let shape = self.check_run(rt, req)?;
+        let shape = self.check_run(rt, req, parts)?;
         if self.kernels.reference {
             // SAFETY: forwarded from the caller.
-            return unsafe { self.launch_reference(rt, stream, req, shape) };
+            return unsafe { self.launch_reference(rt, stream, req, parts, shape) };
         }
         // A scheduled layer reads the counts `schedule_step` wrote. Otherwise small batches:
         // every decode CTA runs the schedule's rule itself (SchedFold), so the decode does
@@ -641,6 +675,7 @@ impl DecodePlan {
         unsafe {
             rt.launch_decode(
                 req,
+                parts,
                 &shape,
                 &self.ws,
                 &self.kernels,
@@ -698,9 +733,10 @@ impl DecodePlan {
         rt: &Runtime,
         stream: CUstream,
         req: &DecodeRequest,
+        parts: &SplitParts,
         shape: DecodeShape,
     ) -> Result<DecodeShape> {
-        let p = decode_params(req, &shape, &self.ws);
+        let p = crate::launch::decode_params_parts(req, parts, &shape, &self.ws);
         let kernel = self.kernels.decode;
         let grid = LaunchShape {
             grid: (shape.rows() as u32, shape.batch as u32, 1),
@@ -714,8 +750,13 @@ impl DecodePlan {
     }
 
     /// Validation of a run's request against the request rules, the plan and the device.
-    fn check_run(&self, rt: &Runtime, req: &DecodeRequest) -> Result<DecodeShape> {
-        let shape = crate::validate::validate_decode_shard(req, &self.ws.shard)?;
+    fn check_run(
+        &self,
+        rt: &Runtime,
+        req: &DecodeRequest,
+        parts: &SplitParts,
+    ) -> Result<DecodeShape> {
+        let shape = crate::validate::validate_decode_parts(req, parts, &self.ws.shard)?;
         self.check_request(&shape)?;
         is_supported(self.backend, rt.device(), &shape).map_err(|d| MlaError::Unsupported {
             what: "decode request",

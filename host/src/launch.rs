@@ -18,9 +18,13 @@ use crate::module::Runtime;
 use crate::plan::WorkspaceCapacity;
 use crate::request::{
     AppendRequest, DecodeRequest, DecodeShape, GatherRequest, MergeRequest, MergeShape, PagedShape,
+    SplitParts,
 };
 use crate::tactic::Tile;
-use crate::validate::{validate_append, validate_decode, validate_gather, validate_merge};
+use crate::tensor::TensorView;
+use crate::validate::{
+    validate_append_split, validate_decode, validate_gather_split, validate_merge,
+};
 
 /// Largest grid y / z dimension.
 pub(crate) const MAX_GRID_YZ: usize = 65535;
@@ -406,7 +410,41 @@ pub(crate) fn decode_params(
         fault: dev(if ws.checked { w.fault } else { 0 }),
         fold: mla_abi::SchedFold::default(),
         shard: ws.shard,
+        kpe: dev(rope_ptr(&req.kv_cache)),
+        kpe_stride_page: req.kv_cache.strides[0] as u64,
+        kpe_stride_token: req.kv_cache.strides[1] as u64,
+        q_pe: dev(rope_ptr(&req.q)),
+        q_pe_stride_b: req.q.strides[0] as u64,
+        q_pe_stride_s: req.q.strides[1] as u64,
+        q_pe_stride_h: req.q.strides[2] as u64,
     }
+}
+
+/// [`decode_params`] with the split layouts' rope parts.
+pub(crate) fn decode_params_parts(
+    req: &DecodeRequest,
+    parts: &SplitParts,
+    shape: &DecodeShape,
+    ws: &DecodeWorkspace,
+) -> DecodeParams {
+    let mut p = decode_params(req, shape, ws);
+    if let Some(k) = &parts.kpe_cache {
+        p.kpe = dev(k.ptr);
+        p.kpe_stride_page = k.strides[0] as u64;
+        p.kpe_stride_token = k.strides[1] as u64;
+    }
+    if let Some(q) = &parts.q_pe {
+        p.q_pe = dev(q.ptr);
+        p.q_pe_stride_b = q.strides[0] as u64;
+        p.q_pe_stride_s = q.strides[1] as u64;
+        p.q_pe_stride_h = q.strides[2] as u64;
+    }
+    p
+}
+
+/// The address of dim `D_V` of element 0 of a fused row tensor (its rope part).
+pub(crate) fn rope_ptr<const R: usize>(v: &TensorView<R>) -> u64 {
+    v.ptr + (mla_abi::D_V * v.dtype.size()) as u64
 }
 
 /// The workspace must hold the request's batch and rows; the batch must fit the grid.
@@ -493,6 +531,7 @@ impl Runtime {
         unsafe {
             self.launch_decode(
                 req,
+                &SplitParts::default(),
                 &shape,
                 ws,
                 &kernels,
@@ -515,6 +554,7 @@ impl Runtime {
     pub(crate) unsafe fn launch_decode(
         &self,
         req: &DecodeRequest,
+        parts: &SplitParts,
         shape: &DecodeShape,
         ws: &DecodeWorkspace,
         kernels: &DecodeKernels,
@@ -523,9 +563,9 @@ impl Runtime {
         stream: CUstream,
     ) -> Result<()> {
         let rows = shape.rows();
-        let mut p = decode_params(req, shape, ws);
+        let mut p = decode_params_parts(req, parts, shape, ws);
         p.fold = fold;
-        let kernel = kernels.decode_for(req, shape);
+        let kernel = kernels.decode_for_parts(req, parts, shape);
         // Split-major (the kernels read tile, sequence, split from x, y, z): the graph-safe
         // grid's CTAs past a sequence's split count (most of them at large batch) launch
         // after every CTA that has work, instead of between them.
@@ -710,7 +750,28 @@ impl Runtime {
 
     /// Writes each sequence's `s_q` new rows into its pages (quantising for fp8 caches).
     pub fn append_kv(&self, stream: &CudaStream, req: &AppendRequest) -> Result<()> {
-        let shape = validate_append(req)?;
+        self.append_kv_parts(stream, req, None)
+    }
+
+    /// [`Runtime::append_kv`] into a split cache: `req.kv_cache` the latent part
+    /// `[num_pages, page_size, 512]`, `kpe_cache` the rope part `[num_pages, page_size, 64]`;
+    /// `new_kv` rows stay 576 wide.
+    pub fn append_kv_split(
+        &self,
+        stream: &CudaStream,
+        req: &AppendRequest,
+        kpe_cache: &TensorView<3>,
+    ) -> Result<()> {
+        self.append_kv_parts(stream, req, Some(kpe_cache))
+    }
+
+    fn append_kv_parts(
+        &self,
+        stream: &CudaStream,
+        req: &AppendRequest,
+        kpe: Option<&TensorView<3>>,
+    ) -> Result<()> {
+        let shape = validate_append_split(req, kpe)?;
         let grid = paged_launch(&shape)?;
         let kernel = match shape.cache {
             ElemType::Bf16 => names::APPEND_BF16,
@@ -734,6 +795,9 @@ impl Runtime {
             num_pages: shape.num_pages.min(u32::MAX as usize) as u32,
             inv_kv_scale: 1.0 / req.kv_scale,
             max_pages: shape.max_pages as u32,
+            kpe: dev(kpe.map_or(rope_ptr(&req.kv_cache), |k| k.ptr)),
+            kpe_stride_page: kpe.unwrap_or(&req.kv_cache).strides[0] as u64,
+            kpe_stride_token: kpe.unwrap_or(&req.kv_cache).strides[1] as u64,
         };
         // SAFETY: validated request.
         unsafe { launch(self, kernel, grid, stream.cu_stream(), &p) }
@@ -741,7 +805,27 @@ impl Runtime {
 
     /// Copies each sequence's rows out of the pages (dequantising fp8 to bf16 on request).
     pub fn gather_kv(&self, stream: &CudaStream, req: &GatherRequest) -> Result<()> {
-        let shape = validate_gather(req)?;
+        self.gather_kv_parts(stream, req, None)
+    }
+
+    /// [`Runtime::gather_kv`] from a split cache (`req.kv_cache` 512 wide, `kpe_cache` its
+    /// rope part); `out` rows stay 576 wide.
+    pub fn gather_kv_split(
+        &self,
+        stream: &CudaStream,
+        req: &GatherRequest,
+        kpe_cache: &TensorView<3>,
+    ) -> Result<()> {
+        self.gather_kv_parts(stream, req, Some(kpe_cache))
+    }
+
+    fn gather_kv_parts(
+        &self,
+        stream: &CudaStream,
+        req: &GatherRequest,
+        kpe: Option<&TensorView<3>>,
+    ) -> Result<()> {
+        let shape = validate_gather_split(req, kpe)?;
         let grid = paged_launch(&shape)?;
         let kernel = match (shape.cache, shape.other) {
             (ElemType::Bf16, _) => names::GATHER_BF16,
@@ -765,6 +849,9 @@ impl Runtime {
             out_rows: shape.rows as u32,
             kv_scale: req.kv_scale,
             max_pages: shape.max_pages as u32,
+            kpe: dev(kpe.map_or(rope_ptr(&req.kv_cache), |k| k.ptr)),
+            kpe_stride_page: kpe.unwrap_or(&req.kv_cache).strides[0] as u64,
+            kpe_stride_token: kpe.unwrap_or(&req.kv_cache).strides[1] as u64,
         };
         // SAFETY: validated request.
         unsafe { launch(self, kernel, grid, stream.cu_stream(), &p) }

@@ -38,6 +38,6 @@ pub use module::{
 };
 pub use request::{
     AppendRequest, DecodeDtypes, DecodeRequest, DecodeShape, GatherRequest, HostMirror,
-    MergeRequest, MergeShape, PagedShape, Scales,
+    MergeRequest, MergeShape, PagedShape, Scales, SplitParts,
 };
 pub use tensor::TensorView;

@@ -117,6 +117,19 @@ pub struct DecodeRequest<'a> {
     pub host: HostMirror<'a>,
 }
 
+/// The split layouts of a decode ([`crate::DecodePlan::run_split`]): the rope part of the
+/// cache, and of q, in tensors of their own, as FlashInfer's, vLLM's and mistral.rs's
+/// paged caches keep them. `None`: that tensor is fused (576 wide).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SplitParts {
+    /// `[num_pages, page_size, 64]`, last dim contiguous, the cache's dtype; `kv_cache` is
+    /// then the latent part, `[num_pages, page_size, 512]`. Each has its own strides.
+    pub kpe_cache: Option<TensorView<3>>,
+    /// `[batch, s_q, heads, 64]`, last dim contiguous, q's dtype; `q` is then
+    /// `[batch, s_q, heads, 512]` (q_nope after the absorbed projection).
+    pub q_pe: Option<TensorView<4>>,
+}
+
 /// The shape facts of a request that passed validation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecodeShape {

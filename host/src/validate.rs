@@ -22,7 +22,7 @@ use mla_abi::{D_QK, D_V, ElemType, MAX_HEADS, MAX_PAGE_SIZE, MAX_S_Q, Shard};
 use crate::error::{MlaError, Result};
 use crate::request::{
     AppendRequest, DecodeDtypes, DecodeRequest, DecodeShape, GatherRequest, HostMirror,
-    MergeRequest, MergeShape, PagedShape, Scales,
+    MergeRequest, MergeShape, PagedShape, Scales, SplitParts,
 };
 use crate::tensor::TensorView;
 
@@ -64,6 +64,10 @@ const OUT: Names<4> =
 const LSE: Names<3> = names!("lse"; 0 "batch" "batch", 1 "s_q" "token", 2 "heads" "head");
 const KV: Names<3> =
     names!("kv_cache"; 0 "num_pages" "page", 1 "page_size" "token", 2 "D_QK" "dim");
+const KPE: Names<3> =
+    names!("kpe_cache"; 0 "num_pages" "page", 1 "page_size" "token", 2 "D_ROPE" "dim");
+const Q_PE: Names<4> =
+    names!("q_pe"; 0 "batch" "batch", 1 "s_q" "token", 2 "heads" "head", 3 "D_ROPE" "dim");
 const PAGE_TABLE: Names<2> = names!("page_table"; 0 "batch" "batch", 1 "max_pages" "page");
 const SEQ_LENS: Names<1> = names!("seq_lens"; 0 "batch" "batch");
 const NEW_KV: Names<3> = names!("new_kv"; 0 "batch" "batch", 1 "s_q" "token", 2 "D_QK" "dim");
@@ -187,10 +191,24 @@ pub fn validate_decode(req: &DecodeRequest) -> Result<DecodeShape> {
 /// `seq_lens` are global lengths, and the page table's capacity and the used page ids are
 /// checked against this rank's share of each (`Shard::local_len`).
 pub fn validate_decode_shard(req: &DecodeRequest, shard: &Shard) -> Result<DecodeShape> {
+    validate_decode_parts(req, &SplitParts::default(), shard)
+}
+
+/// [`validate_decode_shard`] with the split layouts of [`SplitParts`]: with `kpe_cache`,
+/// `kv_cache` is `[num_pages, page_size, 512]` and `kpe_cache` `[num_pages, page_size, 64]`
+/// (same pages, page size and dtype, each with its own strides); with `q_pe`, `q` is
+/// `[batch, s_q, heads, 512]` and `q_pe` `[batch, s_q, heads, 64]`.
+pub fn validate_decode_parts(
+    req: &DecodeRequest,
+    parts: &SplitParts,
+    shard: &Shard,
+) -> Result<DecodeShape> {
     shard_fields(shard)?;
-    let (batch, s_q, heads) = query_layout(&req.q)?;
+    let width = |split: bool| if split { D_V } else { D_QK };
+    let (batch, s_q, heads) = query_layout(&req.q, width(parts.q_pe.is_some()))?;
     let paged = paged_layout(
         &req.kv_cache,
+        width(parts.kpe_cache.is_some()),
         &req.page_table,
         &req.seq_lens,
         batch,
@@ -210,10 +228,18 @@ pub fn validate_decode_shard(req: &DecodeRequest, shard: &Shard) -> Result<Decod
     let q = placed(&Q, &req.q, CHUNK_ALIGN)?;
     let [kv, page_table, seq_lens] =
         paged_placement(&req.kv_cache, &req.page_table, &req.seq_lens)?;
+    let q_pe = match &parts.q_pe {
+        Some(v) => q_pe_layout(v, &req.q)?,
+        None => q,
+    };
+    let kpe = match &parts.kpe_cache {
+        Some(v) => kpe_layout(v, &req.kv_cache)?,
+        None => kv,
+    };
     let out = placed(&OUT, &req.out, CHUNK_ALIGN)?;
     let lse = placed(&LSE, &req.lse, WORD_ALIGN)?;
     no_self_overlap(&OUT, &req.out)?;
-    no_aliasing(&[out, lse], &[q, kv, page_table, seq_lens])?;
+    no_aliasing(&[out, lse], &[q, kv, page_table, seq_lens, q_pe, kpe])?;
 
     decode_scales(&req.scales, dtypes)?;
     let capacity = paged.capacity().min(I32_LIMIT);
@@ -277,6 +303,16 @@ pub fn validate_decode_shard(req: &DecodeRequest, shard: &Shard) -> Result<Decod
 /// Checks an append of `s_q` new rows per sequence and returns its shape
 /// (`rows = s_q`, `other` = the type of `new_kv`).
 pub fn validate_append(req: &AppendRequest) -> Result<PagedShape> {
+    validate_append_split(req, None)
+}
+
+/// [`validate_append`] into a split cache: `kv_cache` `[num_pages, page_size, 512]` and
+/// its rope part `kpe` `[num_pages, page_size, 64]` (`new_kv` rows stay 576 wide).
+pub fn validate_append_split(
+    req: &AppendRequest,
+    kpe: Option<&TensorView<3>>,
+) -> Result<PagedShape> {
+    let width = |k: Option<&TensorView<3>>| if k.is_some() { D_V } else { D_QK };
     let new = &req.new_kv;
     let batch = dim_in(NEW_KV.shape[0], new.shape[0], 1..=U32_LIMIT)?;
     let s_q = dim_in(NEW_KV.shape[1], new.shape[1], 1..=MAX_S_Q as usize)?;
@@ -284,6 +320,7 @@ pub fn validate_append(req: &AppendRequest) -> Result<PagedShape> {
     unit_last_stride(&NEW_KV, new)?;
     let paged = paged_layout(
         &req.kv_cache,
+        width(kpe),
         &req.page_table,
         &req.seq_lens,
         batch,
@@ -303,7 +340,13 @@ pub fn validate_append(req: &AppendRequest) -> Result<PagedShape> {
     let new_kv = placed(&NEW_KV, new, CHUNK_ALIGN)?;
     let [kv, page_table, seq_lens] =
         paged_placement(&req.kv_cache, &req.page_table, &req.seq_lens)?;
-    no_aliasing(&[kv], &[new_kv, page_table, seq_lens])?;
+    match kpe {
+        Some(k) => {
+            let rope = kpe_layout(k, &req.kv_cache)?;
+            no_aliasing(&[kv, rope], &[new_kv, page_table, seq_lens])?;
+        }
+        None => no_aliasing(&[kv], &[new_kv, page_table, seq_lens])?,
+    }
 
     positive("kv_scale", req.kv_scale)?;
     unit_unless_fp8("kv_scale", req.kv_scale, KV.tensor, cache)?;
@@ -324,6 +367,15 @@ pub fn validate_append(req: &AppendRequest) -> Result<PagedShape> {
 /// Checks a gather of each sequence's rows into `out` and returns its shape
 /// (`rows` = the output's rows per sequence, `other` = the type of `out`).
 pub fn validate_gather(req: &GatherRequest) -> Result<PagedShape> {
+    validate_gather_split(req, None)
+}
+
+/// [`validate_gather`] from a split cache (`kv_cache` 512 wide, `kpe` its rope part);
+/// `out` rows stay 576 wide.
+pub fn validate_gather_split(
+    req: &GatherRequest,
+    kpe: Option<&TensorView<3>>,
+) -> Result<PagedShape> {
     let out_view = &req.out;
     let batch = dim_in(GATHER_OUT.shape[0], out_view.shape[0], 1..=U32_LIMIT)?;
     let max_len = dim_in(GATHER_OUT.shape[1], out_view.shape[1], 1..=U32_LIMIT)?;
@@ -339,6 +391,7 @@ pub fn validate_gather(req: &GatherRequest) -> Result<PagedShape> {
     }
     let paged = paged_layout(
         &req.kv_cache,
+        if kpe.is_some() { D_V } else { D_QK },
         &req.page_table,
         &req.seq_lens,
         batch,
@@ -359,7 +412,11 @@ pub fn validate_gather(req: &GatherRequest) -> Result<PagedShape> {
     let [kv, page_table, seq_lens] =
         paged_placement(&req.kv_cache, &req.page_table, &req.seq_lens)?;
     no_self_overlap(&GATHER_OUT, out_view)?;
-    no_aliasing(&[out], &[kv, page_table, seq_lens])?;
+    let rope = match kpe {
+        Some(k) => kpe_layout(k, &req.kv_cache)?,
+        None => kv,
+    };
+    no_aliasing(&[out], &[kv, page_table, seq_lens, rope])?;
 
     positive("kv_scale", req.kv_scale)?;
     unit_unless_fp8("kv_scale", req.kv_scale, KV.tensor, cache)?;
@@ -442,11 +499,11 @@ fn row_major_from<const R: usize>(
     Ok(())
 }
 
-fn query_layout(q: &TensorView<4>) -> Result<(usize, usize, usize)> {
+fn query_layout(q: &TensorView<4>, width: usize) -> Result<(usize, usize, usize)> {
     let batch = dim_in(Q.shape[0], q.shape[0], 1..=U32_LIMIT)?;
     let s_q = dim_in(Q.shape[1], q.shape[1], 1..=MAX_S_Q as usize)?;
     let heads = dim_in(Q.shape[2], q.shape[2], 1..=MAX_HEADS as usize)?;
-    dim_is(Q.shape[3], q.shape[3], D_QK)?;
+    dim_is(Q.shape[3], q.shape[3], width)?;
     unit_last_stride(&Q, q)?;
     Ok((batch, s_q, heads))
 }
@@ -469,6 +526,7 @@ fn decode_output_layout(out: &TensorView<4>, lse: &TensorView<3>, dims: [usize; 
 /// page table `[batch, max_pages]` and lengths `[batch]` that index it.
 fn paged_layout(
     kv: &TensorView<3>,
+    width: usize,
     page_table: &TensorView<2>,
     seq_lens: &TensorView<1>,
     batch: usize,
@@ -483,31 +541,9 @@ fn paged_layout(
             page_size,
         ));
     }
-    dim_is(KV.shape[2], kv.shape[2], D_QK)?;
+    dim_is(KV.shape[2], kv.shape[2], width)?;
     unit_last_stride(&KV, kv)?;
-    // Append writes rows in place, so no two rows may share an element.
-    let token_stride = if page_size > 1 {
-        if kv.strides[1] < D_QK {
-            return Err(MlaError::shape(
-                KV.strides[1],
-                format!(">= {D_QK} (one row)"),
-                kv.strides[1],
-            ));
-        }
-        kv.strides[1]
-    } else {
-        D_QK
-    };
-    if num_pages > 1 {
-        let page_rows = page_size.checked_mul(token_stride);
-        if page_rows.is_none_or(|need| kv.strides[0] < need) {
-            return Err(MlaError::shape(
-                KV.strides[0],
-                format!(">= page_size x token stride = {page_size} x {token_stride}"),
-                kv.strides[0],
-            ));
-        }
-    }
+    rows_apart(&KV, kv, width)?;
 
     dim_as(
         PAGE_TABLE.shape[0],
@@ -538,6 +574,60 @@ fn paged_layout(
 }
 
 /// The page table must be able to hold the `s_q` tokens every sequence has at least.
+/// Rows and pages of a cache (or its rope part) `width` elements wide share no element
+/// (append writes rows in place).
+fn rows_apart(names: &Names<3>, kv: &TensorView<3>, width: usize) -> Result<()> {
+    let (num_pages, page_size) = (kv.shape[0], kv.shape[1]);
+    let token_stride = if page_size > 1 {
+        if kv.strides[1] < width {
+            return Err(MlaError::shape(
+                names.strides[1],
+                format!(">= {width} (one row)"),
+                kv.strides[1],
+            ));
+        }
+        kv.strides[1]
+    } else {
+        width
+    };
+    if num_pages > 1 {
+        let page_rows = page_size.checked_mul(token_stride);
+        if page_rows.is_none_or(|need| kv.strides[0] < need) {
+            return Err(MlaError::shape(
+                names.strides[0],
+                format!(">= page_size x token stride = {page_size} x {token_stride}"),
+                kv.strides[0],
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The rope part of a split cache: `[num_pages, page_size, 64]` of the cache's dtype,
+/// last dim contiguous, rows apart, 16-byte aligned rows.
+fn kpe_layout(kpe: &TensorView<3>, kv: &TensorView<3>) -> Result<Span> {
+    for i in 0..2 {
+        dim_as(KPE.shape[i], kpe.shape[i], kv.shape[i], KV.shape[i])?;
+    }
+    dim_is(KPE.shape[2], kpe.shape[2], D_QK - D_V)?;
+    dtype_in(KPE.tensor, kpe.dtype, &[kv.dtype])?;
+    unit_last_stride(&KPE, kpe)?;
+    rows_apart(&KPE, kpe, D_QK - D_V)?;
+    placed(&KPE, kpe, CHUNK_ALIGN)
+}
+
+/// The rope part of a split q: `[batch, s_q, heads, 64]` of q's dtype, last dim
+/// contiguous, 16-byte aligned rows.
+fn q_pe_layout(q_pe: &TensorView<4>, q: &TensorView<4>) -> Result<Span> {
+    for i in 0..3 {
+        dim_as(Q_PE.shape[i], q_pe.shape[i], q.shape[i], Q.shape[i])?;
+    }
+    dim_is(Q_PE.shape[3], q_pe.shape[3], D_QK - D_V)?;
+    dtype_in(Q_PE.tensor, q_pe.dtype, &[q.dtype])?;
+    unit_last_stride(&Q_PE, q_pe)?;
+    placed(&Q_PE, q_pe, CHUNK_ALIGN)
+}
+
 fn enough_pages(paged: &Paged, s_q: usize) -> Result<()> {
     if paged.capacity() < s_q {
         return Err(MlaError::shape(

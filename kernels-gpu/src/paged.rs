@@ -12,7 +12,7 @@
 
 use crate::arch::{self, cvt, smem};
 use crate::elem::{Bf16, Half16};
-use mla_abi::{AppendParams, D_QK, GatherParams, paged_tile};
+use mla_abi::{AppendParams, D_QK, D_V, GatherParams, paged_tile};
 
 /// How rows are stored and moved.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -44,19 +44,34 @@ impl RowFormat {
 
 /// Moves this thread's 8 values of one row from `src` to `dst` (row starts), converting.
 ///
+/// A row of `D_QK` values in two parts: dims `0..D_V` at `main`, `D_V..D_QK` at `rope`
+/// (for a contiguous row, `rope = main + D_V` elements).
+#[derive(Clone, Copy)]
+struct Parts<P> {
+    main: P,
+    rope: P,
+}
+
 /// # Safety
-/// Both rows hold D_QK values of their format and are 16-byte aligned.
+/// Both rows hold D_QK values of their format in their parts, each part 16-byte aligned.
 #[inline(always)]
-unsafe fn move_8(fmt: RowFormat, src: *const u8, dst: *mut u8, scale: f32) {
+unsafe fn move_8(fmt: RowFormat, src: Parts<*const u8>, dst: Parts<*mut u8>, scale: f32) {
     let i = arch::thread_idx_x() as usize;
     if i >= paged_tile::ACTIVE_THREADS {
         return;
     }
     let e = i * paged_tile::ELEMS_PER_THREAD;
-    // SAFETY: e + 8 <= D_QK; offsets are multiples of 8 elements, so aligned.
+    // SAFETY: e + 8 <= D_QK, in one part (D_V is a multiple of 8); offsets are multiples of
+    // 8 elements, so aligned.
     unsafe {
-        let s = src.add(e * fmt.src_bytes());
-        let d = dst.add(e * fmt.dst_bytes());
+        let (s, d) = if e < D_V {
+            (src.main.add(e * fmt.src_bytes()), dst.main.add(e * fmt.dst_bytes()))
+        } else {
+            (
+                src.rope.add((e - D_V) * fmt.src_bytes()),
+                dst.rope.add((e - D_V) * fmt.dst_bytes()),
+            )
+        };
         match fmt {
             RowFormat::Half => smem::st_global_v4(d, *(s as *const [u32; 4])),
             RowFormat::Fp8 => *(d as *mut [u32; 2]) = *(s as *const [u32; 2]),
@@ -133,13 +148,21 @@ pub unsafe fn append(p: AppendParams, fmt: RowFormat) {
     }) else {
         return;
     };
-    let dst_off =
-        (page * p.kv_stride_page + (pos & (p.page_size - 1)) as u64 * p.kv_stride_token) as usize;
+    let tok = (pos & (p.page_size - 1)) as u64;
+    let dst_off = (page * p.kv_stride_page + tok * p.kv_stride_token) as usize;
+    let dst_pe = (page * p.kpe_stride_page + tok * p.kpe_stride_token) as usize;
     let src_off = (b as u64 * p.new_stride_b + t as u64 * p.new_stride_s) as usize;
-    // SAFETY: validated rows of new_kv and of the cache.
+    // SAFETY: validated rows of new_kv and of the cache (and its rope part).
     unsafe {
-        let src = p.new_kv.ptr().add(src_off * fmt.src_bytes());
-        let dst = p.kv_cache.ptr().add(dst_off * fmt.dst_bytes());
+        let src = p.new_kv.ptr().add(src_off * fmt.src_bytes()) as *const u8;
+        let src = Parts {
+            main: src,
+            rope: src.add(D_V * fmt.src_bytes()),
+        };
+        let dst = Parts {
+            main: p.kv_cache.ptr().add(dst_off * fmt.dst_bytes()),
+            rope: p.kpe.ptr().add(dst_pe * fmt.dst_bytes()),
+        };
         move_8(fmt, src, dst, p.inv_kv_scale);
     }
 }
@@ -174,15 +197,18 @@ pub unsafe fn gather(p: GatherParams, fmt: RowFormat) {
             j,
         ) {
             Some(page) => {
-                let off = (page * p.kv_stride_page
-                    + (j & (p.page_size - 1)) as u64 * p.kv_stride_token)
-                    as usize;
-                move_8(
-                    fmt,
-                    p.kv_cache.ptr().add(off * fmt.src_bytes()),
-                    dst,
-                    p.kv_scale,
-                );
+                let tok = (j & (p.page_size - 1)) as u64;
+                let off = (page * p.kv_stride_page + tok * p.kv_stride_token) as usize;
+                let off_pe = (page * p.kpe_stride_page + tok * p.kpe_stride_token) as usize;
+                let src = Parts {
+                    main: p.kv_cache.ptr().add(off * fmt.src_bytes()) as *const u8,
+                    rope: p.kpe.ptr().add(off_pe * fmt.src_bytes()) as *const u8,
+                };
+                let dst = Parts {
+                    main: dst,
+                    rope: dst.add(D_V * fmt.dst_bytes()),
+                };
+                move_8(fmt, src, dst, p.kv_scale);
             }
             None => {
                 let i = arch::thread_idx_x() as usize;

@@ -708,6 +708,18 @@ pub struct DecodeParams {
     /// Context parallelism ([`Shard`]): `seq_lens` are global lengths and the cache holds
     /// this rank's share of each sequence. Off (`ranks <= 1`): the cache holds it all.
     pub shard: Shard,
+    /// The rope part (dims `D_V..D_QK`) of the cache rows: dim `D_V + d` of token `t` in
+    /// page `g` at element `g * kpe_stride_page + t * kpe_stride_token + d` of `kpe`;
+    /// `kv_cache` then holds dims `0..D_V` of each row (a split cache). For a fused cache
+    /// the host passes `kv_cache + D_V` elements and the cache's strides. Never null.
+    pub kpe: DevPtr<u8>,
+    pub kpe_stride_page: u64,
+    pub kpe_stride_token: u64,
+    /// The rope part of the q rows, likewise (`q + D_V` elements for a fused q). Never null.
+    pub q_pe: DevPtr<u8>,
+    pub q_pe_stride_b: u64,
+    pub q_pe_stride_s: u64,
+    pub q_pe_stride_h: u64,
 }
 
 /// The schedule kernel's rule run by every decode CTA instead (batches up to
@@ -847,6 +859,11 @@ pub struct AppendParams {
     pub inv_kv_scale: f32,
     /// Page-table columns in use per sequence (see [`DecodeParams::max_pages`]).
     pub max_pages: u32,
+    /// The cache rows' rope part, as [`DecodeParams::kpe`] (`kv_cache + D_V` for a fused
+    /// cache). Never null.
+    pub kpe: DevPtr<u8>,
+    pub kpe_stride_page: u64,
+    pub kpe_stride_token: u64,
 }
 
 /// Params of `mla_gather_*`. Grid: `(out_rows, batch)`, block `paged_tile::THREADS`.
@@ -876,6 +893,10 @@ pub struct GatherParams {
     pub kv_scale: f32,
     /// Page-table columns in use per sequence (see [`DecodeParams::max_pages`]).
     pub max_pages: u32,
+    /// The cache rows' rope part, as [`DecodeParams::kpe`]. Never null.
+    pub kpe: DevPtr<u8>,
+    pub kpe_stride_page: u64,
+    pub kpe_stride_token: u64,
 }
 
 /// Params of `mla_schedule`. Grid `(1)`, block `schedule_tile::THREADS`. Writes the split
@@ -1066,10 +1087,10 @@ pub mod primitives {
 
 const _: () = assert!(core::mem::size_of::<DevPtr<u8>>() == 8);
 const _: () = assert!(core::mem::size_of::<ScheduleParams>() == 2 * 8 + 6 * 4 + 16);
-const _: () = assert!(core::mem::size_of::<DecodeParams>() == 10 * 8 + 8 * 8 + 16 * 4 + 16);
+const _: () = assert!(core::mem::size_of::<DecodeParams>() == 10 * 8 + 8 * 8 + 16 * 4 + 16 + 7 * 8);
 const _: () = assert!(core::mem::size_of::<TensorMap>() == 128);
 const _: () = assert!(core::mem::size_of::<MergeParams>() == 6 * 8 + 2 * 4);
 const _: () = assert!(core::mem::align_of::<TensorMap>() == 16);
 const _: () = assert!(core::mem::size_of::<CombineParams>() == 5 * 8 + 3 * 8 + 6 * 4);
-const _: () = assert!(core::mem::size_of::<AppendParams>() == 4 * 8 + 4 * 8 + 8 * 4);
-const _: () = assert!(core::mem::size_of::<GatherParams>() == 4 * 8 + 3 * 8 + 8 * 4);
+const _: () = assert!(core::mem::size_of::<AppendParams>() == 4 * 8 + 4 * 8 + 8 * 4 + 3 * 8);
+const _: () = assert!(core::mem::size_of::<GatherParams>() == 4 * 8 + 3 * 8 + 8 * 4 + 3 * 8);

@@ -95,20 +95,17 @@ fn q_col(d: u32) -> u32 {
 unsafe fn issue_block(p: &DecodeParams, entry: i32, n0: u32, slot: u32) {
     let r = arch::thread_idx_x() / TPR;
     let k0 = arch::thread_idx_x() % TPR;
-    let (src, n) = decode::kv_row_source(p, entry, n0 + r, 1);
+    let src = decode::kv_row_source(p, entry, n0 + r, 1);
+    let n = src.n;
+    let main = decode::main_chunks(1);
+    const { assert!(32u32.is_multiple_of(TPR)) };
     let policy = cp_async::l2_evict_first();
     for i in 0..ROW_CHUNKS / TPR {
         let k = k0 + TPR * i;
-        // SAFETY: the destination lies in the slot; when n == 16, src + 16k is chunk k of a
-        // cache row that checked_page bounds-checked; unread when n == 0 (zero fill).
-        unsafe {
-            let s = if n == 16 {
-                src.add((k << 4) as usize)
-            } else {
-                src
-            };
-            cp_async::cp_async_cg_16_hint(slot + raw_off(r, k << 4), s, n, policy);
-        }
+        let s = src.part(i < main / TPR, k, main);
+        // SAFETY: the destination lies in the slot; when n == 16, s is chunk k of a cache
+        // row that checked_page bounds-checked; unread when n == 0 (zero fill).
+        unsafe { cp_async::cp_async_cg_16_hint(slot + raw_off(r, k << 4), s, n, policy) };
     }
 }
 
@@ -127,15 +124,22 @@ unsafe fn load_q<K: DecodeKind>(p: &DecodeParams, b: u32, row0: u32, q_s: u32, q
         if gr < rows {
             let (t, h) = (gr / p.heads, gr % p.heads);
             let off = b as u64 * p.q_stride_b + t as u64 * p.q_stride_s + h as u64 * p.q_stride_h;
+            let off_pe =
+                b as u64 * p.q_pe_stride_b + t as u64 * p.q_pe_stride_s + h as u64 * p.q_pe_stride_h;
             unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
-                let e = off + 2 * (lane as u64 + 32 * i as u64);
-                // SAFETY: element e, e + 1 < D_QK of a validated q row (2-byte aligned for
-                // fp8, 4-byte for 16-bit elements).
+                // Dims 2 (lane + 32 i), +1: latent for i < 8, the rope part's 2 lane for i = 8.
+                let (base, e) = if i < 8 {
+                    (p.q.ptr() as *const u8, off + 2 * (lane as u64 + 32 * i as u64))
+                } else {
+                    (p.q_pe.ptr() as *const u8, off_pe + 2 * lane as u64)
+                };
+                // SAFETY: elements e, e + 1 of a validated q (or q_pe) row (2-byte aligned
+                // for fp8, 4-byte for 16-bit elements).
                 w[i] = unsafe {
                     if K::Q_FP8 {
-                        cvt::e4m3x2_to_f16x2(*(p.q.ptr().add(e as usize) as *const u16))
+                        cvt::e4m3x2_to_f16x2(*(base.add(e as usize) as *const u16))
                     } else {
-                        *(p.q.ptr().add(2 * e as usize) as *const u32)
+                        *(base.add(2 * e as usize) as *const u32)
                     }
                 };
             });

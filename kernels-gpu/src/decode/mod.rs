@@ -161,37 +161,64 @@ pub(crate) fn checked_page(p: &DecodeParams, entry: i32) -> i32 {
     }
 }
 
-/// Byte address of KV row `j` in `page` (from [`checked_page`]), or `None` when `page < 0`.
-#[inline(always)]
-pub(crate) fn kv_row_addr(
-    p: &DecodeParams,
-    page: i32,
-    j: u32,
-    elem_bytes: u64,
-) -> Option<*const u8> {
-    if page < 0 {
-        return None;
-    }
-    let off = page as u64 * p.kv_stride_page + (j & (p.page_size - 1)) as u64 * p.kv_stride_token;
-    // SAFETY: 0 <= page < num_pages (checked_page) and the token offset < page_size: inside
-    // the cache.
-    Some(unsafe { p.kv_cache.ptr().add((off * elem_bytes) as usize) as *const u8 })
+/// 16-byte chunks of the latent part (`D_V` dims) of a cache or q row of `elem_bytes`
+/// elements: 64 (16-bit) or 32 (fp8). Chunks from here on are the rope part.
+pub(crate) const fn main_chunks(elem_bytes: u64) -> u32 {
+    (D_V as u64 * elem_bytes / 16) as u32
 }
 
-/// Where a `cp.async` copy of KV row `j` reads (`entry`: its page-table entry) and how many
-/// bytes of each 16-byte chunk: the row and 16, or, for a row that must not be read, the
-/// cache's first row (a valid address that holds every chunk offset of a row) and 0 (the
-/// copy zero-fills).
+/// Where the `cp.async` copies of a KV row read: chunk `k` (16 bytes) of the row at
+/// `main + 16 k` for `k < main_chunks`, at `rope + 16 (k - main_chunks)` after (the fused
+/// cache's row continues there; a split cache's rope tensor holds it), and `n` bytes of
+/// each (16; 0 for a row that must not be read: both addresses are then the cache's first
+/// row, valid and unread, and the copy zero-fills).
+#[derive(Clone, Copy)]
+pub(crate) struct RowSrc {
+    pub main: *const u8,
+    pub rope: *const u8,
+    pub n: u32,
+}
+
+impl RowSrc {
+    /// The address of chunk `k`, which the caller knows to be latent (`k < main_chunks`)
+    /// or not.
+    #[inline(always)]
+    pub(crate) fn part(self, latent: bool, k: u32, main_chunks: u32) -> *const u8 {
+        if self.n == 0 {
+            self.main
+        } else if latent {
+            // SAFETY: chunk k of the latent part of a valid row.
+            unsafe { self.main.add((k << 4) as usize) }
+        } else {
+            // SAFETY: chunk k - main_chunks of the rope part of a valid row.
+            unsafe { self.rope.add(((k - main_chunks) << 4) as usize) }
+        }
+    }
+}
+
+/// [`RowSrc`] of KV row `j` (`entry`: its page-table entry).
 #[inline(always)]
-pub(crate) fn kv_row_source(
-    p: &DecodeParams,
-    entry: i32,
-    j: u32,
-    elem_bytes: u64,
-) -> (*const u8, u32) {
-    match kv_row_addr(p, checked_page(p, entry), j, elem_bytes) {
-        Some(a) => (a, 16),
-        None => (p.kv_cache.ptr() as *const u8, 0),
+pub(crate) fn kv_row_source(p: &DecodeParams, entry: i32, j: u32, elem_bytes: u64) -> RowSrc {
+    let page = checked_page(p, entry);
+    let base = p.kv_cache.ptr() as *const u8;
+    if page < 0 {
+        return RowSrc {
+            main: base,
+            rope: base,
+            n: 0,
+        };
+    }
+    let t = (j & (p.page_size - 1)) as u64;
+    let off = page as u64 * p.kv_stride_page + t * p.kv_stride_token;
+    let off_pe = page as u64 * p.kpe_stride_page + t * p.kpe_stride_token;
+    // SAFETY: 0 <= page < num_pages (checked_page) and t < page_size: rows inside the cache
+    // and its rope part (validated).
+    unsafe {
+        RowSrc {
+            main: base.add((off * elem_bytes) as usize),
+            rope: (p.kpe.ptr() as *const u8).add((off_pe * elem_bytes) as usize),
+            n: 16,
+        }
     }
 }
 
@@ -227,20 +254,35 @@ pub(crate) unsafe fn load_q_tile<K: DecodeKind, L: Layout>(
         let k = c % ROW_CHUNKS;
         let gr = row0 + r;
         let dst = q_smem + tile_off(r, k);
+        // Chunk k of the row (8 dims): the latent part from q, the rope part from q_pe
+        // (base pointer, element offset, chunk within the part).
         let row_off = if gr < rows {
             let (t, h) = (gr / p.heads, gr % p.heads);
-            Some(b as u64 * p.q_stride_b + t as u64 * p.q_stride_s + h as u64 * p.q_stride_h)
+            Some(if k < 64 {
+                (
+                    p.q.ptr() as *const u8,
+                    b as u64 * p.q_stride_b + t as u64 * p.q_stride_s + h as u64 * p.q_stride_h,
+                    k,
+                )
+            } else {
+                (
+                    p.q_pe.ptr() as *const u8,
+                    b as u64 * p.q_pe_stride_b
+                        + t as u64 * p.q_pe_stride_s
+                        + h as u64 * p.q_pe_stride_h,
+                    k - 64,
+                )
+            })
         } else {
             None
         };
         if K::Q_FP8 {
             // 8 fp8 values -> 8 16-bit values (one 16-byte chunk).
             let v = match row_off {
-                Some(off) => {
-                    // SAFETY: row off + 8k .. +8 lies in the validated q row; 8-byte aligned.
-                    let raw = unsafe {
-                        *(p.q.ptr().add((off + 8 * k as u64) as usize) as *const [u32; 2])
-                    };
+                Some((base, off, kc)) => {
+                    // SAFETY: row off + 8 kc .. +8 lies in the validated q (or q_pe) row;
+                    // 8-byte aligned.
+                    let raw = unsafe { *(base.add((off + 8 * kc as u64) as usize) as *const [u32; 2]) };
                     fp8x8_to_half::<K::Mma>(raw)
                 }
                 None => [0; 4],
@@ -249,11 +291,8 @@ pub(crate) unsafe fn load_q_tile<K: DecodeKind, L: Layout>(
             unsafe { smem::st_shared_v4(dst, v) };
         } else {
             let (src, n) = match row_off {
-                // SAFETY: 16-byte chunk k of a validated, 16-byte aligned q row.
-                Some(off) => (
-                    unsafe { p.q.ptr().add(((off * 2) + 16 * k as u64) as usize) as *const u8 },
-                    16,
-                ),
+                // SAFETY: 16-byte chunk kc of a validated, 16-byte aligned q (or q_pe) row.
+                Some((base, off, kc)) => (unsafe { base.add(((off * 2) + 16 * kc as u64) as usize) }, 16),
                 None => (p.q.ptr() as *const u8, 0),
             };
             // SAFETY: dst inside the Q tile; src valid when n == 16, unread when n == 0.
@@ -283,7 +322,9 @@ pub(crate) unsafe fn issue_kv_row<K: DecodeKind, const TPR: u32>(
     } else {
         (ROW_CHUNKS, 2)
     };
-    let (src, n) = kv_row_source(p, entry, j, elem);
+    let src = kv_row_source(p, entry, j, elem);
+    let n = src.n;
+    let main = main_chunks(elem);
     // KV is streamed: evict-first keeps it from pushing out what is reused in L2.
     let policy = cp_async::l2_evict_first();
     // The swizzle only permutes chunks within 8-chunk groups, so this thread's chunks
@@ -295,27 +336,25 @@ pub(crate) unsafe fn issue_kv_row<K: DecodeKind, const TPR: u32>(
     let phases = if TPR >= 8 { 1 } else { 8 / TPR };
     let group_step = (TPR * phases / 8) * 128;
     let bases = [stage + qk_off(r, k0), stage + qk_off(r, k0 + TPR)];
-    let mut i = 0;
-    let mut k = k0;
-    while k < chunks_per_row {
-        let dst = if K::KV_FP8 {
-            stage + r * D_QK as u32 + (k << 4)
-        } else {
-            bases[(i % phases) as usize] + (i / phases) * group_step
-        };
-        // SAFETY: dst inside the stage; when n == 16, src + 16k is chunk k of a cache row
-        // that checked_page bounds-checked; unread when n == 0.
-        unsafe {
-            let s = if n == 16 {
-                src.add((k << 4) as usize)
+    // TPR divides the latent chunks, so chunk k0 + TPR i is latent exactly for
+    // i < main / TPR.
+    const { assert!((ROW_CHUNKS - 8).is_multiple_of(TPR) && (FP8_ROW_CHUNKS - 4).is_multiple_of(TPR)) };
+    // Unrolled: at most 18 chunks per thread (TPR >= 4); later ones are past the row.
+    unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17] {
+        let i = i as u32;
+        let k = k0 + TPR * i;
+        if k < chunks_per_row {
+            let dst = if K::KV_FP8 {
+                stage + r * D_QK as u32 + (k << 4)
             } else {
-                src
+                bases[(i % phases) as usize] + (i / phases) * group_step
             };
-            cp_async::cp_async_cg_16_hint(dst, s, n, policy)
-        };
-        k += TPR;
-        i += 1;
-    }
+            let s = src.part(i < main / TPR, k, main);
+            // SAFETY: dst inside the stage; when n == 16, s is chunk k of a cache row that
+            // checked_page bounds-checked; unread when n == 0.
+            unsafe { cp_async::cp_async_cg_16_hint(dst, s, n, policy) };
+        }
+    });
 }
 
 /// Eight fp8 e4m3 values (two little-endian words) to eight 16-bit values, exactly.

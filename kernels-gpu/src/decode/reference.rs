@@ -10,7 +10,7 @@
 use crate::arch::{self, cvt, smem, sync};
 use crate::decode::DecodeKind;
 use crate::elem::Half16;
-use mla_abi::{D_QK, DecodeParams, ref_tile};
+use mla_abi::{D_QK, D_V, DecodeParams, ref_tile};
 
 const LOG2E: f32 = core::f32::consts::LOG2_E;
 const LN2: f32 = core::f32::consts::LN_2;
@@ -62,14 +62,22 @@ pub unsafe fn decode_reference<K: DecodeKind>(p: DecodeParams) {
     let q_elem = if K::Q_FP8 { 1 } else { 2 };
     let kv_elem = if K::KV_FP8 { 1 } else { 2 };
     let q_off = b as u64 * p.q_stride_b + t as u64 * p.q_stride_s + h as u64 * p.q_stride_h;
-    // SAFETY: a validated q row.
-    let q_row = unsafe { (p.q.ptr() as *const u8).add(q_off as usize * q_elem) };
+    let q_pe_off =
+        b as u64 * p.q_pe_stride_b + t as u64 * p.q_pe_stride_s + h as u64 * p.q_pe_stride_h;
+    // SAFETY: a validated q row and its rope part.
+    let (q_row, q_pe_row) = unsafe {
+        (
+            (p.q.ptr() as *const u8).add(q_off as usize * q_elem),
+            (p.q_pe.ptr() as *const u8).add(q_pe_off as usize * q_elem),
+        )
+    };
     let mut qv = [0.0f32; QK_PER_THREAD];
     unroll!(k in [0, 1, 2, 3, 4] {
         let i = tid + k * THREADS;
         if i < D_QK {
-            // SAFETY: i < D_QK.
-            qv[k] = unsafe { elem::<K>(q_row, i, K::Q_FP8) };
+            let (row, d) = if i < D_V { (q_row, i) } else { (q_pe_row, i - D_V) };
+            // SAFETY: dim d of the row's part.
+            qv[k] = unsafe { elem::<K>(row, d, K::Q_FP8) };
         }
     });
 
@@ -86,20 +94,30 @@ pub unsafe fn decode_reference<K: DecodeKind>(p: DecodeParams) {
         // SAFETY: j < len <= max_pages * page_size: inside row b of the table.
         let page = unsafe { *p.page_table.ptr().add(page_slot) };
         let valid = page >= 0 && (page as u32) < p.num_pages;
-        let off = if valid {
-            page as u64 * p.kv_stride_page + (j & (p.page_size - 1)) as u64 * p.kv_stride_token
+        let tok = (j & (p.page_size - 1)) as u64;
+        let (off, off_pe) = if valid {
+            (
+                page as u64 * p.kv_stride_page + tok * p.kv_stride_token,
+                page as u64 * p.kpe_stride_page + tok * p.kpe_stride_token,
+            )
         } else {
-            0
+            (0, 0)
         };
-        // SAFETY: a cache row inside the cache (or unused when the page is invalid).
-        let kv_row = unsafe { (p.kv_cache.ptr() as *const u8).add(off as usize * kv_elem) };
+        // SAFETY: a cache row and its rope part (or unused when the page is invalid).
+        let (kv_row, kpe_row) = unsafe {
+            (
+                (p.kv_cache.ptr() as *const u8).add(off as usize * kv_elem),
+                (p.kpe.ptr() as *const u8).add(off_pe as usize * kv_elem),
+            )
+        };
         let mut dot = 0.0f32;
         if valid {
             unroll!(k in [0, 1, 2, 3, 4] {
                 let i = tid + k * THREADS;
                 if i < D_QK {
-                    // SAFETY: i < D_QK of a valid row.
-                    dot += qv[k] * unsafe { elem::<K>(kv_row, i, K::KV_FP8) };
+                    let (row, d) = if i < D_V { (kv_row, i) } else { (kpe_row, i - D_V) };
+                    // SAFETY: dim d of a valid row's part.
+                    dot += qv[k] * unsafe { elem::<K>(row, d, K::KV_FP8) };
                 }
             });
         }

@@ -82,18 +82,20 @@ impl KvRow {
     /// `stage` is a slab tile of `BLOCK_N` rows.
     #[inline(always)]
     unsafe fn issue(self, p: &DecodeParams, entry: i32, j: u32, stage: u32) {
-        let (src, n) = decode::kv_row_source(p, entry, j, 2);
+        let src = decode::kv_row_source(p, entry, j, 2);
+        let n = src.n;
         // No L2 policy here (unlike decode::issue_kv_row): with one, ptxas 13.0 emitted
         // LDGSTS whose cache-policy descriptor names an odd uniform register (desc[UR1])
         // and the kernel died with CUDA_ERROR_ILLEGAL_INSTRUCTION on the H200.
-        // SAFETY: src + src_off + 64 i < src + 1152 (one cache row); dst inside the stage.
-        unsafe {
-            let src = src.add(self.src as usize);
-            unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17] {
-                let dst = stage + self.smem[i % 2] + (i / 2) as u32 * SLAB;
-                cp_async::cp_async_cg_16(dst, src.add(64 * i), n);
-            });
-        }
+        // Chunk c4 + 4 i is latent for i < 16 (64 chunks), rope after.
+        let k0 = self.src / 16;
+        unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17] {
+            let dst = stage + self.smem[i % 2] + (i / 2) as u32 * SLAB;
+            let s = src.part(i < 16, k0 + 4 * i as u32, 64);
+            // SAFETY: chunk k0 + 4 i of one cache row (or unread, n == 0); dst inside the
+            // stage.
+            unsafe { cp_async::cp_async_cg_16(dst, s, n) };
+        });
     }
 
     /// As [`KvRow::issue`] for an fp8 cache: the row's 576 bytes (36 chunks, this thread's
@@ -103,16 +105,18 @@ impl KvRow {
     /// `raw` is a raw fp8 stage of `BLOCK_N` rows.
     #[inline(always)]
     unsafe fn issue_fp8(self, p: &DecodeParams, entry: i32, j: u32, raw: u32) {
-        let (src, n) = decode::kv_row_source(p, entry, j, 1);
+        let src = decode::kv_row_source(p, entry, j, 1);
+        let n = src.n;
         let r = j % BLOCK_N;
-        // SAFETY: src + src_off + 64 i < src + 576 (one cache row); dst inside the stage.
-        unsafe {
-            let src = src.add(self.src as usize);
-            let dst = raw + r * D_QK + self.src;
-            unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
-                cp_async::cp_async_cg_16(dst + 64 * i as u32, src.add(64 * i), n);
-            });
-        }
+        let dst = raw + r * D_QK + self.src;
+        // Chunk c4 + 4 i of the row's 36 is latent for i < 8 (32 chunks), rope after.
+        let k0 = self.src / 16;
+        unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+            let s = src.part(i < 8, k0 + 4 * i as u32, 32);
+            // SAFETY: chunk k0 + 4 i of one cache row (or unread, n == 0); dst inside the
+            // raw stage.
+            unsafe { cp_async::cp_async_cg_16(dst + 64 * i as u32, s, n) };
+        });
     }
 }
 
