@@ -14,7 +14,7 @@ use mla_abi::{D_QK, D_V, ElemType};
 
 use crate::{
     DecodeConfig, DecodeDtypes, DecodeFault, DecodePlan, DecodeRequest, HostMirror, MergeRequest,
-    MlaError, Runtime, Scales, TensorView,
+    MlaError, Runtime, Scales, SplitParts, TensorView,
 };
 
 /// The C header of this ABI (`src/mla.h`), as shipped.
@@ -198,6 +198,26 @@ pub struct MlaDecodeArgs {
     pub output_scale: f32,
     pub q_scale: f32,
     pub kv_scale: f32,
+}
+
+/// The split layouts of `mla_decode_run_split` (`SplitParts`): each rope part in a tensor
+/// of its own. Zero fields take their defaults.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MlaSplitArgs {
+    /// `[num_pages, page_size, 64]` of `kv_dtype`, the cache's rope part; `kv_cache` is then
+    /// `[num_pages, page_size, 512]`. 0: the cache is fused (576 wide).
+    pub kpe_cache: u64,
+    /// Page stride of `kpe_cache` (0: `page_size * kpe_token_stride`).
+    pub kpe_page_stride: u64,
+    /// Token stride of `kpe_cache` (0: 64).
+    pub kpe_token_stride: u64,
+    /// Token stride of `kv_cache` (0: its width, 512 split or 576 fused); `kv_page_stride` 0
+    /// is then `page_size` times it.
+    pub kv_token_stride: u64,
+    /// `[batch, s_q, heads, 64]` row-major of `q_dtype`, q's rope part; `q` is then
+    /// `[batch, s_q, heads, 512]` row-major. 0: q is fused (576 wide).
+    pub q_pe: u64,
 }
 
 /// Loads the kernels on CUDA device `ordinal` (its primary context).
@@ -494,27 +514,45 @@ pub unsafe extern "C" fn mla_plan_clear_fault(
 
 /// The decode request the C args describe for `plan` (shapes from the plan's config).
 fn request_of(plan: &DecodePlan, a: &MlaDecodeArgs) -> DecodeRequest<'static> {
+    request_split_of(plan, a, &MlaSplitArgs::default()).0
+}
+
+/// The request and split parts of the C args (fused where `sp`'s pointers are 0).
+fn request_split_of(
+    plan: &DecodePlan,
+    a: &MlaDecodeArgs,
+    sp: &MlaSplitArgs,
+) -> (DecodeRequest<'static>, SplitParts) {
     let c = plan.config();
     let (b, s, h) = (a.batch as usize, c.s_q, c.heads);
     let d = c.dtypes;
     let page = c.page_size;
-    let table_stride = if a.page_table_stride == 0 {
-        a.max_pages as usize
-    } else {
-        a.page_table_stride as usize
+    let or = |v: u64, default: usize| if v == 0 { default } else { v as usize };
+    let table_stride = or(a.page_table_stride, a.max_pages as usize);
+    let kv_width = if sp.kpe_cache == 0 { D_QK } else { D_V };
+    let q_width = if sp.q_pe == 0 { D_QK } else { D_V };
+    let kv_token = or(sp.kv_token_stride, kv_width);
+    let kv_page_stride = or(a.kv_page_stride, page * kv_token);
+    let rope = D_QK - D_V;
+    let kpe_token = or(sp.kpe_token_stride, rope);
+    let parts = SplitParts {
+        kpe_cache: (sp.kpe_cache != 0).then(|| {
+            TensorView::strided(
+                sp.kpe_cache,
+                d.kv(),
+                [a.num_pages as usize, page, rope],
+                [or(sp.kpe_page_stride, page * kpe_token), kpe_token, 1],
+            )
+        }),
+        q_pe: (sp.q_pe != 0).then(|| TensorView::contiguous(sp.q_pe, d.q(), [b, s, h, rope])),
     };
-    let kv_page_stride = if a.kv_page_stride == 0 {
-        page * D_QK
-    } else {
-        a.kv_page_stride as usize
-    };
-    DecodeRequest {
-        q: TensorView::contiguous(a.q, d.q(), [b, s, h, D_QK]),
+    let req = DecodeRequest {
+        q: TensorView::contiguous(a.q, d.q(), [b, s, h, q_width]),
         kv_cache: TensorView::strided(
             a.kv_cache,
             d.kv(),
-            [a.num_pages as usize, page, D_QK],
-            [kv_page_stride, D_QK, 1],
+            [a.num_pages as usize, page, kv_width],
+            [kv_page_stride, kv_token, 1],
         ),
         page_table: TensorView::strided(
             a.page_table,
@@ -532,7 +570,8 @@ fn request_of(plan: &DecodePlan, a: &MlaDecodeArgs) -> DecodeRequest<'static> {
             kv_scale: a.kv_scale,
         },
         host: HostMirror::default(),
-    }
+    };
+    (req, parts)
 }
 
 /// One decode step on `stream` (a `CUstream`; null is the legacy default stream): schedule,
@@ -551,6 +590,73 @@ pub unsafe extern "C" fn mla_decode_run(
 ) -> c_int {
     // SAFETY: forwarded from the caller.
     unsafe { decode_c(rt, plan, args, stream, false) }
+}
+
+/// `mla_decode_run` on split layouts (`MlaSplitArgs`; `DecodePlan::run_split`).
+///
+/// # Safety
+/// As `mla_decode_run`; `split` valid, its pointers valid for the described shapes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mla_decode_run_split(
+    rt: *const MlaRuntime,
+    plan: *const MlaPlan,
+    args: *const MlaDecodeArgs,
+    split: *const MlaSplitArgs,
+    stream: *mut c_void,
+) -> c_int {
+    // SAFETY: forwarded from the caller.
+    unsafe { decode_split_c(rt, plan, args, split, stream, false) }
+}
+
+/// `mla_decode_run_layer` on split layouts.
+///
+/// # Safety
+/// As `mla_decode_run_split`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mla_decode_run_layer_split(
+    rt: *const MlaRuntime,
+    plan: *const MlaPlan,
+    args: *const MlaDecodeArgs,
+    split: *const MlaSplitArgs,
+    stream: *mut c_void,
+) -> c_int {
+    // SAFETY: forwarded from the caller.
+    unsafe { decode_split_c(rt, plan, args, split, stream, true) }
+}
+
+/// # Safety
+/// As `mla_decode_run_split`.
+unsafe fn decode_split_c(
+    rt: *const MlaRuntime,
+    plan: *const MlaPlan,
+    args: *const MlaDecodeArgs,
+    split: *const MlaSplitArgs,
+    stream: *mut c_void,
+    layer: bool,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded from the caller.
+        let (rt, plan) = unsafe { handles(rt, plan)? };
+        if args.is_null() {
+            return Err(MlaError::NullArgument { field: "args" });
+        }
+        if split.is_null() {
+            return Err(MlaError::NullArgument { field: "split" });
+        }
+        // SAFETY: checked non-null; the caller guarantees validity.
+        let (req, parts) = request_split_of(plan, unsafe { &*args }, unsafe { &*split });
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            plan.run_split_raw(
+                rt,
+                stream as cudarc::driver::sys::CUstream,
+                &req,
+                &parts,
+                layer,
+            )?
+        };
+        Ok(())
+    })
 }
 
 /// `mla_decode_run` (`layer` false) or `mla_decode_run_layer` (true).

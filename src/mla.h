@@ -129,6 +129,25 @@ int mla_schedule_step(const MlaRuntime *rt, const MlaPlan *plan, uint64_t seq_le
  * contents of args->seq_lens must be the ones mla_schedule_step read. Capturable. */
 int mla_decode_run_layer(const MlaRuntime *rt, const MlaPlan *plan, const MlaDecodeArgs *args,
                          void *stream);
+/* Split layouts: the rope part (dims 512..575) of the cache and/or of q in tensors of their
+ * own, as FlashInfer's and vLLM's paged caches keep them. Zero fields take the default. */
+typedef struct MlaSplitArgs {
+    uint64_t kpe_cache;        /* [num_pages, page_size, 64] of kv_dtype; kv_cache is then
+                                  [num_pages, page_size, 512]. 0: the cache is fused (576) */
+    uint64_t kpe_page_stride;  /* elements; 0: page_size * kpe_token_stride */
+    uint64_t kpe_token_stride; /* elements; 0: 64 */
+    uint64_t kv_token_stride;  /* of kv_cache, elements; 0: its width (512 split, 576 fused);
+                                  args->kv_page_stride 0 is then page_size times it */
+    uint64_t q_pe;             /* [batch, s_q, heads, 64] row-major of q_dtype; q is then
+                                  [batch, s_q, heads, 512] row-major. 0: q is fused (576) */
+} MlaSplitArgs;
+/* mla_decode_run / mla_decode_run_layer on split layouts; validated as the fused layout
+ * (errors name kpe_cache or q_pe and the field). A split cache takes the cp.async decode. */
+int mla_decode_run_split(const MlaRuntime *rt, const MlaPlan *plan, const MlaDecodeArgs *args,
+                         const MlaSplitArgs *split, void *stream);
+int mla_decode_run_layer_split(const MlaRuntime *rt, const MlaPlan *plan,
+                               const MlaDecodeArgs *args, const MlaSplitArgs *split,
+                               void *stream);
 /* Checked mode on (1) or off (0, as made) for the plan's runs launched from now on: each
  * decode also records the first page id outside [0, num_pages) or length past
  * max_pages * page_size it meets. Not while the plan's work is in flight; a graph captured

@@ -301,6 +301,8 @@ fn header_matches_the_rust_structs() {
         "sizeof(MlaMergeArgs)",
         "offsetof(MlaMergeArgs, dtype)",
         "offsetof(MlaMergeArgs, lses_rank_stride)",
+        "sizeof(MlaSplitArgs)",
+        "offsetof(MlaSplitArgs, q_pe)",
     ];
     let prints: String = probes
         .iter()
@@ -356,6 +358,8 @@ fn header_matches_the_rust_structs() {
         size_of::<MlaMergeArgs>(),
         offset_of!(MlaMergeArgs, dtype),
         offset_of!(MlaMergeArgs, lses_rank_stride),
+        size_of::<MlaSplitArgs>(),
+        offset_of!(MlaSplitArgs, q_pe),
     ];
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(got, want, "C sizes/offsets {probes:?} vs Rust");

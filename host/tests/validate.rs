@@ -1417,3 +1417,88 @@ fn step_lengths_follow_the_seq_lens_rules() {
         Err(MlaError::NullPointer { field: "seq_lens" })
     ));
 }
+
+// ---- split layouts ---------------------------------------------------------------------
+
+/// The fixture's cache and q split: latent parts 512 wide (padded strides), rope parts in
+/// tensors of their own.
+fn split_req() -> (DecodeRequest<'static>, SplitParts) {
+    let mut r = bf16_req();
+    r.kv_cache = TensorView::strided(
+        region(1),
+        ElemType::Bf16,
+        [PAGES, P, D_V],
+        [P * (D_V + 8), D_V + 8, 1],
+    );
+    r.q = TensorView::contiguous(region(0), ElemType::Bf16, [B, S_Q, H, D_V]);
+    let parts = SplitParts {
+        kpe_cache: Some(TensorView::strided(
+            region(6),
+            ElemType::Bf16,
+            [PAGES, P, D_QK - D_V],
+            [P * 72 + 8, 72, 1],
+        )),
+        q_pe: Some(TensorView::contiguous(
+            region(7),
+            ElemType::Bf16,
+            [B, S_Q, H, D_QK - D_V],
+        )),
+    };
+    (r, parts)
+}
+
+#[test]
+fn split_layouts_are_checked() {
+    let off = mla_abi::Shard::OFF;
+    let (r, parts) = split_req();
+    assert!(validate_decode_parts(&r, &parts, &off).is_ok());
+    // The fused request with split parts: the cache must be the latent part.
+    invalid_shape(
+        validate_decode_parts(&bf16_req(), &parts, &off),
+        "q.shape[3] (D_QK)",
+    );
+    let mut bad = parts;
+    bad.kpe_cache.as_mut().unwrap().shape[2] = 65;
+    invalid_shape(
+        validate_decode_parts(&r, &bad, &off),
+        "kpe_cache.shape[2] (D_ROPE)",
+    );
+    let mut bad = parts;
+    bad.kpe_cache.as_mut().unwrap().shape[1] = 8;
+    invalid_shape(
+        validate_decode_parts(&r, &bad, &off),
+        "kpe_cache.shape[1] (page_size)",
+    );
+    let mut bad = parts;
+    bad.q_pe.as_mut().unwrap().dtype = ElemType::Fp16;
+    dtype_mismatch(validate_decode_parts(&r, &bad, &off), "q_pe");
+    let mut bad = parts;
+    bad.kpe_cache.as_mut().unwrap().strides[1] = 60;
+    invalid_shape(
+        validate_decode_parts(&r, &bad, &off),
+        "kpe_cache.strides[1] (token)",
+    );
+    let mut bad = parts;
+    bad.kpe_cache.as_mut().unwrap().ptr += 4;
+    misaligned(
+        validate_decode_parts(&r, &bad, &off),
+        "kpe_cache",
+        region(6) + 4,
+    );
+    // An output on top of the rope part.
+    let mut bad_r = r;
+    bad_r.lse = TensorView::contiguous(region(6), ElemType::F32, [B, S_Q, H]);
+    aliasing(
+        validate_decode_parts(&bad_r, &parts, &off),
+        "lse",
+        "kpe_cache",
+    );
+    // Only the cache split, q fused.
+    let mut fused_q = r;
+    fused_q.q = bf16_req().q;
+    let only_kv = SplitParts {
+        q_pe: None,
+        ..parts
+    };
+    assert!(validate_decode_parts(&fused_q, &only_kv, &off).is_ok());
+}

@@ -49,6 +49,7 @@ plan=(
   "combine    test-gpu_combine    60"
   "merge      test-gpu_merge      90"
   "shard      test-gpu_shard      300"
+  "split      test-gpu_split      240"
   "capi       test-capi           30"
   "serving    test-gpu_serving    240"
   "interleave test-gpu_interleave  300"
