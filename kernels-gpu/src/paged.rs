@@ -65,7 +65,10 @@ unsafe fn move_8(fmt: RowFormat, src: Parts<*const u8>, dst: Parts<*mut u8>, sca
     // 8 elements, so aligned.
     unsafe {
         let (s, d) = if e < D_V {
-            (src.main.add(e * fmt.src_bytes()), dst.main.add(e * fmt.dst_bytes()))
+            (
+                src.main.add(e * fmt.src_bytes()),
+                dst.main.add(e * fmt.dst_bytes()),
+            )
         } else {
             (
                 src.rope.add((e - D_V) * fmt.src_bytes()),

@@ -124,8 +124,9 @@ unsafe fn load_q<K: DecodeKind>(p: &DecodeParams, b: u32, row0: u32, q_s: u32, q
         if gr < rows {
             let (t, h) = (gr / p.heads, gr % p.heads);
             let off = b as u64 * p.q_stride_b + t as u64 * p.q_stride_s + h as u64 * p.q_stride_h;
-            let off_pe =
-                b as u64 * p.q_pe_stride_b + t as u64 * p.q_pe_stride_s + h as u64 * p.q_pe_stride_h;
+            let off_pe = b as u64 * p.q_pe_stride_b
+                + t as u64 * p.q_pe_stride_s
+                + h as u64 * p.q_pe_stride_h;
             unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
                 // Dims 2 (lane + 32 i), +1: latent for i < 8, the rope part's 2 lane for i = 8.
                 let (base, e) = if i < 8 {

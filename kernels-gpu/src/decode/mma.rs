@@ -178,7 +178,10 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
 
     // Causal visibility of this thread's two rows (g and g + 8 of its row group).
     let row_a = row0 + rg * 16 + g;
-    let vis_r = [visible(&p, len, glen, row_a), visible(&p, len, glen, row_a + 8)];
+    let vis_r = [
+        visible(&p, len, glen, row_a),
+        visible(&p, len, glen, row_a + 8),
+    ];
     let scale_log2 = p.softmax_scale * LOG2E;
 
     // Ring: half-blocks h = 0 .. 2 (kb1 - kb0) of the chunk, tokens kb0 * 64 + 32 h ..;

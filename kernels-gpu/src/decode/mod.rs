@@ -282,7 +282,8 @@ pub(crate) unsafe fn load_q_tile<K: DecodeKind, L: Layout>(
                 Some((base, off, kc)) => {
                     // SAFETY: row off + 8 kc .. +8 lies in the validated q (or q_pe) row;
                     // 8-byte aligned.
-                    let raw = unsafe { *(base.add((off + 8 * kc as u64) as usize) as *const [u32; 2]) };
+                    let raw =
+                        unsafe { *(base.add((off + 8 * kc as u64) as usize) as *const [u32; 2]) };
                     fp8x8_to_half::<K::Mma>(raw)
                 }
                 None => [0; 4],
@@ -292,7 +293,10 @@ pub(crate) unsafe fn load_q_tile<K: DecodeKind, L: Layout>(
         } else {
             let (src, n) = match row_off {
                 // SAFETY: 16-byte chunk kc of a validated, 16-byte aligned q (or q_pe) row.
-                Some((base, off, kc)) => (unsafe { base.add(((off * 2) + 16 * kc as u64) as usize) }, 16),
+                Some((base, off, kc)) => (
+                    unsafe { base.add(((off * 2) + 16 * kc as u64) as usize) },
+                    16,
+                ),
                 None => (p.q.ptr() as *const u8, 0),
             };
             // SAFETY: dst inside the Q tile; src valid when n == 16, unread when n == 0.
@@ -503,7 +507,10 @@ pub(crate) fn cta_work(p: &DecodeParams, split: u32, b: u32) -> Option<CtaWork> 
     let (glen, blocks) = if p.shard.is_on() {
         // A rank with none of a live sequence's keys still runs one (empty) block, so
         // that its rows are written: zeros with LSE -inf, which the rank merge skips.
-        (mla_abi::clamp_len(glen_raw, u32::MAX), len.div_ceil(BLOCK_N).max(1))
+        (
+            mla_abi::clamp_len(glen_raw, u32::MAX),
+            len.div_ceil(BLOCK_N).max(1),
+        )
     } else {
         (len, len.div_ceil(BLOCK_N))
     };
