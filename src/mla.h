@@ -165,6 +165,26 @@ int mla_plan_set_checked(const MlaRuntime *rt, MlaPlan *plan, int checked);
  * interleave 0. Not while the plan's work is in flight. */
 int mla_plan_set_shard(const MlaRuntime *rt, MlaPlan *plan, uint32_t rank, uint32_t ranks,
                        uint32_t interleave);
+/* Context parallelism over NCCL (loaded at run time: libnccl.so on the loader's path;
+ * MLA_ERR_UNSUPPORTED without it). One group end per rank: */
+typedef struct MlaCp MlaCp;
+/* A new group identity (128 bytes), made once and handed to every rank. */
+int mla_cp_unique_id(uint8_t id[128]);
+/* Join group `id` as rank `rank` of `ranks` for combines of up to max_rows query rows
+ * (batch * s_q * heads) of `dtype` (MLA_BF16 / MLA_FP16) outputs; waits for every rank at
+ * most timeout_ms and checks that all passed the same ranks, max_rows and dtype. */
+int mla_cp_create(const MlaRuntime *rt, uint32_t rank, uint32_t ranks, const uint8_t id[128],
+                  uint32_t max_rows, uint32_t dtype, uint32_t timeout_ms, MlaCp **out);
+/* One step on this rank: the plan (mla_plan_set_shard to this rank of the group) decodes
+ * args into args->out / args->lse, then every rank's are all-gathered and merged into
+ * out ([batch, s_q, heads, 512], the plan's out dtype) and lse ([batch, s_q, heads] f32).
+ * A plan sharded for another group is MLA_ERR_INVALID before any launch. Capturable. */
+int mla_cp_decode(const MlaRuntime *rt, MlaCp *cp, const MlaPlan *plan,
+                  const MlaDecodeArgs *args, uint64_t out, uint64_t lse, void *stream);
+/* Waits for stream at most the group's timeout; an NCCL error or a lost peer aborts the
+ * group (MLA_ERR_CUDA) instead of hanging. */
+int mla_cp_wait(MlaCp *cp, void *stream);
+void mla_cp_destroy(MlaCp *cp);
 /* Checked plans only: waits for `stream`, then writes the first fault (kind
  * MLA_FAULT_NONE: none). Not during graph capture. */
 int mla_plan_fault(const MlaRuntime *rt, const MlaPlan *plan, void *stream, MlaFault *out);

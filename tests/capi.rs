@@ -572,3 +572,52 @@ mod gpu {
         assert!(failures.is_empty(), "{failures:#?}");
     }
 }
+
+#[test]
+fn context_parallel_handles_are_checked() {
+    // SAFETY: null handles and arguments are what is being checked; no pointer is read.
+    unsafe {
+        assert_eq!(mla_cp_unique_id(std::ptr::null_mut()), MLA_ERR_INVALID);
+        assert!(last_error().contains("id"), "{}", last_error());
+        let mut id = [0u8; 128];
+        let s = mla_cp_unique_id(id.as_mut_ptr());
+        // Without NCCL on the loader's path the transport is unsupported, and says why.
+        assert!(
+            s == MLA_OK || s == MLA_ERR_UNSUPPORTED,
+            "{s}: {}",
+            last_error()
+        );
+        if s == MLA_ERR_UNSUPPORTED {
+            assert!(last_error().contains("NCCL"), "{}", last_error());
+        }
+        let mut cp: *mut MlaCp = std::ptr::null_mut();
+        let s = mla_cp_create(
+            std::ptr::null(),
+            0,
+            1,
+            id.as_ptr(),
+            16,
+            MLA_BF16,
+            1000,
+            &mut cp,
+        );
+        assert_eq!(s, MLA_ERR_INVALID);
+        assert!(last_error().contains("rt"), "{}", last_error());
+        assert_eq!(
+            mla_cp_wait(std::ptr::null_mut(), std::ptr::null_mut()),
+            MLA_ERR_INVALID
+        );
+        assert!(last_error().contains("cp"), "{}", last_error());
+        let s = mla_cp_decode(
+            std::ptr::null(),
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+            0,
+            0,
+            std::ptr::null_mut(),
+        );
+        assert_eq!(s, MLA_ERR_INVALID);
+        mla_cp_destroy(std::ptr::null_mut());
+    }
+}

@@ -337,6 +337,87 @@ fn one_rank_group_over_nccl() {
         "{e}"
     );
 
+    // The same step through the C ABI (a group of one of its own): the same rows.
+    drop(cp);
+    stream
+        .memcpy_htod(&vec![0xffffu16; rows * D_V], &mut out)
+        .expect("poison");
+    // SAFETY: valid handles, pointers and buffers; the stream is synchronised before reads.
+    unsafe {
+        use mla::capi::*;
+        let mut id = [0u8; 128];
+        assert_eq!(mla_cp_unique_id(id.as_mut_ptr()), MLA_OK);
+        let mut crt = std::ptr::null_mut();
+        assert_eq!(mla_runtime_create(0, &mut crt), MLA_OK);
+        let cfg = MlaPlanConfig {
+            max_batch: 2,
+            heads: 16,
+            s_q: 2,
+            page_size: 64,
+            max_seq_len: (h.max_pages * 64) as u32,
+            q_dtype: MLA_BF16,
+            kv_dtype: MLA_BF16,
+            waves: 0,
+            tile: 0,
+        };
+        let mut cplan = std::ptr::null_mut();
+        assert_eq!(mla_plan_create(crt, &cfg, &mut cplan), MLA_OK);
+        let mut ccp = std::ptr::null_mut();
+        assert_eq!(
+            mla_cp_create(
+                crt,
+                0,
+                1,
+                id.as_ptr(),
+                rows as u32,
+                MLA_BF16,
+                20_000,
+                &mut ccp
+            ),
+            MLA_OK
+        );
+        let args = MlaDecodeArgs {
+            q: req.q.ptr,
+            kv_cache: req.kv_cache.ptr,
+            page_table: req.page_table.ptr,
+            seq_lens: req.seq_lens.ptr,
+            out: req.out.ptr,
+            lse: req.lse.ptr,
+            batch: 2,
+            num_pages: h.num_pages as u32,
+            max_pages: h.max_pages as u32,
+            _pad: 0,
+            page_table_stride: 0,
+            kv_page_stride: 0,
+            softmax_scale: h.scales.softmax_scale,
+            output_scale: h.scales.output_scale,
+            q_scale: 1.0,
+            kv_scale: 1.0,
+        };
+        let st = stream.cu_stream() as *mut std::ffi::c_void;
+        assert_eq!(
+            mla_cp_decode(crt, ccp, cplan, &args, out_v.ptr, lse_v.ptr, st),
+            MLA_OK
+        );
+        assert_eq!(mla_cp_wait(ccp, st), MLA_OK);
+        mla_cp_destroy(ccp);
+        mla_plan_destroy(cplan);
+        mla_runtime_destroy(crt);
+    }
+    let via_c: Vec<u16> = stream.clone_dtoh(&out).expect("out");
+    assert_eq!(via_c, o, "the C ABI's NCCL step differs from the Rust one");
+    let id = ContextParallel::unique_id().expect("unique id");
+    let mut cp = ContextParallel::new(
+        &rt,
+        0,
+        1,
+        &id,
+        rows,
+        ElemType::Bf16,
+        Duration::from_secs(20),
+    )
+    .expect("group of one");
+
     // A plan sharded for two ranks does not fit a group of one: typed, before any launch.
     let mut two = plan_for(&rt, &stream, &h, Shard::OFF);
     two.set_shard(Shard {

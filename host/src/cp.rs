@@ -439,8 +439,18 @@ impl ContextParallel {
     /// group's timeout: an NCCL error, or a peer that does not take part in time, aborts
     /// the communicator and returns [`MlaError::Comm`].
     pub fn wait(&mut self, stream: &cudarc::driver::CudaStream) -> Result<()> {
+        // SAFETY: a cudarc stream is a live stream.
+        unsafe { self.wait_raw(stream.cu_stream()) }
+    }
+
+    /// [`ContextParallel::wait`] on a raw `CUstream`.
+    ///
+    /// # Safety
+    /// `stream` is a live stream (or null, the legacy default stream) of this group's
+    /// device's context.
+    pub unsafe fn wait_raw(&mut self, stream: CUstream) -> Result<()> {
         self.live()?;
-        self.settle("wait", Some(stream.cu_stream()))
+        self.settle("wait", Some(stream))
     }
 
     /// Every rank's (rank count, max_rows, dtype) against this one's, through one small
