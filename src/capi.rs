@@ -807,7 +807,7 @@ pub unsafe extern "C" fn mla_cp_destroy(cp: *mut MlaCp) {
     destroy(cp);
 }
 
-/// `mla_decode_run` (`layer` false) or `mla_decode_run_layer` (true).
+/// `mla_decode_run` (`layer` false) or `mla_decode_run_layer` (true): fused layouts.
 ///
 /// # Safety
 /// As `mla_decode_run`.
@@ -818,25 +818,8 @@ unsafe fn decode_c(
     stream: *mut c_void,
     layer: bool,
 ) -> c_int {
-    guard(|| {
-        // SAFETY: forwarded from the caller.
-        let (rt, plan) = unsafe { handles(rt, plan)? };
-        if args.is_null() {
-            return Err(MlaError::NullArgument { field: "args" });
-        }
-        // SAFETY: checked non-null; the caller guarantees validity.
-        let req = request_of(plan, unsafe { &*args });
-        let stream = stream as cudarc::driver::sys::CUstream;
-        // SAFETY: forwarded from the caller.
-        unsafe {
-            if layer {
-                plan.run_layer_raw(rt, stream, &req)?;
-            } else {
-                plan.run_raw(rt, stream, &req)?;
-            }
-        }
-        Ok(())
-    })
+    // SAFETY: forwarded from the caller; the split args are a local.
+    unsafe { decode_split_c(rt, plan, args, &MlaSplitArgs::default(), stream, layer) }
 }
 
 /// Per-step scheduling (`DecodePlan::schedule_step`): the split counts of a batch of

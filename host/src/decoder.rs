@@ -504,7 +504,7 @@ impl DecodePlan {
         req: &DecodeRequest,
     ) -> Result<DecodeShape> {
         // SAFETY: forwarded from the caller.
-        unsafe { self.run_with(rt, stream, req, &SplitParts::default(), false) }
+        unsafe { self.run_split_raw(rt, stream, req, &SplitParts::default(), false) }
     }
 
     /// Per-step scheduling, for the layers of one decode step: the split counts of a batch
@@ -598,7 +598,7 @@ impl DecodePlan {
         req: &DecodeRequest,
     ) -> Result<DecodeShape> {
         // SAFETY: forwarded from the caller.
-        unsafe { self.run_with(rt, stream, req, &SplitParts::default(), true) }
+        unsafe { self.run_split_raw(rt, stream, req, &SplitParts::default(), true) }
     }
 
     /// [`DecodePlan::run`] on split layouts ([`SplitParts`]): the cache's rope part in its
@@ -630,23 +630,8 @@ impl DecodePlan {
         parts: &SplitParts,
         scheduled: bool,
     ) -> Result<DecodeShape> {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.run_with(rt, stream, req, parts, scheduled) }
-    }
-
-    /// A run: validation, then (unless `scheduled`: the counts of `schedule_step` are in
-    /// the workspace) the schedule or its fold, the decode and the combine.
-    ///
-    /// # Safety
-    /// As [`DecodePlan::run_raw`].
-    unsafe fn run_with(
-        &self,
-        rt: &Runtime,
-        stream: CUstream,
-        req: &DecodeRequest,
-        parts: &SplitParts,
-        scheduled: bool,
-    ) -> Result<DecodeShape> {
+        // Every run: validation, then (unless `scheduled`: the counts of `schedule_step`
+        // are in the workspace) the schedule or its fold, the decode and the combine.
         let shape = self.check_run(rt, req, parts)?;
         if self.kernels.reference {
             // SAFETY: forwarded from the caller.
