@@ -9,6 +9,9 @@
 pub use mla_abi as abi;
 pub use mla_host::*;
 
+#[cfg(feature = "candle")]
+pub mod candle;
+
 /// The kernel images built into this library.
 pub mod images {
     include!(concat!(env!("OUT_DIR"), "/kernel_images.rs"));

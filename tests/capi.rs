@@ -573,6 +573,7 @@ mod gpu {
     }
 }
 
+#[cfg(feature = "nccl")]
 #[test]
 fn context_parallel_handles_are_checked() {
     // SAFETY: null handles and arguments are what is being checked; no pointer is read.

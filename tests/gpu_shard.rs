@@ -12,7 +12,6 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
@@ -20,8 +19,8 @@ use mla::abi::{D_V, ElemType};
 use mla::harness::{CaseSpec, DeviceCase, HostCase, LSE_ATOL, OUT_ATOL};
 use mla::rng::SplitMix64;
 use mla::{
-    ContextParallel, DecodeConfig, DecodeDtypes, DecodePlan, MergeRequest, MlaError, Runtime,
-    Shard, TensorView, numeric, oracle,
+    DecodeConfig, DecodeDtypes, DecodePlan, MergeRequest, MlaError, Runtime, Shard, TensorView,
+    numeric, oracle,
 };
 
 fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
@@ -241,6 +240,7 @@ fn sharded_decode_merges_to_the_whole() {
     );
 }
 
+#[cfg(feature = "nccl")]
 #[test]
 fn one_rank_group_over_nccl() {
     let Some((rt, stream)) = common::gpu("one_rank_group_over_nccl") else {
@@ -248,6 +248,8 @@ fn one_rank_group_over_nccl() {
     };
     let seed = common::seed("one_rank_group_over_nccl");
     let mut rng = SplitMix64::new(seed);
+    use mla::ContextParallel;
+    use std::time::Duration;
     let id = match ContextParallel::unique_id() {
         Ok(id) => id,
         Err(e @ MlaError::Unsupported { .. }) => {

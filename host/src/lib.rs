@@ -12,6 +12,7 @@
 
 pub mod autotune;
 pub mod choice;
+#[cfg(feature = "nccl")]
 pub mod cp;
 pub mod decoder;
 pub mod error;
@@ -28,6 +29,7 @@ pub mod tensor;
 pub mod tmap;
 pub mod validate;
 
+#[cfg(feature = "nccl")]
 pub use cp::{ContextParallel, NcclId};
 pub use decoder::{DecodeConfig, DecodeFault, DecodePlan, PlanInfo};
 pub use error::{MlaError, Result};

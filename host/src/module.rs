@@ -139,10 +139,15 @@ pub struct KernelResources {
     pub max_threads: i32,
 }
 
-/// True when the CUDA driver library can be loaded on this machine.
+/// True when the CUDA driver library can be loaded on this machine (always, when it is
+/// linked at build time: feature `linked`).
 pub fn driver_available() -> bool {
+    #[cfg(not(feature = "linked"))]
     // SAFETY: only probes for the library file; no driver call is made.
-    unsafe { cudarc::driver::sys::is_culib_present() }
+    let present = unsafe { cudarc::driver::sys::is_culib_present() };
+    #[cfg(feature = "linked")]
+    let present = true;
+    present
 }
 
 fn require_driver() -> Result<()> {
