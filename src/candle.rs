@@ -48,7 +48,11 @@ pub fn view<const R: usize>(t: &Tensor, field: &'static str) -> Result<TensorVie
     };
     let dims = layout.dims();
     if dims.len() != R {
-        return Err(MlaError::shape(field, format!("a rank-{R} tensor"), dims.len()));
+        return Err(MlaError::shape(
+            field,
+            format!("a rank-{R} tensor"),
+            dims.len(),
+        ));
     }
     let stream = cs.device.cuda_stream();
     let (addr, dtype) = match &cs.slice {
@@ -97,11 +101,14 @@ pub fn decode(
         kpe_cache: t.kpe_cache.map(|k| view(k, "kpe_cache")).transpose()?,
         q_pe: t.q_pe.map(|q| view(q, "q_pe")).transpose()?,
     };
-    let dev = t.q.device().as_cuda_device().map_err(|e| MlaError::Unsupported {
-        what: "q",
-        got: "a candle tensor".into(),
-        why: e.to_string(),
-    })?;
+    let dev =
+        t.q.device()
+            .as_cuda_device()
+            .map_err(|e| MlaError::Unsupported {
+                what: "q",
+                got: "a candle tensor".into(),
+                why: e.to_string(),
+            })?;
     let stream = dev.cuda_stream();
     // SAFETY: candle's stream lives in the device's primary context, the runtime's; the
     // caller holds the tensors while the stream runs the launch.
