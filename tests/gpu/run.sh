@@ -20,6 +20,13 @@ export MLA_SEED=${MLA_SEED:-$(date +%s%N | cut -c1-18)}
 # The peers' bench stops starting shapes 540 s after this (its --deadline-s auto rule).
 export PEERS_T0=${PEERS_T0:-$(date +%s)}
 [[ -f stage/bin.tgz ]] && tar xzf stage/bin.tgz -C stage && rm stage/bin.tgz
+# The candle feature's test and example (tests/gpu/stage_candle.sh), linked against the
+# CUDA libraries by soname: the driver's and torch's CUDA wheels' on the loader's path.
+if [[ -f stage/candle.tgz ]]; then
+  tar xzf stage/candle.tgz -C stage && rm stage/candle.tgz
+  cuda_libs=$(python3 -c 'import nvidia, os, glob; print(":".join(d for p in nvidia.__path__ for d in glob.glob(os.path.join(p, "*", "lib"))))' 2>/dev/null)
+  export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$cuda_libs"
+fi
 echo "commit $(cat stage/COMMIT)  seed $MLA_SEED"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 summary=()
@@ -50,6 +57,7 @@ plan=(
   "merge      test-gpu_merge      90"
   "shard      test-gpu_shard      300"
   "split      test-gpu_split      240"
+  "candle     test-gpu_candle     120"
   "capi       test-capi           30"
   "serving    test-gpu_serving    240"
   "interleave test-gpu_interleave  300"
@@ -73,6 +81,11 @@ if [[ -n "${MLA_ONLY:-}" ]]; then
 fi
 for entry in "${plan[@]}"; do
   read -r name bin tmo filter <<<"$entry"
+  # The candle binaries are staged only by tests/gpu/stage_candle.sh.
+  if [[ ! -x "stage/bin/$bin" && "$name" == candle ]]; then
+    summary+=("$(printf '%-11s skipped (not staged: tests/gpu/stage_candle.sh)' "$name")")
+    continue
+  fi
   [[ -n "${MLA_TIMEOUT_MAX:-}" && "$tmo" -gt "$MLA_TIMEOUT_MAX" ]] && tmo=$MLA_TIMEOUT_MAX
   start=$(date +%s)
   timeout "$tmo" "stage/bin/$bin" --test-threads=1 --nocapture $filter >"$logs/$name.log" 2>&1
