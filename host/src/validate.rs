@@ -243,51 +243,13 @@ pub fn validate_decode_parts(
 
     decode_scales(&req.scales, dtypes)?;
     let capacity = paged.capacity().min(I32_LIMIT);
-    match req.host.seq_lens {
-        Some(global) if shard.is_on() => {
-            // Global lengths as unsharded ones (s_q ..= i32::MAX), then each rank's share
-            // against this cache's page table.
-            let whole = Paged {
-                max_pages: I32_LIMIT,
-                page_size: 1,
-                ..paged
-            };
-            host_mirror(
-                &HostMirror {
-                    seq_lens: Some(global),
-                    page_table: None,
-                },
-                &whole,
-                s_q..=I32_LIMIT,
-            )?;
-            let local: Vec<i32> = global.iter().map(|&l| shard.local_len(l)).collect();
-            if let Some((b, &l)) = local
-                .iter()
-                .enumerate()
-                .find(|&(_, &l)| l as usize > capacity)
-            {
-                return Err(MlaError::OutOfRange {
-                    field: SEQ_LENS.tensor,
-                    index: b,
-                    expected: format!(
-                        "a global length whose share on rank {} of {} (interleave {}), \
-                         here {l} tokens, fits the page table: <= {capacity}",
-                        shard.rank, shard.ranks, shard.interleave
-                    ),
-                    got: i64::from(global[b]),
-                });
-            }
-            host_mirror(
-                &HostMirror {
-                    seq_lens: Some(&local),
-                    page_table: req.host.page_table,
-                },
-                &paged,
-                0..=capacity,
-            )?;
-        }
-        _ => host_mirror(&req.host, &paged, s_q..=capacity)?,
-    }
+    // Sharded, lengths are global (s_q ..= i32::MAX); each rank's share must fit its table.
+    let lens = if shard.is_on() {
+        s_q..=I32_LIMIT
+    } else {
+        s_q..=capacity
+    };
+    host_mirror(&req.host, &paged, lens, shard)?;
 
     Ok(DecodeShape {
         batch,
@@ -350,7 +312,12 @@ pub fn validate_append_split(
 
     positive("kv_scale", req.kv_scale)?;
     unit_unless_fp8("kv_scale", req.kv_scale, KV.tensor, cache)?;
-    host_mirror(&req.host, &paged, s_q..=paged.capacity().min(I32_LIMIT))?;
+    host_mirror(
+        &req.host,
+        &paged,
+        s_q..=paged.capacity().min(I32_LIMIT),
+        &Shard::OFF,
+    )?;
     append_slots_distinct(&req.host, &paged, s_q)?;
 
     Ok(PagedShape {
@@ -421,7 +388,7 @@ pub fn validate_gather_split(
     positive("kv_scale", req.kv_scale)?;
     unit_unless_fp8("kv_scale", req.kv_scale, KV.tensor, cache)?;
     let longest = max_len.min(paged.capacity()).min(I32_LIMIT);
-    host_mirror(&req.host, &paged, 0..=longest)?;
+    host_mirror(&req.host, &paged, 0..=longest, &Shard::OFF)?;
 
     Ok(PagedShape {
         batch,
@@ -838,8 +805,15 @@ fn decode_scales(scales: &Scales, dtypes: DecodeDtypes) -> Result<()> {
 
 /// Lengths in `lens`; each known sequence's used page ids (entries `0..ceil(L / page_size)`
 /// of its row) name a page of the cache. Entries past them are never read and may hold
-/// anything. Without host lengths every entry of the table counts as used.
-fn host_mirror(host: &HostMirror, paged: &Paged, lens: RangeInclusive<usize>) -> Result<()> {
+/// anything. Without host lengths every entry of the table counts as used. With a shard on,
+/// the lengths are global and `L` is this rank's share of each ([`Shard::local_len`]),
+/// which must fit the page table.
+fn host_mirror(
+    host: &HostMirror,
+    paged: &Paged,
+    lens: RangeInclusive<usize>,
+    shard: &Shard,
+) -> Result<()> {
     if let Some(seq_lens) = host.seq_lens {
         if seq_lens.len() != paged.batch {
             return Err(MlaError::shape(
@@ -854,6 +828,22 @@ fn host_mirror(host: &HostMirror, paged: &Paged, lens: RangeInclusive<usize>) ->
                     field: SEQ_LENS.tensor,
                     index: b,
                     expected: format!("a length in {}..={}", lens.start(), lens.end()),
+                    got: i64::from(len),
+                });
+            }
+        }
+        let capacity = paged.capacity().min(I32_LIMIT);
+        for (b, &len) in seq_lens.iter().enumerate().filter(|_| shard.is_on()) {
+            let l = shard.local_len(len);
+            if l as usize > capacity {
+                return Err(MlaError::OutOfRange {
+                    field: SEQ_LENS.tensor,
+                    index: b,
+                    expected: format!(
+                        "a global length whose share on rank {} of {} (interleave {}), \
+                         here {l} tokens, fits the page table: <= {capacity}",
+                        shard.rank, shard.ranks, shard.interleave
+                    ),
                     got: i64::from(len),
                 });
             }
@@ -887,7 +877,7 @@ fn host_mirror(host: &HostMirror, paged: &Paged, lens: RangeInclusive<usize>) ->
             for b in 0..paged.batch {
                 // Lengths were checked above: non-negative and within the table's capacity.
                 let used = host.seq_lens.map_or(paged.max_pages, |lens| {
-                    (lens[b] as usize).div_ceil(paged.page_size)
+                    (shard.local_len(lens[b]) as usize).div_ceil(paged.page_size)
                 });
                 let start = b * paged.row_stride;
                 page_ids(table, start.max(next)..start + used, paged.num_pages)?;
