@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaSlice, CudaStream};
 use mla::abi::{D_QK, D_V, ElemType};
 use mla::oracle::{self, OracleInput};
 use mla::rng::SplitMix64;
@@ -24,9 +24,7 @@ const STEPS: usize = 320;
 const MAX_PAGES: usize = STEPS.div_ceil(PAGE);
 const NUM_PAGES: usize = B * MAX_PAGES;
 
-fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
-    s.device_ptr(stream).0
-}
+use mla::harness::device_addr as ptr;
 
 fn main() -> Result<(), MlaError> {
     let Some(rt) = mla::load_or_skip(0)? else {

@@ -404,7 +404,8 @@ pub struct DeviceCase {
     pub kv_strides: [usize; 3],
 }
 
-fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
+/// The device address of `s` (for the tensor views the tests and examples build).
+pub fn device_addr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
     let (p, _sync) = s.device_ptr(stream);
     p
 }
@@ -471,28 +472,32 @@ impl DeviceCase {
         let b = s.lens.len();
         DecodeRequest {
             q: TensorView::contiguous(
-                ptr(&self.q, stream),
+                device_addr(&self.q, stream),
                 s.dtypes.q(),
                 [b, s.s_q, s.heads, D_QK],
             ),
             kv_cache: TensorView {
-                ptr: ptr(&self.kv, stream),
+                ptr: device_addr(&self.kv, stream),
                 dtype: s.dtypes.kv(),
                 shape: [h.num_pages, s.page_size, D_QK],
                 strides: self.kv_strides,
             },
             page_table: TensorView::contiguous(
-                ptr(&self.table, stream),
+                device_addr(&self.table, stream),
                 INDEX_TYPE,
                 [b, h.max_pages],
             ),
-            seq_lens: TensorView::contiguous(ptr(&self.lens, stream), INDEX_TYPE, [b]),
+            seq_lens: TensorView::contiguous(device_addr(&self.lens, stream), INDEX_TYPE, [b]),
             out: TensorView::contiguous(
-                ptr(&self.out, stream),
+                device_addr(&self.out, stream),
                 s.dtypes.out(),
                 [b, s.s_q, s.heads, D_V],
             ),
-            lse: TensorView::contiguous(ptr(&self.lse, stream), ElemType::F32, [b, s.s_q, s.heads]),
+            lse: TensorView::contiguous(
+                device_addr(&self.lse, stream),
+                ElemType::F32,
+                [b, s.s_q, s.heads],
+            ),
             scales: h.scales,
             host: HostMirror {
                 seq_lens: Some(&h.seq_lens),

@@ -13,10 +13,7 @@ use mla::{AppendRequest, DecodeDtypes, GatherRequest, HostMirror, TensorView};
 
 const INDEX: ElemType = ElemType::I32;
 
-fn ptr<T>(s: &cudarc::driver::CudaSlice<T>, stream: &cudarc::driver::CudaStream) -> u64 {
-    use cudarc::driver::DevicePtr;
-    s.device_ptr(stream).0
-}
+use mla::harness::device_addr as ptr;
 
 #[test]
 fn append_then_gather_round_trip() {

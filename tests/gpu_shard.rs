@@ -13,20 +13,16 @@ mod common;
 
 use std::sync::Arc;
 
+use cudarc::driver::CudaStream;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use mla::abi::{D_V, ElemType};
+use mla::harness::device_addr as ptr;
 use mla::harness::{CaseSpec, DeviceCase, HostCase, LSE_ATOL, OUT_ATOL};
 use mla::rng::SplitMix64;
 use mla::{
     DecodeConfig, DecodeDtypes, DecodePlan, MergeRequest, MlaError, Runtime, Shard, TensorView,
     numeric, oracle,
 };
-
-fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
-    let (p, _g) = s.device_ptr(stream);
-    p
-}
 
 fn plan_for(rt: &Runtime, stream: &Arc<CudaStream>, h: &HostCase, shard: Shard) -> DecodePlan {
     let s = &h.spec;

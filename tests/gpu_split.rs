@@ -9,10 +9,11 @@ mod common;
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaSlice, CudaStream};
 use mla::abi::{D_QK, D_V, ElemType};
 use mla::capi::{MlaDecodeArgs, MlaSplitArgs};
 use mla::gate::Backend;
+use mla::harness::device_addr as ptr;
 use mla::harness::{self, CaseSpec, DeviceCase, HostCase};
 use mla::rng::SplitMix64;
 use mla::tactic::{Tactic, Tile};
@@ -22,11 +23,6 @@ use mla::{
 };
 
 const ROPE: usize = D_QK - D_V;
-
-fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
-    let (p, _g) = s.device_ptr(stream);
-    p
-}
 
 /// The NaN byte pattern of `t`.
 fn nan_of(t: ElemType) -> Vec<u8> {
