@@ -721,7 +721,7 @@ impl DecodePlan {
         parts: &SplitParts,
         shape: DecodeShape,
     ) -> Result<DecodeShape> {
-        let p = crate::launch::decode_params_parts(req, parts, &shape, &self.ws);
+        let p = crate::launch::decode_params(req, parts, &shape, &self.ws);
         let kernel = self.kernels.decode;
         let grid = LaunchShape {
             grid: (shape.rows() as u32, shape.batch as u32, 1),

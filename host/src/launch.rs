@@ -363,9 +363,10 @@ pub(crate) unsafe fn launch_args(
     launched.map_err(|source| MlaError::Launch { kernel, source })
 }
 
-/// The decode kernels' params for a validated request.
+/// The decode kernels' params for a validated request and its split layouts' rope parts.
 pub(crate) fn decode_params(
     req: &DecodeRequest,
+    parts: &SplitParts,
     shape: &DecodeShape,
     ws: &DecodeWorkspace,
 ) -> DecodeParams {
@@ -377,6 +378,8 @@ pub(crate) fn decode_params(
         (s.softmax_scale, 1.0)
     };
     let w = ws.ptrs();
+    let (kpe, kpe_strides) = rope_part(&req.kv_cache, parts.kpe_cache.as_ref());
+    let (q_pe, q_pe_strides) = rope_part(&req.q, parts.q_pe.as_ref());
     DecodeParams {
         q: dev(req.q.ptr),
         kv_cache: dev(req.kv_cache.ptr),
@@ -410,41 +413,29 @@ pub(crate) fn decode_params(
         fault: dev(if ws.checked { w.fault } else { 0 }),
         fold: mla_abi::SchedFold::default(),
         shard: ws.shard,
-        kpe: dev(rope_ptr(&req.kv_cache)),
-        kpe_stride_page: req.kv_cache.strides[0] as u64,
-        kpe_stride_token: req.kv_cache.strides[1] as u64,
-        q_pe: dev(rope_ptr(&req.q)),
-        q_pe_stride_b: req.q.strides[0] as u64,
-        q_pe_stride_s: req.q.strides[1] as u64,
-        q_pe_stride_h: req.q.strides[2] as u64,
+        kpe: dev(kpe),
+        kpe_stride_page: kpe_strides[0] as u64,
+        kpe_stride_token: kpe_strides[1] as u64,
+        q_pe: dev(q_pe),
+        q_pe_stride_b: q_pe_strides[0] as u64,
+        q_pe_stride_s: q_pe_strides[1] as u64,
+        q_pe_stride_h: q_pe_strides[2] as u64,
     }
 }
 
-/// [`decode_params`] with the split layouts' rope parts.
-pub(crate) fn decode_params_parts(
-    req: &DecodeRequest,
-    parts: &SplitParts,
-    shape: &DecodeShape,
-    ws: &DecodeWorkspace,
-) -> DecodeParams {
-    let mut p = decode_params(req, shape, ws);
-    if let Some(k) = &parts.kpe_cache {
-        p.kpe = dev(k.ptr);
-        p.kpe_stride_page = k.strides[0] as u64;
-        p.kpe_stride_token = k.strides[1] as u64;
+/// Where a row tensor's rope part (dims `D_V..`) starts and its strides: the split tensor,
+/// or the fused one `D_V` elements on.
+fn rope_part<const R: usize>(
+    fused: &TensorView<R>,
+    split: Option<&TensorView<R>>,
+) -> (u64, [usize; R]) {
+    match split {
+        Some(v) => (v.ptr, v.strides),
+        None => (
+            fused.ptr + (mla_abi::D_V * fused.dtype.size()) as u64,
+            fused.strides,
+        ),
     }
-    if let Some(q) = &parts.q_pe {
-        p.q_pe = dev(q.ptr);
-        p.q_pe_stride_b = q.strides[0] as u64;
-        p.q_pe_stride_s = q.strides[1] as u64;
-        p.q_pe_stride_h = q.strides[2] as u64;
-    }
-    p
-}
-
-/// The address of dim `D_V` of element 0 of a fused row tensor (its rope part).
-pub(crate) fn rope_ptr<const R: usize>(v: &TensorView<R>) -> u64 {
-    v.ptr + (mla_abi::D_V * v.dtype.size()) as u64
 }
 
 /// The workspace must hold the request's batch and rows; the batch must fit the grid.
@@ -563,7 +554,7 @@ impl Runtime {
         stream: CUstream,
     ) -> Result<()> {
         let rows = shape.rows();
-        let mut p = decode_params_parts(req, parts, shape, ws);
+        let mut p = decode_params(req, parts, shape, ws);
         p.fold = fold;
         let kernel = kernels.decode_for_parts(req, parts, shape);
         // Split-major (the kernels read tile, sequence, split from x, y, z): the graph-safe
@@ -778,6 +769,7 @@ impl Runtime {
             ElemType::Fp16 => names::APPEND_FP16,
             _ => names::APPEND_FP8_FROM_BF16,
         };
+        let rope = rope_part(&req.kv_cache, kpe);
         let p = AppendParams {
             new_kv: dev(req.new_kv.ptr),
             kv_cache: dev(req.kv_cache.ptr),
@@ -795,9 +787,9 @@ impl Runtime {
             num_pages: shape.num_pages.min(u32::MAX as usize) as u32,
             inv_kv_scale: 1.0 / req.kv_scale,
             max_pages: shape.max_pages as u32,
-            kpe: dev(kpe.map_or(rope_ptr(&req.kv_cache), |k| k.ptr)),
-            kpe_stride_page: kpe.unwrap_or(&req.kv_cache).strides[0] as u64,
-            kpe_stride_token: kpe.unwrap_or(&req.kv_cache).strides[1] as u64,
+            kpe: dev(rope.0),
+            kpe_stride_page: rope.1[0] as u64,
+            kpe_stride_token: rope.1[1] as u64,
         };
         // SAFETY: validated request.
         unsafe { launch(self, kernel, grid, stream.cu_stream(), &p) }
@@ -833,6 +825,7 @@ impl Runtime {
             (_, ElemType::Fp8E4m3) => names::GATHER_FP8,
             _ => names::GATHER_FP8_TO_BF16,
         };
+        let rope = rope_part(&req.kv_cache, kpe);
         let p = GatherParams {
             kv_cache: dev(req.kv_cache.ptr),
             page_table: dev(req.page_table.ptr),
@@ -849,9 +842,9 @@ impl Runtime {
             out_rows: shape.rows as u32,
             kv_scale: req.kv_scale,
             max_pages: shape.max_pages as u32,
-            kpe: dev(kpe.map_or(rope_ptr(&req.kv_cache), |k| k.ptr)),
-            kpe_stride_page: kpe.unwrap_or(&req.kv_cache).strides[0] as u64,
-            kpe_stride_token: kpe.unwrap_or(&req.kv_cache).strides[1] as u64,
+            kpe: dev(rope.0),
+            kpe_stride_page: rope.1[0] as u64,
+            kpe_stride_token: rope.1[1] as u64,
         };
         // SAFETY: validated request.
         unsafe { launch(self, kernel, grid, stream.cu_stream(), &p) }
