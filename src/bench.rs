@@ -131,14 +131,6 @@ impl BenchCase {
         let (kv_bytes, kv_scale) = pooled(rng, s.dtypes.kv(), num_pages * s.page * D_QK);
         let (q_bytes, q_scale) = pooled(rng, s.dtypes.q(), s.batch * s.s_q * s.heads * D_QK);
         let rows = s.s_q * s.heads;
-        let mut ws = DecodeWorkspace::new(
-            stream,
-            WorkspaceCapacity {
-                batch: s.batch,
-                rows,
-                max_splits: MAX_SPLITS as usize,
-            },
-        )?;
         // MLA_BENCH_MAX_SPLITS=N: cap the split count (to measure the split rule).
         let max_splits = std::env::var("MLA_BENCH_MAX_SPLITS")
             .ok()
@@ -152,6 +144,14 @@ impl BenchCase {
             ..Tactic::default()
         };
         let splits = tactic.split_counts(&lens, rows, rt.device().sm_count as usize);
+        let mut ws = DecodeWorkspace::new(
+            stream,
+            WorkspaceCapacity {
+                batch: s.batch,
+                rows,
+                max_splits: splits.iter().copied().max().unwrap_or(1).max(1) as usize,
+            },
+        )?;
         ws.set_splits(stream, &splits)?;
         let mut scales = Scales::default_for_mla();
         if s.dtypes.kv() == ElemType::Fp8E4m3 {

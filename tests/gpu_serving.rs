@@ -103,6 +103,72 @@ fn schedule_kernel_matches_cpu_twin_and_plan_matches_oracle() {
     assert!(failures.is_empty());
 }
 
+/// Long sequences take more splits than the short caps (64, or 32 from two row tiles on),
+/// up to `MAX_SPLITS`, so that one long sequence fills the GPU: the fold (B <= 8) and the
+/// schedule kernel (B > 8) against the CPU twin, the twin's count above the short cap,
+/// and the plan's output against the oracle; every dtype, Tactic::default_on.
+#[test]
+fn long_sequences_take_more_splits() {
+    let test = "long_splits";
+    let seed = common::seed(test);
+    let Some((rt, stream)) = common::gpu(test) else {
+        return;
+    };
+    let mut rng = SplitMix64::new(seed);
+    let mut failures = Vec::new();
+    // (heads, lens): one sequence alone (the fold), and one long among nine short (the
+    // schedule kernel: B > SCHED_FOLD_MAX_BATCH).
+    let cases: [(usize, Vec<usize>); 4] = [
+        (128, vec![rng.range(30_000, 40_000)]),
+        (16, vec![rng.range(40_000, 60_000)]),
+        (128, {
+            let mut l: Vec<usize> = (0..9).map(|_| rng.range(1, 300)).collect();
+            l.push(rng.range(40_000, 50_000));
+            l
+        }),
+        (16, vec![rng.range(36_000, 40_000)]),
+    ];
+    for (i, (heads, lens)) in cases.into_iter().enumerate() {
+        let d = DecodeDtypes::ALL[i % DecodeDtypes::ALL.len()];
+        let b = lens.len();
+        let longest = lens.iter().copied().max().unwrap_or(1);
+        let h = HostCase::random(&CaseSpec::new(d, 64, heads, 1, lens), &mut rng);
+        let refs = h.references();
+        let backend = rt.backend();
+        let tactic = Tactic::default_on(heads, backend, d);
+        let plan = rt.plan_decode(&stream, config(&h, b), tactic).unwrap();
+        let mut dc = DeviceCase::upload(&stream, &h).unwrap();
+        let (got, splits) = run_plan(&rt, &stream, &plan, &h, &mut dc);
+        let mut cfg = plan.schedule();
+        cfg.max_len = h.max_pages * h.spec.page_size;
+        let twin = mla::plan::schedule(&h.seq_lens, &cfg);
+        let short = if cfg.tiles >= 2 { 32 } else { 64 };
+        let long_splits = *twin.iter().max().unwrap_or(&0);
+        let what = format!("{} H={heads} B={b} L<={longest} tactic {tactic}", d.name());
+        if splits != twin {
+            failures.push(format!("{what}: schedule {splits:?} != CPU twin {twin:?}"));
+        }
+        if long_splits <= short {
+            failures.push(format!(
+                "{what}: the long sequence got {long_splits} splits, not above the short cap {short}"
+            ));
+        }
+        let c = harness::check(&got, &refs);
+        eprintln!(
+            "[{test}] {what}: {long_splits} splits; {} | {}",
+            c.out, c.lse
+        );
+        if !c.ok() {
+            failures.push(format!("{what}: {} | {}", c.out, c.lse));
+        }
+    }
+    eprintln!("[{test}] {} failures (seed {seed})", failures.len());
+    for f in &failures {
+        eprintln!("  FAIL {f}");
+    }
+    assert!(failures.is_empty());
+}
+
 /// A padding slot (device length 0, as a batch bucket larger than the live batch has) is
 /// skipped: the schedule gives it 0 splits and its output rows stay untouched, while the
 /// other sequences are exact.

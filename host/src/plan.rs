@@ -50,8 +50,8 @@ pub const SPLIT_HEADROOM: usize = 4;
 /// CTA still holds a whole SM (the decode's shared memory) while it starts and reads the
 /// split count. Sized by the worst case (`target_ctas / tiles`, up to 64) a 128-sequence
 /// plan launched 8064 empty CTAs, measured on the H200 as 21-56 us per step at B = 64-128
-/// (docs/PERF.md). The cap keeps full split freedom for small batches (up to 64 splits
-/// while `max_batch <= SPLIT_HEADROOM * target / (64 tiles)`, e.g. 8 sequences on 132 SMs)
+/// (docs/PERF.md). The cap keeps full split freedom for small batches (up to `MAX_SPLITS`
+/// while `max_batch <= SPLIT_HEADROOM * target / (MAX_SPLITS * tiles)`)
 /// and still lets a sequence take 4x its even share in a large bucket that is a quarter
 /// full.
 pub fn split_cap(target_ctas: usize, tiles: usize, max_batch: usize) -> usize {
@@ -61,10 +61,18 @@ pub fn split_cap(target_ctas: usize, tiles: usize, max_batch: usize) -> usize {
 }
 
 impl ScheduleConfig {
-    /// The most splits any sequence can get: the decode grid's x dimension. A sequence's
-    /// share `blocks_b * target / (total * tiles)` never exceeds `target / tiles`.
+    /// The most splits any sequence can get: the decode grid's split dimension. A
+    /// sequence's share `blocks_b * target / (total * tiles)` never exceeds
+    /// `target / tiles`, and its bound ([`mla_abi::split_bound`]) never exceeds that of the
+    /// longest sequence the plan admits (`max_len`).
     pub fn grid_splits(&self) -> usize {
-        (self.target_ctas / self.tiles.max(1)).clamp(1, self.max_splits.max(1))
+        let max_blocks = self.max_len.div_ceil(BLOCK_N) as u64;
+        let bound = mla_abi::split_bound(
+            max_blocks,
+            self.tiles.max(1) as u64,
+            self.max_splits.max(1) as u64,
+        ) as usize;
+        (self.target_ctas / self.tiles.max(1)).clamp(1, bound.max(1))
     }
 }
 
@@ -86,8 +94,13 @@ pub fn schedule_shard(seq_lens: &[i32], cfg: &ScheduleConfig, shard: &mla_abi::S
     blocks
         .iter()
         .map(|&nb| {
-            mla_abi::schedule_splits(nb, total, cfg.target_ctas as u64, cfg.max_splits as u64)
-                as i32
+            mla_abi::schedule_splits(
+                nb,
+                total,
+                cfg.target_ctas as u64,
+                cfg.max_splits as u64,
+                cfg.tiles.max(1) as u64,
+            ) as i32
         })
         .collect()
 }
@@ -174,7 +187,7 @@ mod tests {
             let cfg = ScheduleConfig {
                 tiles: rng.range(1, 16),
                 target_ctas: rng.range(1, 528),
-                max_splits: rng.range(1, 64),
+                max_splits: rng.range(1, MAX_SPLITS as usize),
                 max_len: rng.range(1, 300_000),
             };
             let s = schedule(&lens, &cfg);
@@ -200,10 +213,59 @@ mod tests {
     }
 
     #[test]
+    fn long_sequences_fill_the_machine_short_ones_keep_their_cap() {
+        // One sequence on 132 SMs: the short caps (64 for one row tile, 32 for two), then
+        // more splits once each keeps LONG_SPLIT_BLOCKS blocks.
+        let one = |len: i32, tiles: usize| {
+            let cfg = ScheduleConfig {
+                tiles,
+                target_ctas: 132,
+                max_splits: MAX_SPLITS as usize,
+                max_len: 1 << 20,
+            };
+            schedule(&[len], &cfg)[0]
+        };
+        assert_eq!(one(16384, 1), 64);
+        assert_eq!(one(65536, 1), 128);
+        assert_eq!(one(131072, 1), 128);
+        assert_eq!(one(4096, 2), 32);
+        assert_eq!(one(16384, 2), 32);
+        assert_eq!(one(32768, 2), 64);
+        assert_eq!(one(131072, 2), 66);
+        // A cap below the short one still holds, and 1 turns splitting off.
+        let cfg = ScheduleConfig {
+            tiles: 2,
+            target_ctas: 132,
+            max_splits: 16,
+            max_len: 1 << 20,
+        };
+        assert_eq!(schedule(&[131072], &cfg), vec![16]);
+        let cfg = ScheduleConfig {
+            max_splits: 1,
+            ..cfg
+        };
+        assert_eq!(schedule(&[131072], &cfg), vec![1]);
+        // The grid follows the longest sequence the plan admits.
+        let grid = |max_len: usize, tiles: usize| {
+            ScheduleConfig {
+                tiles,
+                target_ctas: 132,
+                max_splits: MAX_SPLITS as usize,
+                max_len,
+            }
+            .grid_splits()
+        };
+        assert_eq!(grid(4096, 2), 32);
+        assert_eq!(grid(16384, 1), 64);
+        assert_eq!(grid(131072, 2), 66);
+        assert_eq!(grid(131072, 1), 128);
+    }
+
+    #[test]
     fn split_cap_sizes_the_grid_by_the_batch() {
         // 132 SMs, one wave, 16-row tile (1 row tile) or 128 heads x 2 (4 row tiles).
-        assert_eq!(split_cap(132, 1, 1), 64);
-        assert_eq!(split_cap(132, 1, 8), 64);
+        assert_eq!(split_cap(132, 1, 1), 128);
+        assert_eq!(split_cap(132, 1, 8), 66);
         assert_eq!(split_cap(132, 1, 64), 9);
         assert_eq!(split_cap(132, 1, 128), 5);
         assert_eq!(split_cap(132, 4, 128), 2);

@@ -176,25 +176,13 @@ impl Default for Tactic {
     }
 }
 
-/// The default split cap of a shape with two or more row tiles (more than 64 rows on the
-/// 64-row tiles). Each split of such a shape writes a 64 x 512 f32 partial per row tile
-/// that the combine reads back, and at one block per split the CTA's fixed cost (Q tile,
-/// partial, prologue) is paid per block. Measured on the H200 (`mla bench --grid small`,
-/// `MLA_BENCH_MAX_SPLITS`, docs/PERF.md v10), B = 1, bf16: H = 128 S_q = 1, L = 4096
-/// 35.9 -> 28.0 us (64 -> 32 splits), L = 16384 44.0 -> 40.6; S_q = 2 L = 4096
-/// 36.7 -> 35.5, L = 16384 50.0 -> 49.3; no shape measured slower. One-tile shapes keep
-/// `MAX_SPLITS` (H = 16, B = 1, L = 16384: 24.8 us at 64 splits, 31.1 at 32).
-pub const MULTI_TILE_MAX_SPLITS: u32 = 32;
-
 impl Tactic {
-    /// The default split cap for `rows = s_q * heads` on `tile`: [`MULTI_TILE_MAX_SPLITS`]
-    /// from two row tiles on, `MAX_SPLITS` below.
-    pub fn default_max_splits(tile: Tile, rows: usize) -> u32 {
-        if tile.row_tiles(rows) >= 2 {
-            MULTI_TILE_MAX_SPLITS
-        } else {
-            MAX_SPLITS
-        }
+    /// The default split cap for `rows = s_q * heads` on `tile`: `MAX_SPLITS`, every shape.
+    /// The schedule itself keeps short sequences to fewer splits
+    /// ([`mla_abi::split_bound`]: 32 from two row tiles on, 64 below, more only at eight or
+    /// more KV blocks per split), so the cap only matters to a long sequence.
+    pub fn default_max_splits(_tile: Tile, _rows: usize) -> u32 {
+        MAX_SPLITS
     }
 
     /// [`Tactic::default`] with the tile for `rows = s_q * heads` ([`Tile::default_for`])
@@ -244,14 +232,14 @@ impl Tactic {
     }
 
     /// The small, fixed set the autotuner measures, the default first (so a tie keeps it):
-    /// waves {1, 2} x max_splits {64, 16}, then max_splits 1 (no split; waves do not matter
+    /// waves {1, 2} x max_splits {`MAX_SPLITS`, 16}, then max_splits 1 (no split; waves do not matter
     /// there, every sequence gets one chunk). 64-row tile only; see [`Tactic::candidates_for`].
     pub fn candidates() -> Vec<Tactic> {
         Self::candidates_with(&[Tile::M64N64], 1)
     }
 
     /// The candidates for `rows = s_q * heads` query rows: [`Tactic::candidates`] per tile
-    /// (with [`Tactic::default_max_splits`] in place of 64 from two row tiles on),
+    /// (with [`Tactic::default_max_splits`]),
     /// the shape's default tile first (so `candidates_for(rows)[0] == default_for(rows)`);
     /// the 16-row tile joins for `rows <= 32` (two row tiles at most).
     pub fn candidates_for(rows: usize) -> Vec<Tactic> {

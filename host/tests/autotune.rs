@@ -3,7 +3,7 @@
 
 use mla_abi::MAX_SPLITS;
 use mla_host::autotune::{Autotuner, DeviceKey, ShapeKey, TuneCache, TuneMode, bucket};
-use mla_host::tactic::{MAX_WAVES, MULTI_TILE_MAX_SPLITS, Tactic, Tile};
+use mla_host::tactic::{MAX_WAVES, Tactic, Tile};
 use mla_host::{DecodeDtypes, DeviceInfo, MlaError};
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -22,7 +22,7 @@ fn shape() -> ShapeKey {
 }
 
 /// `shape()`'s default split cap: 128 rows are two 64-row tiles.
-const D: u32 = MULTI_TILE_MAX_SPLITS;
+const D: u32 = MAX_SPLITS;
 
 /// The untuned choice for `shape()` and the tuner's candidates for it.
 fn shape_default() -> Tactic {
@@ -62,7 +62,7 @@ fn invalid_field(e: &MlaError) -> &'static str {
 fn default_tactic_is_one_wave_full_splits() {
     let t = Tactic::default();
     assert_eq!(t, tactic(1, MAX_SPLITS));
-    assert_eq!(t.to_string(), "tile=m64n64,waves=1,splits<=64");
+    assert_eq!(t.to_string(), "tile=m64n64,waves=1,splits<=128");
     t.validate().unwrap();
 }
 
@@ -72,9 +72,9 @@ fn candidates_are_small_distinct_valid_and_default_first() {
     assert_eq!(
         c,
         vec![
-            tactic(1, 64),
+            tactic(1, MAX_SPLITS),
             tactic(1, 16),
-            tactic(2, 64),
+            tactic(2, MAX_SPLITS),
             tactic(2, 16),
             tactic(1, 1)
         ]
@@ -105,7 +105,7 @@ fn shape_defaults_and_candidates_follow_the_rows() {
         assert!(c[5..].iter().all(|t| t.tile == Tile::M16N64));
     }
     // More rows: the 64-row tile only; from two row tiles on, splits capped at
-    // MULTI_TILE_MAX_SPLITS by default (and first among the candidates).
+    // MAX_SPLITS by default (and first among the candidates).
     for rows in [33, 64] {
         assert_eq!(Tactic::default_for(rows), Tactic::default());
         assert_eq!(Tactic::candidates_for(rows), Tactic::candidates());
@@ -154,7 +154,7 @@ fn parse_rejects_everything_but_the_canonical_form() {
         "tile=m64n64,waves=0,splits<=64",
         "tile=m64n64,waves=5,splits<=64",
         "tile=m64n64,waves=1,splits<=0",
-        "tile=m64n64,waves=1,splits<=65",
+        "tile=m64n64,waves=1,splits<=129",
         "tile=m64n64,waves=1,splits<=64,extra=1",
         "tile=m64n64,waves=1,splits<=64,",
         "waves=1,tile=m64n64,splits<=64",
@@ -178,12 +178,12 @@ fn parse_rejects_everything_but_the_canonical_form() {
 
 #[test]
 fn validate_rejects_out_of_range_fields() {
-    for t in [tactic(0, 64), tactic(5, 64), tactic(1, 0), tactic(1, 65)] {
+    for t in [tactic(0, 64), tactic(5, 64), tactic(1, 0), tactic(1, 129)] {
         let e = t.validate().expect_err(&format!("{t:?}"));
         assert_eq!(invalid_field(&e), "tactic");
     }
     for w in 1..=MAX_WAVES {
-        for s in [1, 2, 63, 64] {
+        for s in [1, 2, 63, 64, 127, 128] {
             tactic(w, s).validate().unwrap();
         }
     }
@@ -194,7 +194,10 @@ fn split_counts_scale_the_target_by_waves() {
     let lens = [4096, 100, 20000, 1, 65];
     let rows = 128;
     let one = Tactic::default().split_counts(&lens, rows, 132);
-    assert_eq!(one, mla_host::plan::split_counts(&lens, rows, 132, 64));
+    assert_eq!(
+        one,
+        mla_host::plan::split_counts(&lens, rows, 132, MAX_SPLITS as usize)
+    );
     let two = tactic(2, 64).split_counts(&lens, rows, 132);
     assert_eq!(two, mla_host::plan::split_counts(&lens, rows, 264, 64));
     let none = tactic(2, 1).split_counts(&lens, rows, 132);
@@ -441,16 +444,16 @@ fn cache_version_mismatch_is_rejected() {
 
 #[test]
 fn malformed_entries_are_rejected_with_their_index() {
-    let good = r#"{"device": "NVIDIA H200/sm_90/drv13000", "shape": "bf16/h128/sq1/p64/b64/l4096", "tactic": "tile=m64n64,waves=1,splits<=64", "us": 3.5}"#;
+    let good = r#"{"device": "NVIDIA H200/sm_90/drv13000", "shape": "bf16/h128/sq1/p64/b64/l4096", "tactic": "tile=m64n64,waves=1,splits<=128", "us": 3.5}"#;
     let bad_entries = [
-        r#"{"device": "d", "shape": "bf16/h128/sq1/p64/b64/l4096", "tactic": "tile=m64n64,waves=1,splits<=64"}"#,
-        r#"{"device": "d", "shape": "bf16/h128/sq1/p64/b64/l4096", "tactic": "tile=m64n64,waves=1,splits<=64", "us": 1, "x": 1}"#,
+        r#"{"device": "d", "shape": "bf16/h128/sq1/p64/b64/l4096", "tactic": "tile=m64n64,waves=1,splits<=128"}"#,
+        r#"{"device": "d", "shape": "bf16/h128/sq1/p64/b64/l4096", "tactic": "tile=m64n64,waves=1,splits<=128", "us": 1, "x": 1}"#,
         r#"{"device": "d", "shape": "bf16/h128/sq1/p64/b64/l4096", "tactic": "tile=m64n64,waves=7,splits<=64", "us": 1}"#,
-        r#"{"device": "d", "shape": "bf16/h128/sq1/p64/b63/l4096", "tactic": "tile=m64n64,waves=1,splits<=64", "us": 1}"#,
-        r#"{"device": "d", "shape": "bf16/h128/sq1/p64/b64/l4096", "tactic": "tile=m64n64,waves=1,splits<=64", "us": -1}"#,
-        r#"{"device": "d", "shape": "bf16/h128/sq1/p64/b64/l4096", "tactic": "tile=m64n64,waves=1,splits<=64", "us": "1"}"#,
-        r#"{"device": "", "shape": "bf16/h128/sq1/p64/b64/l4096", "tactic": "tile=m64n64,waves=1,splits<=64", "us": 1}"#,
-        r#"["NVIDIA H200", "bf16/h128/sq1/p64/b64/l4096", "tile=m64n64,waves=1,splits<=64", 1]"#,
+        r#"{"device": "d", "shape": "bf16/h128/sq1/p64/b63/l4096", "tactic": "tile=m64n64,waves=1,splits<=128", "us": 1}"#,
+        r#"{"device": "d", "shape": "bf16/h128/sq1/p64/b64/l4096", "tactic": "tile=m64n64,waves=1,splits<=128", "us": -1}"#,
+        r#"{"device": "d", "shape": "bf16/h128/sq1/p64/b64/l4096", "tactic": "tile=m64n64,waves=1,splits<=128", "us": "1"}"#,
+        r#"{"device": "", "shape": "bf16/h128/sq1/p64/b64/l4096", "tactic": "tile=m64n64,waves=1,splits<=128", "us": 1}"#,
+        r#"["NVIDIA H200", "bf16/h128/sq1/p64/b64/l4096", "tile=m64n64,waves=1,splits<=128", 1]"#,
         r#"null"#,
         // A repeat of entry 0's (device, shape).
         good,

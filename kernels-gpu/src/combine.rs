@@ -26,16 +26,19 @@ use mla_abi::{CombineParams, D_V, MAX_SPLITS, combine_tile};
 const LOG2E: f32 = core::f32::consts::LOG2_E;
 const LN2: f32 = core::f32::consts::LN_2;
 
-/// The exact LSE merge's weights over up to 64 parts held by one warp (lane `j`: parts `j`
-/// and `j + 32`): the maximum `m`, this lane's two weights `exp(l - m)` and their sum over
-/// the warp. A part with `l = -inf` (no visible key) weighs exactly 0, and so does every part
-/// when all are `-inf` (`m = -inf`, sum 0).
+/// The exact LSE merge's weights over up to `32 * N` parts held by one warp (lane `j`: parts
+/// `j`, `j + 32`, ...): the maximum `m`, this lane's `N` weights `exp(l - m)` and their sum
+/// over the warp. A part with `l = -inf` (no visible key) weighs exactly 0, and so does every
+/// part when all are `-inf` (`m = -inf`, sum 0).
 ///
 /// # Safety
 /// All 32 lanes of the warp call it together.
 #[inline(always)]
-pub(crate) unsafe fn warp_lse_weights(l: [f32; 2]) -> (f32, [f32; 2], f32) {
-    let mut m = sync::fmax(l[0], l[1]);
+pub(crate) unsafe fn warp_lse_weights<const N: usize>(l: [f32; N]) -> (f32, [f32; N], f32) {
+    let mut m = l[0];
+    for &li in &l[1..] {
+        m = sync::fmax(m, li);
+    }
     for x in [16, 8, 4, 2, 1] {
         // SAFETY: forwarded from the caller.
         m = sync::fmax(m, unsafe { sync::shfl_xor_f32(m, x) });
@@ -47,8 +50,11 @@ pub(crate) unsafe fn warp_lse_weights(l: [f32; 2]) -> (f32, [f32; 2], f32) {
             sync::ex2((li - m) * LOG2E)
         }
     };
-    let w = [weight(l[0]), weight(l[1])];
-    let mut sum = w[0] + w[1];
+    let w = l.map(weight);
+    let mut sum = w[0];
+    for &wi in &w[1..] {
+        sum += wi;
+    }
     for x in [16, 8, 4, 2, 1] {
         // SAFETY: forwarded from the caller.
         sum += unsafe { sync::shfl_xor_f32(sum, x) };
@@ -77,10 +83,11 @@ pub unsafe fn combine<O: Half16, const UNROLL: usize, const ROWS: u32>(p: Combin
     let split_stride = (p.batch * rows) as usize;
     let row_idx = (b * rows + row) as usize;
 
-    // Every warp holds all the row's lse values, lane j those of chunks j and j + 32, all
-    // loaded at once (one memory latency, not one per chunk), and reduces them with
-    // shuffles: the max, each chunk's weight, their sum.
-    const _: () = assert!(MAX_SPLITS <= 64);
+    // Every warp holds all the row's lse values, lane j those of chunks j, j + 32, j + 64
+    // and j + 96, all loaded at once (one memory latency, not one per chunk), and reduces
+    // them with shuffles: the max, each chunk's weight, their sum.
+    const PARTS: usize = MAX_SPLITS as usize / 32;
+    const _: () = assert!(PARTS * 32 == MAX_SPLITS as usize);
     let splits = splits.min(MAX_SPLITS);
     let lane = arch::thread_idx_x() % 32;
     // SAFETY (the loads below): split < splits <= max_splits and row_idx < batch * rows
@@ -93,7 +100,9 @@ pub unsafe fn combine<O: Half16, const UNROLL: usize, const ROWS: u32>(p: Combin
         }
     };
     // SAFETY: the whole CTA runs this code converged (row and b are CTA-uniform).
-    let (m, w, sum) = unsafe { warp_lse_weights([lse_at(lane), lse_at(lane + 32)]) };
+    let (m, w, sum) = unsafe {
+        warp_lse_weights::<PARTS>(core::array::from_fn(|k| lse_at(lane + 32 * k as u32)))
+    };
 
     // O: this thread's four dims of each chunk, UNROLL chunk loads in flight at a time. A
     // chunk of weight 0 may hold garbage (an empty chunk's O is never written): its value
@@ -110,7 +119,13 @@ pub unsafe fn combine<O: Half16, const UNROLL: usize, const ROWS: u32>(p: Combin
         unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
             if j < UNROLL {
                 let i = i0 + j as u32;
-                let src_w = if i < 32 { w[0] } else { w[1] };
+                // Chunk i's weight sits in part i / 32 (selects, not an indexed array).
+                let mut src_w = w[0];
+                for (k, &wk) in w.iter().enumerate().skip(1) {
+                    if i >= 32 * k as u32 {
+                        src_w = wk;
+                    }
+                }
                 // SAFETY: a warp-uniform source lane (i is uniform).
                 ws[j] = unsafe { sync::shfl_idx_f32(src_w, i % 32) };
                 if i < splits {

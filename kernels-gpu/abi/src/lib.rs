@@ -23,8 +23,9 @@ pub const MAX_HEADS: u32 = 128;
 /// Most query tokens per sequence per step (MTP / speculative decode).
 pub const MAX_S_Q: u32 = 8;
 /// Most split-KV chunks one sequence may be cut into. The workspace holds this many
-/// partial results per (sequence, query row); a larger request is a typed error.
-pub const MAX_SPLITS: u32 = 64;
+/// partial results per (sequence, query row); a larger request is a typed error. Enough
+/// for one sequence to fill the 132 SMs of an H200 on its own (see [`split_bound`]).
+pub const MAX_SPLITS: u32 = 128;
 /// Largest page size (tokens per page); every power of two from 1 up to it is accepted.
 pub const MAX_PAGE_SIZE: u32 = 256;
 
@@ -376,28 +377,59 @@ pub mod schedule_tile {
     pub const WARPS: usize = THREADS / 32;
 }
 
+/// The split cap of a short sequence with two or more row tiles (more than 64 query rows on
+/// the 64-row tiles). Each split of such a shape writes a 64 x 512 f32 partial per row tile
+/// that the combine reads back, and at one block per split the CTA's fixed cost (Q tile,
+/// partial, prologue) is paid per block. Measured on the H200 (`mla bench --grid small`,
+/// `MLA_BENCH_MAX_SPLITS`, docs/PERF.md 3.5), B = 1, bf16: H = 128 S_q = 1, L = 4096
+/// 35.9 -> 28.0 us (64 -> 32 splits), L = 16384 44.0 -> 40.6; S_q = 2 L = 4096
+/// 36.7 -> 35.5, L = 16384 50.0 -> 49.3.
+pub const SHORT_SPLITS_MULTI_TILE: u64 = 32;
+/// The split cap of a short sequence with one row tile (H = 16, B = 1, L = 16384: 24.8 us
+/// at 64 splits, 31.1 at 32).
+pub const SHORT_SPLITS_ONE_TILE: u64 = 64;
+/// A sequence may take more splits than its short cap as long as each split keeps at least
+/// this many KV blocks: eight blocks per split was the fastest cut of a B = 1 H = 128
+/// L = 16384 sequence (8 splits of 32 blocks 87.1 us, 16 of 16 54.8, 32 of 8 40.6, 64 of 4
+/// 44.0), and without it one 128K-token sequence ran on 64 of the 132 SMs.
+pub const LONG_SPLIT_BLOCKS: u64 = 8;
+
+/// Most splits a sequence of `blocks` KV blocks may take with `tiles` row tiles under a cap
+/// of `max_splits`: `min(max_splits, max(short cap, blocks / LONG_SPLIT_BLOCKS))`, where
+/// the short cap is [`SHORT_SPLITS_MULTI_TILE`] from two row tiles on and
+/// [`SHORT_SPLITS_ONE_TILE`] below. Nondecreasing in `blocks`, so the bound of a plan's
+/// longest sequence bounds every sequence (the decode grid).
+pub const fn split_bound(blocks: u64, tiles: u64, max_splits: u64) -> u64 {
+    let short = if tiles >= 2 {
+        SHORT_SPLITS_MULTI_TILE
+    } else {
+        SHORT_SPLITS_ONE_TILE
+    };
+    let long = blocks / LONG_SPLIT_BLOCKS;
+    let cap = if long > short { long } else { short };
+    if cap < max_splits { cap } else { max_splits }
+}
+
 /// The split count of one sequence under the on-device schedule (the kernel and its host
 /// twin `plan::schedule` both call this): `floor(blocks * target_ctas / total_blocks)`,
-/// clamped to `1..=min(max_splits, blocks)`, where `total_blocks` is the batch's KV blocks
-/// times the row tiles. At most about one wave of `target_ctas` CTAs in all. A sequence
-/// with no KV (length <= 0: a padding slot of a batch bucket) gets 0: it is skipped, and
-/// its output rows are not written.
+/// clamped to `1..=min(split_bound(blocks, tiles, max_splits), blocks)`, where
+/// `total_blocks` is the batch's KV blocks times the `tiles` row tiles. At most about one
+/// wave of `target_ctas` CTAs in all. A sequence with no KV (length <= 0: a padding slot of
+/// a batch bucket) gets 0: it is skipped, and its output rows are not written.
 pub const fn schedule_splits(
     blocks: u64,
     total_blocks: u64,
     target_ctas: u64,
     max_splits: u64,
+    tiles: u64,
 ) -> u32 {
     if blocks == 0 {
         return 0;
     }
     let total = if total_blocks == 0 { 1 } else { total_blocks };
     let s = blocks.saturating_mul(target_ctas) / total;
-    let hi = if max_splits < blocks {
-        max_splits
-    } else {
-        blocks
-    };
+    let bound = split_bound(blocks, tiles, max_splits);
+    let hi = if bound < blocks { bound } else { blocks };
     let hi = if hi == 0 { 1 } else { hi };
     let s = if s > hi { hi } else { s };
     (if s == 0 { 1 } else { s }) as u32

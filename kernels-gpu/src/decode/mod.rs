@@ -485,6 +485,7 @@ pub(crate) fn cta_work(p: &DecodeParams, split: u32, b: u32) -> Option<CtaWork> 
                 total * p.fold.tiles as u64,
                 p.fold.target_ctas as u64,
                 p.max_splits as u64,
+                p.fold.tiles as u64,
             ) as i32;
             if split == 0 && arch::block_idx_x() == 0 && arch::thread_idx_x() == 0 {
                 // SAFETY: b < batch entries; one writer per sequence, read by the combine
