@@ -104,9 +104,11 @@ fn schedule_kernel_matches_cpu_twin_and_plan_matches_oracle() {
 }
 
 /// Long sequences take more splits than the short caps (64, or 32 from two row tiles on),
-/// up to `MAX_SPLITS`, so that one long sequence fills the GPU: the fold (B <= 8) and the
-/// schedule kernel (B > 8) against the CPU twin, the twin's count above the short cap,
-/// and the plan's output against the oracle; every dtype, Tactic::default_on.
+/// up to `MAX_SPLITS`, so that one long sequence fills the GPU. Small plans only: a plan's
+/// grid holds `plan::split_cap` splits per sequence, below the short caps from nine
+/// sequences on. The fold (`run`) and the schedule kernel (`schedule_step` + `run_layer`)
+/// against the CPU twin, the twin's count above the short cap, and the output against the
+/// oracle; every dtype, `Tactic::default_on`.
 #[test]
 fn long_sequences_take_more_splits() {
     let test = "long_splits";
@@ -116,35 +118,53 @@ fn long_sequences_take_more_splits() {
     };
     let mut rng = SplitMix64::new(seed);
     let mut failures = Vec::new();
-    // (heads, lens): one sequence alone (the fold), and one long among nine short (the
-    // schedule kernel: B > SCHED_FOLD_MAX_BATCH).
-    let cases: [(usize, Vec<usize>); 4] = [
-        (128, vec![rng.range(30_000, 40_000)]),
-        (16, vec![rng.range(40_000, 60_000)]),
-        (128, {
-            let mut l: Vec<usize> = (0..9).map(|_| rng.range(1, 300)).collect();
-            l.push(rng.range(40_000, 50_000));
-            l
-        }),
-        (16, vec![rng.range(36_000, 40_000)]),
+    // (heads, lens, per-step schedule)
+    let cases: [(usize, Vec<usize>, bool); 4] = [
+        (128, vec![rng.range(30_000, 40_000)], false),
+        (16, vec![rng.range(40_000, 60_000)], false),
+        (
+            128,
+            vec![
+                rng.range(1, 300),
+                rng.range(40_000, 50_000),
+                rng.range(1, 300),
+            ],
+            true,
+        ),
+        (16, vec![rng.range(36_000, 40_000), rng.range(1, 100)], true),
     ];
-    for (i, (heads, lens)) in cases.into_iter().enumerate() {
+    for (i, (heads, lens, stepped)) in cases.into_iter().enumerate() {
         let d = DecodeDtypes::ALL[i % DecodeDtypes::ALL.len()];
         let b = lens.len();
         let longest = lens.iter().copied().max().unwrap_or(1);
         let h = HostCase::random(&CaseSpec::new(d, 64, heads, 1, lens), &mut rng);
         let refs = h.references();
-        let backend = rt.backend();
-        let tactic = Tactic::default_on(heads, backend, d);
+        let tactic = Tactic::default_on(heads, rt.backend(), d);
         let plan = rt.plan_decode(&stream, config(&h, b), tactic).unwrap();
         let mut dc = DeviceCase::upload(&stream, &h).unwrap();
-        let (got, splits) = run_plan(&rt, &stream, &plan, &h, &mut dc);
+        let (got, splits) = if stepped {
+            dc.poison_outputs(&stream).unwrap();
+            let req = dc.request(&stream, &h);
+            let cap = h.max_pages * h.spec.page_size;
+            plan.schedule_step(&rt, &stream, &req.seq_lens, cap)
+                .unwrap();
+            plan.run_layer(&rt, &stream, &req).unwrap();
+            stream.synchronize().unwrap();
+            let got = dc.download(&stream, d.out()).unwrap();
+            (got, plan.read_splits(&stream, b).unwrap())
+        } else {
+            run_plan(&rt, &stream, &plan, &h, &mut dc)
+        };
         let mut cfg = plan.schedule();
         cfg.max_len = h.max_pages * h.spec.page_size;
         let twin = mla::plan::schedule(&h.seq_lens, &cfg);
         let short = if cfg.tiles >= 2 { 32 } else { 64 };
         let long_splits = *twin.iter().max().unwrap_or(&0);
-        let what = format!("{} H={heads} B={b} L<={longest} tactic {tactic}", d.name());
+        let path = if stepped { "schedule kernel" } else { "fold" };
+        let what = format!(
+            "{} H={heads} B={b} L<={longest} ({path}) tactic {tactic}",
+            d.name()
+        );
         if splits != twin {
             failures.push(format!("{what}: schedule {splits:?} != CPU twin {twin:?}"));
         }
