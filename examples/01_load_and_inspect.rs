@@ -21,19 +21,25 @@ fn main() -> Result<(), MlaError> {
             k.name, k.registers, k.local_bytes
         );
     }
-    // What the gating layer says about a DeepSeek-V3 TP8 shape on this device.
-    let geometry = mla::gate::Geometry {
+    // What a plan for a DeepSeek-V3 TP8 shape runs on this device: the backend, the
+    // tactic the library picks (the measured one), every kernel it may launch.
+    let stream = rt.new_stream()?;
+    let config = mla::DecodeConfig {
+        max_batch: 128,
         heads: 16,
         s_q: 1,
-        page_size: 64,
         dtypes: mla::DecodeDtypes::Bf16,
-        max_batch: 128,
+        page_size: 64,
         max_seq_len: 131072,
     };
-    let registry = mla::gate::Registry::from_env()?;
+    let plan = rt.plan_decode(&stream, config, rt.default_tactic(&config))?;
+    let info = plan.info(&rt);
     println!(
-        "backend selection: {}",
-        registry.select(rt.device(), &geometry)?
+        "plan for B<=128 H=16 S_q=1 bf16 page 64: backend {}, tactic {}, {} MB workspace",
+        info.backend,
+        info.tactic,
+        info.workspace_bytes >> 20
     );
+    println!("  kernels: {}", info.kernels.join(", "));
     Ok(())
 }

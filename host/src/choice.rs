@@ -11,7 +11,8 @@
 //! Worked example, bf16, H=64, S_q=2 (128 query rows), page 16, on an H200 (sm_90a image):
 //! 1. Backend `sm90a`: the device is sm_90, the image holds the `wgmma` kernels.
 //! 2. Tile `wg64n64` (`Tile::default_on`): more than 16 rows, bf16 Q, and the `wgmma`
-//!    tile runs bf16 there; two row tiles, so the split cap is 32.
+//!    tile runs bf16 there; two row tiles, so a sequence takes at most 32 splits until
+//!    each split would keep 8 KV blocks, then up to 128 (`mla_abi::split_bound`).
 //! 3. Decode kernel: `mla_decode_wg_bf16`, and for a request whose bf16 cache is
 //!    contiguous and 16-byte aligned, with pages of at least 16 tokens and splits of two or
 //!    more 64-token blocks, the TMA decode `mla_decode_tma_bf16` instead (`decode_for`;
