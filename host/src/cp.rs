@@ -32,7 +32,7 @@ use mla_abi::{D_V, ElemType, MAX_MERGE_RANKS};
 
 use crate::error::{MlaError, Result};
 use crate::module::Runtime;
-use crate::request::MergeRequest;
+use crate::request::{MergeRequest, MergeShape};
 use crate::tensor::TensorView;
 
 /// The identity of one communicator: made once ([`ContextParallel::unique_id`]) and handed
@@ -282,7 +282,7 @@ impl ContextParallel {
         local_lse: &TensorView<3>,
         out: &TensorView<4>,
         lse: &TensorView<3>,
-    ) -> Result<MergeRequest> {
+    ) -> Result<(MergeRequest, MergeShape)> {
         self.live()?;
         let [b, s, h, d] = local_out.shape;
         let rows = b * s * h;
@@ -365,8 +365,8 @@ impl ContextParallel {
             lse: *lse,
         };
         // The merge's own checks (outputs' shapes, dtypes, aliasing) before anything runs.
-        crate::validate::validate_merge(&req)?;
-        Ok(req)
+        let shape = crate::validate::validate_merge(&req)?;
+        Ok((req, shape))
     }
 
     /// The gather and the merge, on `stream`.
@@ -380,7 +380,7 @@ impl ContextParallel {
         stream: CUstream,
         local_out: &TensorView<4>,
         local_lse: &TensorView<3>,
-        merge: &MergeRequest,
+        merge: &(MergeRequest, MergeShape),
     ) -> Result<()> {
         let [b, s, h, _] = local_out.shape;
         let rows = b * s * h;
@@ -421,8 +421,9 @@ impl ContextParallel {
         // A non-blocking communicator may still be enqueuing the group: the merge goes
         // on the stream after it is.
         self.settle("all_gather", None)?;
-        // SAFETY: forwarded from the caller; the gathered views are inside the workspace.
-        unsafe { rt.merge_raw(stream, merge)? };
+        // SAFETY: forwarded from the caller; the gathered views are inside the workspace,
+        // and `merge` was validated by `check_combine`.
+        unsafe { rt.launch_merge(stream, &merge.0, &merge.1)? };
         Ok(())
     }
 

@@ -717,6 +717,21 @@ impl Runtime {
     /// device pointers stay valid until the merge completes.
     pub unsafe fn merge_raw(&self, stream: CUstream, req: &MergeRequest) -> Result<MergeShape> {
         let shape = validate_merge(req)?;
+        // SAFETY: forwarded from the caller; `shape` is the request's, validated.
+        unsafe { self.launch_merge(stream, req, &shape)? };
+        Ok(shape)
+    }
+
+    /// The merge kernel on a request `validate_merge` accepted with `shape`.
+    ///
+    /// # Safety
+    /// As [`Runtime::merge_raw`], and `shape == validate_merge(req)?`.
+    pub(crate) unsafe fn launch_merge(
+        &self,
+        stream: CUstream,
+        req: &MergeRequest,
+        shape: &MergeShape,
+    ) -> Result<()> {
         let kernel = spec(if shape.dtype == ElemType::Fp16 {
             names::MERGE_FP16
         } else {
@@ -735,8 +750,7 @@ impl Runtime {
         // The combine's rows-per-CTA grid, over one "sequence" of every row.
         let grid = combine_launch_shape(kernel, shape.rows, 1);
         // SAFETY: validated: every index the kernel forms is inside the views.
-        unsafe { launch(self, kernel.symbol, grid, stream, &p)? };
-        Ok(shape)
+        unsafe { launch(self, kernel.symbol, grid, stream, &p) }
     }
 
     /// Writes each sequence's `s_q` new rows into its pages (quantising for fp8 caches).
