@@ -41,6 +41,14 @@ fn run_plan(
     (got, plan.read_splits(stream, h.spec.lens.len()).unwrap())
 }
 
+/// The split counts `plan`'s schedule gives `h`'s lengths, on the CPU (the lengths clamped
+/// to what `h`'s page table holds, as the device's are).
+fn cpu_twin(plan: &DecodePlan, h: &HostCase) -> Vec<i32> {
+    let mut cfg = plan.schedule();
+    cfg.max_len = h.max_pages * h.spec.page_size;
+    mla::plan::schedule(&h.seq_lens, &cfg)
+}
+
 #[test]
 fn schedule_kernel_matches_cpu_twin_and_plan_matches_oracle() {
     let test = "plan_run";
@@ -66,9 +74,7 @@ fn schedule_kernel_matches_cpu_twin_and_plan_matches_oracle() {
         let plan = rt.plan_decode(&stream, config(&h, b + 3), tactic).unwrap();
         let mut dc = DeviceCase::upload(&stream, &h).unwrap();
         let (got, splits) = run_plan(&rt, &stream, &plan, &h, &mut dc);
-        let mut cfg = plan.schedule();
-        cfg.max_len = h.max_pages * h.spec.page_size;
-        let twin = mla::plan::schedule(&h.seq_lens, &cfg);
+        let twin = cpu_twin(&plan, &h);
         if splits != twin {
             failures.push(format!(
                 "{} B={b}: schedule {splits:?} != CPU twin {twin:?}",
@@ -155,10 +161,8 @@ fn long_sequences_take_more_splits() {
         } else {
             run_plan(&rt, &stream, &plan, &h, &mut dc)
         };
-        let mut cfg = plan.schedule();
-        cfg.max_len = h.max_pages * h.spec.page_size;
-        let twin = mla::plan::schedule(&h.seq_lens, &cfg);
-        let short = if cfg.tiles >= 2 { 32 } else { 64 };
+        let twin = cpu_twin(&plan, &h);
+        let short = if plan.schedule().tiles >= 2 { 32 } else { 64 };
         let long_splits = *twin.iter().max().unwrap_or(&0);
         let path = if stepped { "schedule kernel" } else { "fold" };
         let what = format!(
