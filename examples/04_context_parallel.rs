@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use mla::harness::{CaseSpec, DeviceCase, HostCase};
 use mla::rng::SplitMix64;
-use mla::{ContextParallel, DecodeConfig, DecodeDtypes, MlaError, Shard, TensorView};
+use mla::{ContextParallel, DecodeDtypes, MlaError, Shard, TensorView};
 
 const HEADS: usize = 128;
 const PAGE: usize = 64;
@@ -48,14 +48,8 @@ fn rank_run(
     let local = host.shard(&shard, &mut SplitMix64::new(rank as u64));
     let dev = DeviceCase::upload(&stream, &local)?;
     let s = &host.spec;
-    let config = DecodeConfig {
-        max_batch: s.lens.len(),
-        heads: s.heads,
-        s_q: s.s_q,
-        dtypes: s.dtypes,
-        page_size: PAGE,
-        max_seq_len: local.max_pages * PAGE,
-    };
+    // The shard keeps the case's shape; its page table holds this rank's share.
+    let config = local.decode_config();
     let mut plan = rt.plan_decode(&stream, config, rt.default_tactic(&config))?;
     plan.set_shard(shard)?;
     let rows = s.lens.len() * s.s_q * s.heads;

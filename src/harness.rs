@@ -13,7 +13,9 @@ use crate::oracle::{self, Comparison, OracleInput, OracleOutput};
 use crate::plan::WorkspaceCapacity;
 use crate::rng::SplitMix64;
 use crate::tactic::Tile;
-use crate::{DecodeDtypes, DecodeRequest, HostMirror, MlaError, Runtime, Scales, TensorView};
+use crate::{
+    DecodeConfig, DecodeDtypes, DecodeRequest, HostMirror, MlaError, Runtime, Scales, TensorView,
+};
 
 /// One decode problem, as data.
 #[derive(Clone, Debug)]
@@ -147,6 +149,20 @@ fn quantise(dtype: ElemType, vals: &[f32]) -> (Vec<u8>, Vec<f32>, f32) {
 }
 
 impl HostCase {
+    /// A plan config for this case: its batch, shape and dtypes, and lengths up to what its
+    /// page table holds.
+    pub fn decode_config(&self) -> DecodeConfig {
+        let s = &self.spec;
+        DecodeConfig {
+            max_batch: s.lens.len(),
+            heads: s.heads,
+            s_q: s.s_q,
+            dtypes: s.dtypes,
+            page_size: s.page_size,
+            max_seq_len: self.max_pages * s.page_size,
+        }
+    }
+
     /// Random inputs for `spec`: pages in a random physical order, two spare pages, every
     /// slot past a sequence's length and every spare page NaN, every unused table entry an
     /// invalid page id.

@@ -11,7 +11,7 @@ use mla::abi::{D_QK, D_V};
 use mla::candle::CandleDecode;
 use mla::harness::{self, CaseSpec, HostCase};
 use mla::rng::SplitMix64;
-use mla::{DecodeConfig, DecodeDtypes, MlaError};
+use mla::{DecodeDtypes, MlaError};
 
 /// A candle tensor of `d`'s 16-bit type from little-endian bit patterns.
 fn tensor16(bytes: &[u8], shape: &[usize], fp16: bool, dev: &Device) -> Tensor {
@@ -65,14 +65,7 @@ fn candle_tensors_decode_like_the_oracle() {
             let lens_t = Tensor::from_vec(h.seq_lens.clone(), b, &dev).expect("lens");
             let out = Tensor::zeros((b, s_q, heads, D_V), dt, &dev).expect("out");
             let lse = Tensor::zeros((b, s_q, heads), DType::F32, &dev).expect("lse");
-            let config = DecodeConfig {
-                max_batch: b,
-                heads,
-                s_q,
-                dtypes: d,
-                page_size: page,
-                max_seq_len: h.max_pages * page,
-            };
+            let config = h.decode_config();
             let plan = rt
                 .plan_decode(&stream, config, rt.default_tactic(&config))
                 .expect("plan");

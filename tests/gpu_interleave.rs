@@ -446,14 +446,7 @@ fn lengths_below_s_q_give_zero_rows() {
             let refs = short.references();
             let mut dc = DeviceCase::upload(&stream, &h).unwrap();
             stream.memcpy_htod(&short.seq_lens, &mut dc.lens).unwrap();
-            let config = DecodeConfig {
-                max_batch: 3,
-                heads,
-                s_q,
-                dtypes: d,
-                page_size: 16,
-                max_seq_len: h.max_pages * 16,
-            };
+            let config = h.decode_config();
             let tactic = Tactic::default_on(s_q * heads, rt.backend(), d);
             let plan = rt.plan_decode(&stream, config, tactic).unwrap();
             dc.poison_outputs(&stream).unwrap();

@@ -20,20 +20,11 @@ use mla::harness::device_addr as ptr;
 use mla::harness::{CaseSpec, DeviceCase, HostCase, LSE_ATOL, OUT_ATOL};
 use mla::rng::SplitMix64;
 use mla::{
-    DecodeConfig, DecodeDtypes, DecodePlan, MergeRequest, MlaError, Runtime, Shard, TensorView,
-    numeric, oracle,
+    DecodeDtypes, DecodePlan, MergeRequest, MlaError, Runtime, Shard, TensorView, numeric, oracle,
 };
 
 fn plan_for(rt: &Runtime, stream: &Arc<CudaStream>, h: &HostCase, shard: Shard) -> DecodePlan {
-    let s = &h.spec;
-    let config = DecodeConfig {
-        max_batch: s.lens.len(),
-        heads: s.heads,
-        s_q: s.s_q,
-        dtypes: s.dtypes,
-        page_size: s.page_size,
-        max_seq_len: h.max_pages * s.page_size,
-    };
+    let config = h.decode_config();
     let mut plan = rt
         .plan_decode(stream, config, rt.default_tactic(&config))
         .expect("plan");

@@ -18,8 +18,8 @@ use mla::harness::{self, CaseSpec, DeviceCase, HostCase};
 use mla::rng::SplitMix64;
 use mla::tactic::{Tactic, Tile};
 use mla::{
-    AppendRequest, DecodeConfig, DecodeDtypes, DecodePlan, DecodeRequest, GatherRequest,
-    HostMirror, MlaError, Runtime, SplitParts, TensorView,
+    AppendRequest, DecodeDtypes, DecodePlan, DecodeRequest, GatherRequest, HostMirror, MlaError,
+    Runtime, SplitParts, TensorView,
 };
 
 const ROPE: usize = D_QK - D_V;
@@ -163,15 +163,7 @@ fn plan(
     tile: Option<Tile>,
     backend: Option<Backend>,
 ) -> DecodePlan {
-    let s = &h.spec;
-    let config = DecodeConfig {
-        max_batch: s.lens.len(),
-        heads: s.heads,
-        s_q: s.s_q,
-        dtypes: s.dtypes,
-        page_size: s.page_size,
-        max_seq_len: h.max_pages * s.page_size,
-    };
+    let config = h.decode_config();
     let tactic = match tile {
         Some(tile) => Tactic {
             tile,
