@@ -135,9 +135,7 @@ impl BenchCase {
         let max_splits = std::env::var("MLA_BENCH_MAX_SPLITS")
             .ok()
             .and_then(|v| v.parse::<u32>().ok())
-            .map_or(Tactic::default_max_splits(s.tile, rows), |n| {
-                n.clamp(1, MAX_SPLITS)
-            });
+            .map_or(MAX_SPLITS, |n| n.clamp(1, MAX_SPLITS));
         let tactic = Tactic {
             tile: s.tile,
             max_splits,

@@ -17,11 +17,7 @@ use mla::{DecodeConfig, DecodeDtypes, DecodePlan, DecodeWorkspace, MlaError, Run
 fn config(h: &HostCase, max_batch: usize) -> DecodeConfig {
     DecodeConfig {
         max_batch,
-        heads: h.spec.heads,
-        s_q: h.spec.s_q,
-        dtypes: h.spec.dtypes,
-        page_size: h.spec.page_size,
-        max_seq_len: h.max_pages * h.spec.page_size,
+        ..h.decode_config()
     }
 }
 
@@ -162,7 +158,11 @@ fn long_sequences_take_more_splits() {
             run_plan(&rt, &stream, &plan, &h, &mut dc)
         };
         let twin = cpu_twin(&plan, &h);
-        let short = if plan.schedule().tiles >= 2 { 32 } else { 64 };
+        let short = if plan.schedule().tiles >= 2 {
+            mla::abi::SHORT_SPLITS_MULTI_TILE
+        } else {
+            mla::abi::SHORT_SPLITS_ONE_TILE
+        } as i32;
         let long_splits = *twin.iter().max().unwrap_or(&0);
         let path = if stepped { "schedule kernel" } else { "fold" };
         let what = format!(

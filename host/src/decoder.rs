@@ -252,19 +252,19 @@ impl Runtime {
             )),
             max_len: config.max_seq_len,
         };
+        let grid_splits = schedule.grid_splits();
         let ws = DecodeWorkspace::new(
             stream,
             WorkspaceCapacity {
                 batch: config.max_batch,
                 rows,
-                max_splits: schedule.grid_splits(),
+                max_splits: grid_splits,
             },
         )?;
         log::debug!(
-            "mla plan: {config:?} on {}: backend {}, tactic {tactic}, grid splits {}",
+            "mla plan: {config:?} on {}: backend {}, tactic {tactic}, grid splits {grid_splits}",
             self.device().name,
             backend.name(),
-            schedule.grid_splits()
         );
         let kernels = DecodeKernels::new(
             backend,
@@ -272,7 +272,7 @@ impl Runtime {
             tactic.tile,
             config.dtypes,
             config.page_size,
-            schedule.grid_splits(),
+            grid_splits,
         );
         Ok(DecodePlan {
             config,

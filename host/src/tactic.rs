@@ -177,22 +177,14 @@ impl Default for Tactic {
 }
 
 impl Tactic {
-    /// The default split cap for `rows = s_q * heads` on `tile`: `MAX_SPLITS`, every shape.
-    /// The schedule itself keeps short sequences to fewer splits
-    /// ([`mla_abi::split_bound`]: 32 from two row tiles on, 64 below, more only at eight or
-    /// more KV blocks per split), so the cap only matters to a long sequence.
-    pub fn default_max_splits(_tile: Tile, _rows: usize) -> u32 {
-        MAX_SPLITS
-    }
-
-    /// [`Tactic::default`] with the tile for `rows = s_q * heads` ([`Tile::default_for`])
-    /// and its split cap ([`Tactic::default_max_splits`]): the deterministic choice for a
-    /// shape when tuning is off.
+    /// [`Tactic::default`] with the tile for `rows = s_q * heads` ([`Tile::default_for`]):
+    /// the deterministic choice for a shape when tuning is off. Its split cap is
+    /// `MAX_SPLITS` for every shape: the schedule itself keeps short sequences to fewer
+    /// splits ([`mla_abi::split_bound`]: 32 from two row tiles on, 64 below, more only at
+    /// eight or more KV blocks per split), so the cap only matters to a long sequence.
     pub fn default_for(rows: usize) -> Tactic {
-        let tile = Tile::default_for(rows);
         Tactic {
-            tile,
-            max_splits: Self::default_max_splits(tile, rows),
+            tile: Tile::default_for(rows),
             ..Tactic::default()
         }
     }
@@ -200,10 +192,8 @@ impl Tactic {
     /// [`Tactic::default_for`] with [`Tile::default_on`]: the deterministic choice for a
     /// shape on `backend` when tuning is off.
     pub fn default_on(rows: usize, backend: Backend, dtypes: DecodeDtypes) -> Tactic {
-        let tile = Tile::default_on(rows, backend, dtypes);
         Tactic {
-            tile,
-            max_splits: Self::default_max_splits(tile, rows),
+            tile: Tile::default_on(rows, backend, dtypes),
             ..Tactic::default()
         }
     }
@@ -228,18 +218,17 @@ impl Tactic {
                 tiles.push(t);
             }
         }
-        Self::candidates_with(&tiles, rows)
+        Self::candidates_with(&tiles)
     }
 
     /// The small, fixed set the autotuner measures, the default first (so a tie keeps it):
     /// waves {1, 2} x max_splits {`MAX_SPLITS`, 16}, then max_splits 1 (no split; waves do not matter
     /// there, every sequence gets one chunk). 64-row tile only; see [`Tactic::candidates_for`].
     pub fn candidates() -> Vec<Tactic> {
-        Self::candidates_with(&[Tile::M64N64], 1)
+        Self::candidates_with(&[Tile::M64N64])
     }
 
-    /// The candidates for `rows = s_q * heads` query rows: [`Tactic::candidates`] per tile
-    /// (with [`Tactic::default_max_splits`]),
+    /// The candidates for `rows = s_q * heads` query rows: [`Tactic::candidates`] per tile,
     /// the shape's default tile first (so `candidates_for(rows)[0] == default_for(rows)`);
     /// the 16-row tile joins for `rows <= 32` (two row tiles at most).
     pub fn candidates_for(rows: usize) -> Vec<Tactic> {
@@ -248,12 +237,12 @@ impl Tactic {
         Self::candidates_on(rows, Backend::Portable, DecodeDtypes::Bf16)
     }
 
-    /// Per tile: waves {1, 2} x max_splits {the shape's default cap, 16}, then no split.
-    fn candidates_with(tiles: &[Tile], rows: usize) -> Vec<Tactic> {
+    /// Per tile: waves {1, 2} x max_splits {`MAX_SPLITS`, 16}, then no split.
+    fn candidates_with(tiles: &[Tile]) -> Vec<Tactic> {
         let mut out = Vec::with_capacity(5 * tiles.len());
         for &tile in tiles {
             for waves in [1, 2] {
-                for max_splits in [Self::default_max_splits(tile, rows), 16] {
+                for max_splits in [MAX_SPLITS, 16] {
                     out.push(Tactic {
                         tile,
                         waves,
