@@ -204,7 +204,6 @@ pub fn validate_decode_parts(
     shard: &Shard,
 ) -> Result<DecodeShape> {
     shard_fields(shard)?;
-    let width = |split: bool| if split { D_V } else { D_QK };
     let (batch, s_q, heads) = query_layout(&req.q, width(parts.q_pe.is_some()))?;
     let paged = paged_layout(
         &req.kv_cache,
@@ -274,7 +273,6 @@ pub fn validate_append_split(
     req: &AppendRequest,
     kpe: Option<&TensorView<3>>,
 ) -> Result<PagedShape> {
-    let width = |k: Option<&TensorView<3>>| if k.is_some() { D_V } else { D_QK };
     let new = &req.new_kv;
     let batch = dim_in(NEW_KV.shape[0], new.shape[0], 1..=U32_LIMIT)?;
     let s_q = dim_in(NEW_KV.shape[1], new.shape[1], 1..=MAX_S_Q as usize)?;
@@ -282,7 +280,7 @@ pub fn validate_append_split(
     unit_last_stride(&NEW_KV, new)?;
     let paged = paged_layout(
         &req.kv_cache,
-        width(kpe),
+        width(kpe.is_some()),
         &req.page_table,
         &req.seq_lens,
         batch,
@@ -358,7 +356,7 @@ pub fn validate_gather_split(
     }
     let paged = paged_layout(
         &req.kv_cache,
-        if kpe.is_some() { D_V } else { D_QK },
+        width(kpe.is_some()),
         &req.page_table,
         &req.seq_lens,
         batch,
@@ -540,7 +538,11 @@ fn paged_layout(
     })
 }
 
-/// The page table must be able to hold the `s_q` tokens every sequence has at least.
+/// The width of a cache or q row: 576, or 512 when its rope part is a tensor of its own.
+fn width(rope_apart: bool) -> usize {
+    if rope_apart { D_V } else { D_QK }
+}
+
 /// Rows and pages of a cache (or its rope part) `width` elements wide share no element
 /// (append writes rows in place).
 fn rows_apart(names: &Names<3>, kv: &TensorView<3>, width: usize) -> Result<()> {
@@ -595,6 +597,7 @@ fn q_pe_layout(q_pe: &TensorView<4>, q: &TensorView<4>) -> Result<Span> {
     placed(&Q_PE, q_pe, CHUNK_ALIGN)
 }
 
+/// The page table must be able to hold the `s_q` tokens every sequence has at least.
 fn enough_pages(paged: &Paged, s_q: usize) -> Result<()> {
     if paged.capacity() < s_q {
         return Err(MlaError::shape(
