@@ -141,7 +141,7 @@ impl BenchCase {
             max_splits,
             ..Tactic::default()
         };
-        let splits = tactic.split_counts(&lens, rows, rt.device().sm_count as usize);
+        let splits = tactic.split_counts(&lens, rows, s.dtypes, rt.device().sm_count as usize);
         let mut ws = DecodeWorkspace::new(
             stream,
             WorkspaceCapacity {
@@ -306,7 +306,7 @@ pub fn default_shapes() -> Vec<BenchShape> {
                     let wanted = match tile {
                         Tile::M64N64 => true,
                         Tile::M16N64 => rows <= 32,
-                        Tile::Wg64N64 => rows > 16,
+                        Tile::Wg64N64 | Tile::M32N64 => rows > 16,
                     };
                     if wanted {
                         v.push(BenchShape {
@@ -336,7 +336,7 @@ pub fn extra_shapes(backend: crate::gate::Backend) -> Vec<BenchShape> {
         for heads in [16, 128] {
             let shape = |s_q: usize, page: usize| BenchShape {
                 dtypes,
-                tile: Tile::default_on(heads * s_q, backend, dtypes),
+                tile: Tile::default_on(heads * s_q, 64, backend, dtypes),
                 batch: 64,
                 len: 4096,
                 heads,
@@ -363,7 +363,7 @@ pub fn small_shapes(backend: crate::gate::Backend) -> Vec<BenchShape> {
             for len in [1024, 4096, 16384] {
                 v.push(BenchShape {
                     dtypes: DecodeDtypes::Bf16,
-                    tile: Tile::default_on(heads * s_q, backend, DecodeDtypes::Bf16),
+                    tile: Tile::default_on(heads * s_q, batch, backend, DecodeDtypes::Bf16),
                     batch,
                     len,
                     heads,

@@ -308,10 +308,11 @@ pub unsafe extern "C" fn mla_plan_create(
             1 => Some(crate::tactic::Tile::M16N64),
             2 => Some(crate::tactic::Tile::M64N64),
             3 => Some(crate::tactic::Tile::Wg64N64),
+            4 => Some(crate::tactic::Tile::M32N64),
             other => {
                 return Err(MlaError::shape(
                     "tile",
-                    "0 (shape default), 1 (m16n64), 2 (m64n64) or 3 (wg64n64)",
+                    "0 (shape default), 1 (m16n64), 2 (m64n64), 3 (wg64n64) or 4 (m32n64)",
                     other,
                 ));
             }

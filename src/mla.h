@@ -59,15 +59,15 @@ typedef struct MlaPlan MlaPlan;
 
 /* Fields outside these ranges are MLA_ERR_INVALID naming the field: max_batch 1..65535,
  * heads 1..128, s_q 1..8, page_size a power of two in 1..256, dtype codes above, tile
- * 0..3, waves 0..4. */
+ * 0..4, waves 0..4. */
 typedef struct MlaPlanConfig {
   uint32_t max_batch, heads, s_q, page_size, max_seq_len;
   uint32_t q_dtype, kv_dtype;
   uint32_t waves; /* 0: default tactic */
-  uint32_t tile;  /* 0: the shape's default (16-row tile when s_q * heads <= 16 or, on sm_90a,
-                     an fp8 cache with up to 32 rows; else the wgmma tile on sm_90a for bf16
-                     Q, else 64-row); 1: 16-row; 2: 64-row mma.sync;
-                     3: 64-row wgmma (sm_90a, bf16) */
+  uint32_t tile;  /* 0: the shape's default (16-row tile when s_q * heads <= 16; on sm_90a
+                     the 32-row tile for an fp8 cache with 17..32 rows; else the wgmma tile
+                     on sm_90a for bf16 Q, else 64-row); 1: 16-row; 2: 64-row mma.sync;
+                     3: 64-row wgmma (sm_90a, bf16 Q); 4: 32-row (sm_90a, fp8 cache) */
 } MlaPlanConfig;
 
 typedef struct MlaDecodeArgs {

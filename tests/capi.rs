@@ -169,7 +169,7 @@ fn plan_config_errors_are_invalid_and_name_the_field() {
         ("page_size", "48", |c| c.page_size = 48),
         ("page_size", "512", |c| c.page_size = 512),
         ("max_batch", "0", |c| c.max_batch = 0),
-        ("tile", "4", |c| c.tile = 4),
+        ("tile", "5", |c| c.tile = 5),
         ("waves", "5", |c| c.waves = 5),
         ("q_dtype", "7", |c| c.q_dtype = 7),
     ];

@@ -93,6 +93,7 @@ fn schedule_kernel_matches_cpu_twin_and_plan_matches_oracle() {
         target_ctas: 132,
         max_splits: 64,
         max_len: 4096,
+        step_log2: 0,
     };
     eprintln!(
         "[{test}] CPU twin sample: {:?}",
@@ -141,7 +142,7 @@ fn long_sequences_take_more_splits() {
         let longest = lens.iter().copied().max().unwrap_or(1);
         let h = HostCase::random(&CaseSpec::new(d, 64, heads, 1, lens), &mut rng);
         let refs = h.references();
-        let tactic = Tactic::default_on(heads, rt.backend(), d);
+        let tactic = Tactic::default_on(heads, b, rt.backend(), d);
         let plan = rt.plan_decode(&stream, config(&h, b), tactic).unwrap();
         let mut dc = DeviceCase::upload(&stream, &h).unwrap();
         let (got, splits) = if stepped {
@@ -184,6 +185,87 @@ fn long_sequences_take_more_splits() {
         );
         if !c.ok() {
             failures.push(format!("{what}: {} | {}", c.out, c.lse));
+        }
+    }
+    eprintln!("[{test}] {} failures (seed {seed})", failures.len());
+    for f in &failures {
+        eprintln!("  FAIL {f}");
+    }
+    assert!(failures.is_empty());
+}
+
+/// The fp8-cache 16- and 32-row decodes compute blocks in pairs, so the schedule cuts a
+/// sequence into splits of two blocks at least (`Tile::step_log2`): the fold (`run` at up
+/// to 8 sequences), the schedule kernel (`run` above 8) and `schedule_step` + `run_layer`
+/// against the CPU twin, every count within `ceil(blocks / 2)`, and the output against
+/// the oracle; both fp8 dtypes, S_q 1 and 2 at H=16 (16 and 32 rows, `Tactic::default_on`).
+#[test]
+fn paired_decodes_take_two_block_splits() {
+    let test = "paired_splits";
+    let seed = common::seed(test);
+    let Some((rt, stream)) = common::gpu(test) else {
+        return;
+    };
+    let mut rng = SplitMix64::new(seed);
+    let mut failures = Vec::new();
+    for (i, d) in [DecodeDtypes::Fp8KvBf16Q, DecodeDtypes::Fp8]
+        .into_iter()
+        .enumerate()
+    {
+        for s_q in [1, 2] {
+            for (b, stepped) in [(1, false), (1, true), (3, false), (12, false), (12, true)] {
+                let lens: Vec<usize> = (0..b)
+                    .map(|k| match k % 3 {
+                        0 => rng.range(1000, 9000),
+                        1 => rng.range(s_q, 200),
+                        _ => 64 * rng.range(1, 12) + rng.range(0, 2),
+                    })
+                    .collect();
+                let h = HostCase::random(&CaseSpec::new(d, 64, 16, s_q, lens.clone()), &mut rng);
+                let refs = h.references();
+                let tactic = Tactic::default_on(16 * s_q, b, rt.backend(), d);
+                let plan = rt.plan_decode(&stream, config(&h, b), tactic).unwrap();
+                let mut dc = DeviceCase::upload(&stream, &h).unwrap();
+                let (got, splits) = if stepped {
+                    dc.poison_outputs(&stream).unwrap();
+                    let req = dc.request(&stream, &h);
+                    let cap = h.max_pages * h.spec.page_size;
+                    plan.schedule_step(&rt, &stream, &req.seq_lens, cap)
+                        .unwrap();
+                    plan.run_layer(&rt, &stream, &req).unwrap();
+                    stream.synchronize().unwrap();
+                    let got = dc.download(&stream, d.out()).unwrap();
+                    (got, plan.read_splits(&stream, b).unwrap())
+                } else {
+                    run_plan(&rt, &stream, &plan, &h, &mut dc)
+                };
+                let twin = cpu_twin(&plan, &h);
+                let step = 1usize << plan.schedule().step_log2;
+                let what = format!(
+                    "{} H=16 S_q={s_q} B={b} lens {lens:?} tactic {tactic} step {step}{}",
+                    d.name(),
+                    if stepped { " (schedule_step)" } else { "" }
+                );
+                if splits != twin {
+                    failures.push(format!("{what}: schedule {splits:?} != CPU twin {twin:?}"));
+                }
+                if rt.backend() == mla::Backend::Sm90a && step != 2 {
+                    failures.push(format!("{what}: the plan does not pair blocks"));
+                }
+                for (&n, &l) in splits.iter().zip(&lens) {
+                    let pairs = l.div_ceil(64).div_ceil(step);
+                    if n < 1 || n as usize > pairs {
+                        failures.push(format!("{what}: {n} splits for {l} tokens"));
+                    }
+                }
+                let c = harness::check(&got, &refs);
+                if i == 0 && b == 1 {
+                    eprintln!("[{test}] {what}: splits {splits:?}; {} | {}", c.out, c.lse);
+                }
+                if !c.ok() {
+                    failures.push(format!("{what}: {} | {}", c.out, c.lse));
+                }
+            }
         }
     }
     eprintln!("[{test}] {} failures (seed {seed})", failures.len());

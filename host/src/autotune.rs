@@ -458,7 +458,12 @@ impl Autotuner {
     /// The tactic to use without measuring: the cached winner when the mode is `On` and one
     /// is cached, else [`Tactic::default_on`] the shape's rows, this backend and dtypes.
     pub fn choose(&self, device: &DeviceKey, shape: &ShapeKey) -> Tactic {
-        let default = Tactic::default_on(shape.heads * shape.s_q, self.backend, shape.dtypes);
+        let default = Tactic::default_on(
+            shape.heads * shape.s_q,
+            shape.batch,
+            self.backend,
+            shape.dtypes,
+        );
         match self.mode {
             TuneMode::Off => default,
             TuneMode::On => self.cache.get(device, shape).map_or(default, |(t, _)| t),
@@ -480,11 +485,16 @@ impl Autotuner {
     ) -> Result<Tactic, MlaError> {
         let rows = shape.heads * shape.s_q;
         if self.mode == TuneMode::Off {
-            return Ok(Tactic::default_on(rows, self.backend, shape.dtypes));
+            return Ok(Tactic::default_on(
+                rows,
+                shape.batch,
+                self.backend,
+                shape.dtypes,
+            ));
         }
         let mut best: Option<(Tactic, f64)> = None;
         let mut first_err = None;
-        for tactic in Tactic::candidates_on(rows, self.backend, shape.dtypes) {
+        for tactic in Tactic::candidates_on(rows, shape.batch, self.backend, shape.dtypes) {
             let timed = time_us(&tactic).and_then(|us| check_time(us).map(|()| us));
             match timed {
                 Ok(us) => {

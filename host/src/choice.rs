@@ -83,6 +83,9 @@ pub fn tile_kernel(tile: Tile, dtypes: DecodeDtypes) -> &'static Kernel {
         (Tile::M16N64, Fp16) => DECODE16_FP16,
         (Tile::M16N64, Fp8KvBf16Q) => DECODE16_FP8KV_BF16Q,
         (Tile::M16N64, Fp8) => DECODE16_FP8,
+        // Only the fp8 caches pass Tile::check; the symbols are in the sm_90a image only.
+        (Tile::M32N64, Fp8) => DECODE32_FP8,
+        (Tile::M32N64, _) => DECODE32_FP8KV_BF16Q,
         // Only these two pass Tile::check; the symbols are in the sm_90a image only.
         (Tile::Wg64N64, Fp8KvBf16Q) => DECODE_WG_FP8KV_BF16Q,
         (Tile::Wg64N64, _) => DECODE_WG_BF16,

@@ -184,7 +184,12 @@ impl Runtime {
     /// The tactic the library picks for `config` on this runtime's backend when not
     /// tuning ([`Tactic::default_on`]): the measured default path.
     pub fn default_tactic(&self, config: &DecodeConfig) -> Tactic {
-        Tactic::default_on(config.rows(), self.backend(), config.dtypes)
+        Tactic::default_on(
+            config.rows(),
+            config.max_batch,
+            self.backend(),
+            config.dtypes,
+        )
     }
 
     /// Plans a decode for `config` with `tactic` ([`Runtime::default_tactic`] when not
@@ -251,6 +256,7 @@ impl Runtime {
                 config.max_batch,
             )),
             max_len: config.max_seq_len,
+            step_log2: tactic.tile.step_log2(config.dtypes),
         };
         let grid_splits = schedule.grid_splits();
         let ws = DecodeWorkspace::new(
@@ -648,7 +654,7 @@ impl DecodePlan {
                 tiles: p.tiles.max(1),
                 target_ctas: p.target_ctas,
                 max_len: p.max_len,
-                _pad: 0,
+                step_log2: p.step_log2,
             }
         } else {
             // SAFETY: seq_lens holds `batch` i32 (validated); num_splits `max_batch`.
@@ -682,7 +688,7 @@ impl DecodePlan {
             target_ctas: self.schedule.target_ctas.min(u32::MAX as usize) as u32,
             max_splits: self.kernels.grid_splits as u32,
             max_len: shape.max_seq_len().min(u32::MAX as usize) as u32,
-            _pad: 0,
+            step_log2: self.schedule.step_log2,
             shard: self.ws.shard,
         }
     }

@@ -36,6 +36,8 @@ pub struct ScheduleConfig {
     pub max_splits: usize,
     /// Lengths are clamped to `0..=max_len` (`max_pages * page_size`).
     pub max_len: usize,
+    /// log2 of the KV blocks the decode computes per step (`tactic::Tile::step_log2`).
+    pub step_log2: u32,
 }
 
 /// How many times its even share of the CTA target one sequence may take in a planned
@@ -100,6 +102,7 @@ pub fn schedule_shard(seq_lens: &[i32], cfg: &ScheduleConfig, shard: &mla_abi::S
                 cfg.target_ctas as u64,
                 cfg.max_splits as u64,
                 cfg.tiles.max(1) as u64,
+                cfg.step_log2,
             ) as i32
         })
         .collect()
@@ -113,6 +116,7 @@ pub fn split_counts(seq_lens: &[i32], rows: usize, sm_count: usize, max_splits: 
         target_ctas: sm_count.max(1),
         max_splits: max_splits.clamp(1, MAX_SPLITS as usize),
         max_len: u32::MAX as usize,
+        step_log2: 0,
     };
     schedule(seq_lens, &cfg)
 }
@@ -189,16 +193,18 @@ mod tests {
                 target_ctas: rng.range(1, 528),
                 max_splits: rng.range(1, MAX_SPLITS as usize),
                 max_len: rng.range(1, 300_000),
+                step_log2: rng.range(0, 2) as u32,
             };
             let s = schedule(&lens, &cfg);
             let bound = cfg.grid_splits() as i32;
             for (i, (&x, &l)) in s.iter().zip(&lens).enumerate() {
                 let blocks = (l.max(0) as usize).min(cfg.max_len).div_ceil(BLOCK_N) as i32;
+                let steps = (blocks as usize).div_ceil(1 << cfg.step_log2) as i32;
                 if blocks == 0 {
                     assert_eq!(x, 0, "seq {i}: a sequence with no KV must be skipped");
                 } else {
                     assert!(
-                        x >= 1 && x <= bound && x <= blocks,
+                        x >= 1 && x <= bound && x <= steps,
                         "seq {i}: {x} (bound {bound}, blocks {blocks}) {cfg:?}"
                     );
                 }
@@ -222,6 +228,7 @@ mod tests {
                 target_ctas: 132,
                 max_splits: MAX_SPLITS as usize,
                 max_len: 1 << 20,
+                step_log2: 0,
             };
             schedule(&[len], &cfg)[0]
         };
@@ -238,6 +245,7 @@ mod tests {
             target_ctas: 132,
             max_splits: 16,
             max_len: 1 << 20,
+            step_log2: 0,
         };
         assert_eq!(schedule(&[131072], &cfg), vec![16]);
         let cfg = ScheduleConfig {
@@ -252,6 +260,7 @@ mod tests {
                 target_ctas: 132,
                 max_splits: MAX_SPLITS as usize,
                 max_len,
+                step_log2: 0,
             }
             .grid_splits()
         };
@@ -259,6 +268,22 @@ mod tests {
         assert_eq!(grid(16384, 1), 64);
         assert_eq!(grid(131072, 2), 66);
         assert_eq!(grid(131072, 1), 128);
+        // Decodes that compute blocks in pairs take splits of two blocks at least: 32 for
+        // 64 blocks, 3 for 5; a long sequence is cut by its long bound as before.
+        let paired = |len: i32| {
+            let cfg = ScheduleConfig {
+                tiles: 1,
+                target_ctas: 132,
+                max_splits: MAX_SPLITS as usize,
+                max_len: 1 << 20,
+                step_log2: 1,
+            };
+            schedule(&[len], &cfg)[0]
+        };
+        assert_eq!(paired(4096), 32);
+        assert_eq!(paired(5 * 64), 3);
+        assert_eq!(paired(64), 1);
+        assert_eq!(paired(131072), 128);
     }
 
     #[test]
@@ -277,6 +302,7 @@ mod tests {
             target_ctas: 132,
             max_splits: split_cap(132, 1, 128),
             max_len: 1 << 20,
+            step_log2: 0,
         };
         assert_eq!(cfg.grid_splits(), 5);
         // Uniform lengths at a quarter-full bucket still get their even share.

@@ -13,6 +13,13 @@ use mla_abi::{MAX_SPLITS, decode_tile};
 use std::fmt;
 use std::str::FromStr;
 
+/// Fewest sequences a plan must admit for an fp8 cache with 17 to 32 rows to take the
+/// 32-row tile ([`Tile::default_on`]). Below, two 16-row CTAs per sequence and split keep
+/// twice the CTAs busy: H200, fp8 KV, H=16 S_q=2 L=4096, `mla bench` plan path, B=1 15.2
+/// (16-row) against 19.2 us (32-row), B=8 27.3 against 29.5; from B=64 the 32-row tile
+/// leads (B=128 182.8 against 215.0 us; docs/PERF.md, section 3.4).
+pub const M32_MIN_BATCH: usize = 9;
+
 /// Most waves of CTAs the split scheduler may aim for. Past a few waves the extra
 /// partials cost more in the combine than they win in occupancy.
 pub const MAX_WAVES: u32 = 4;
@@ -42,6 +49,10 @@ pub enum Tile {
     /// there ([`Tile::default_for`]) and, on sm_90a, for fp8 caches up to 32 rows
     /// ([`Tile::default_on`]); a tuner candidate up to 32 rows.
     M16N64,
+    /// 32 rows x 64 tokens with an fp8 cache (sm_90a image): the fp8 16-row kernel with two
+    /// row groups per warp, so each fp8 block is read and converted once for 32 rows; the
+    /// default there for 17..=32 rows ([`Tile::default_on`]).
+    M32N64,
     /// 64 rows x 64 tokens with `wgmma` (two warpgroups, accumulators in registers): sm_90a
     /// image, bf16 Q with a bf16 or fp8 cache ([`Tile::check`]); the default there for more
     /// than 16 rows ([`Tile::default_on`]).
@@ -49,21 +60,30 @@ pub enum Tile {
 }
 
 impl Tile {
-    pub const ALL: [Tile; 3] = [Tile::M64N64, Tile::M16N64, Tile::Wg64N64];
+    pub const ALL: [Tile; 4] = [Tile::M64N64, Tile::M16N64, Tile::M32N64, Tile::Wg64N64];
 
-    /// The default tile for `rows` query rows on `backend` with `dtypes`: on sm_90a the
-    /// 16-row tile for fp8 caches up to two row tiles (32 rows); the `wgmma` tile where it
-    /// runs (sm_90a; bf16 Q, bf16 or fp8 cache) and the rows fill more than a 16-row tile;
-    /// else [`Tile::default_for`].
-    pub fn default_on(rows: usize, backend: Backend, dtypes: DecodeDtypes) -> Tile {
-        // fp8 caches in up to two 16-row tiles: the sm_90a image's 16-row kernel converts
-        // fp8 in registers and beats the `wgmma` tile there (H200, B=64 L=4096 H=16 S_q=2:
-        // 107.6 against 133.5 us, docs/PERF.md v11).
-        if backend == Backend::Sm90a
-            && dtypes.kv() == mla_abi::ElemType::Fp8E4m3
-            && rows <= 2 * decode_tile::BLOCK_M_SMALL
-        {
-            return Tile::M16N64;
+    /// The default tile for `rows` query rows of up to `max_batch` sequences on `backend`
+    /// with `dtypes`: on sm_90a with an fp8 cache the 16-row tile up to 16 rows, and up to
+    /// 32 the 32-row tile from [`M32_MIN_BATCH`] sequences on (two 16-row tiles below); the
+    /// `wgmma` tile where it runs (sm_90a; bf16 Q, bf16 or fp8 cache) and the rows fill
+    /// more than a 16-row tile; else [`Tile::default_for`].
+    pub fn default_on(
+        rows: usize,
+        max_batch: usize,
+        backend: Backend,
+        dtypes: DecodeDtypes,
+    ) -> Tile {
+        // fp8 caches up to 32 rows: the sm_90a image's 16- and 32-row kernels convert fp8
+        // in registers and beat the `wgmma` tile there (docs/PERF.md, section 3.4).
+        if backend == Backend::Sm90a && dtypes.kv() == mla_abi::ElemType::Fp8E4m3 {
+            if rows <= decode_tile::BLOCK_M_SMALL
+                || (rows <= 2 * decode_tile::BLOCK_M_SMALL && max_batch < M32_MIN_BATCH)
+            {
+                return Tile::M16N64;
+            }
+            if rows <= decode_tile::BLOCK_M_F8X2 {
+                return Tile::M32N64;
+            }
         }
         let portable = Tile::default_for(rows);
         if portable == Tile::M64N64 && Tile::Wg64N64.check(backend, dtypes).is_ok() {
@@ -77,6 +97,9 @@ impl Tile {
     /// image (`wgmma` is sm_90a only; the sm_100a image does not have it) and bf16 Q with a
     /// bf16 or fp8 cache.
     pub fn check(self, backend: Backend, dtypes: DecodeDtypes) -> Result<(), MlaError> {
+        if self == Tile::M32N64 {
+            return Self::check_m32(backend, dtypes);
+        }
         if self != Tile::Wg64N64 {
             return Ok(());
         }
@@ -100,6 +123,30 @@ impl Tile {
         Ok(())
     }
 
+    /// The 32-row tile: the sm_90a image (hardware fp8 conversion; the sm_100a image does
+    /// not carry it) and an fp8 cache, with bf16 or fp8 Q.
+    fn check_m32(backend: Backend, dtypes: DecodeDtypes) -> Result<(), MlaError> {
+        let tile = Tile::M32N64.name();
+        if backend != Backend::Sm90a && backend != Backend::Reference {
+            return Err(MlaError::Unsupported {
+                what: "tile",
+                got: tile.into(),
+                why: format!(
+                    "needs the sm90a backend (its fp8 32-row kernel), this plan runs on {}",
+                    backend.name()
+                ),
+            });
+        }
+        if dtypes.kv() != mla_abi::ElemType::Fp8E4m3 {
+            return Err(MlaError::Unsupported {
+                what: "tile",
+                got: tile.into(),
+                why: format!("an fp8 cache only, got {dtypes:?}"),
+            });
+        }
+        Ok(())
+    }
+
     /// The default tile for `rows = s_q * heads` query rows per sequence: the 16-row tile
     /// when one tile holds them all (measured on the H200: 1.6x faster at H = 16, docs/PERF.md),
     /// else the 64-row tile.
@@ -111,13 +158,24 @@ impl Tile {
         }
     }
 
-    /// The canonical name (`m64n64`, `m16n64`).
+    /// The canonical name (`m64n64`, `m16n64`, `m32n64`, `wg64n64`).
     pub fn name(self) -> &'static str {
         match self {
             Tile::M64N64 => "m64n64",
             Tile::M16N64 => "m16n64",
+            Tile::M32N64 => "m32n64",
             Tile::Wg64N64 => "wg64n64",
         }
+    }
+
+    /// log2 of the KV blocks this tile's decode for `dtypes` computes per step: 1 for the
+    /// fp8-cache 16- and 32-row kernels, which take blocks in pairs (a one-block split
+    /// costs them a pair), else 0. The schedule cuts sequences into that many blocks at
+    /// least ([`mla_abi::schedule_splits`]).
+    pub fn step_log2(self, dtypes: DecodeDtypes) -> u32 {
+        let pairs = matches!(self, Tile::M16N64 | Tile::M32N64)
+            && dtypes.kv() == mla_abi::ElemType::Fp8E4m3;
+        u32::from(pairs)
     }
 
     /// Query rows per CTA.
@@ -125,6 +183,7 @@ impl Tile {
         match self {
             Tile::M64N64 | Tile::Wg64N64 => decode_tile::BLOCK_M,
             Tile::M16N64 => decode_tile::BLOCK_M_SMALL,
+            Tile::M32N64 => decode_tile::BLOCK_M_F8X2,
         }
     }
 
@@ -191,24 +250,34 @@ impl Tactic {
 
     /// [`Tactic::default_for`] with [`Tile::default_on`]: the deterministic choice for a
     /// shape on `backend` when tuning is off.
-    pub fn default_on(rows: usize, backend: Backend, dtypes: DecodeDtypes) -> Tactic {
+    pub fn default_on(
+        rows: usize,
+        max_batch: usize,
+        backend: Backend,
+        dtypes: DecodeDtypes,
+    ) -> Tactic {
         Tactic {
-            tile: Tile::default_on(rows, backend, dtypes),
+            tile: Tile::default_on(rows, max_batch, backend, dtypes),
             ..Tactic::default()
         }
     }
 
     /// The candidates on `backend` for `dtypes`: [`Tile::default_on`]'s tile first (so a tie
     /// keeps it), then the `wgmma` tile where `backend` runs it for `dtypes` and rows are more
-    /// than 16, the 64-row tile, and the 16-row tile up to 32 rows; each with the knobs of
-    /// [`Tactic::candidates_with`]. Without the `wgmma` tile this is
-    /// [`Tactic::candidates_for`].
-    pub fn candidates_on(rows: usize, backend: Backend, dtypes: DecodeDtypes) -> Vec<Tactic> {
-        let first = Tile::default_on(rows, backend, dtypes);
+    /// than 16, the 32-row tile likewise, the 64-row tile, and the 16-row tile up to 32
+    /// rows; each with the knobs of [`Tactic::candidates_with`]. Without the sm_90a tiles
+    /// this is [`Tactic::candidates_for`].
+    pub fn candidates_on(
+        rows: usize,
+        max_batch: usize,
+        backend: Backend,
+        dtypes: DecodeDtypes,
+    ) -> Vec<Tactic> {
+        let first = Tile::default_on(rows, max_batch, backend, dtypes);
         let mut tiles = vec![first];
-        for t in [Tile::Wg64N64, Tile::M64N64, Tile::M16N64] {
+        for t in [Tile::Wg64N64, Tile::M32N64, Tile::M64N64, Tile::M16N64] {
             let fits = match t {
-                Tile::Wg64N64 => {
+                Tile::Wg64N64 | Tile::M32N64 => {
                     rows > decode_tile::BLOCK_M_SMALL && t.check(backend, dtypes).is_ok()
                 }
                 Tile::M64N64 => true,
@@ -234,7 +303,7 @@ impl Tactic {
     pub fn candidates_for(rows: usize) -> Vec<Tactic> {
         // The portable backend has no `wgmma` tile and its default tile is `default_for`'s:
         // `candidates_on`'s list without the sm_90a entries.
-        Self::candidates_on(rows, Backend::Portable, DecodeDtypes::Bf16)
+        Self::candidates_on(rows, 1, Backend::Portable, DecodeDtypes::Bf16)
     }
 
     /// Per tile: waves {1, 2} x max_splits {`MAX_SPLITS`, 16}, then no split.
@@ -284,9 +353,16 @@ impl Tactic {
         sm_count.max(1).saturating_mul(self.waves as usize)
     }
 
-    /// Split counts per sequence under this tactic, on the host: [`plan::schedule`] with
-    /// this tile's row tiles and [`Tactic::target_ctas`] (no length clamp).
-    pub fn split_counts(&self, seq_lens: &[i32], rows: usize, sm_count: usize) -> Vec<i32> {
+    /// Split counts per sequence under this tactic for `dtypes`, on the host:
+    /// [`plan::schedule`] with this tile's row tiles and step ([`Tile::step_log2`]) and
+    /// [`Tactic::target_ctas`] (no length clamp).
+    pub fn split_counts(
+        &self,
+        seq_lens: &[i32],
+        rows: usize,
+        dtypes: DecodeDtypes,
+        sm_count: usize,
+    ) -> Vec<i32> {
         plan::schedule(
             seq_lens,
             &plan::ScheduleConfig {
@@ -294,6 +370,7 @@ impl Tactic {
                 target_ctas: self.target_ctas(sm_count),
                 max_splits: self.max_splits as usize,
                 max_len: u32::MAX as usize,
+                step_log2: self.tile.step_log2(dtypes),
             },
         )
     }

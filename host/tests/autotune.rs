@@ -3,7 +3,7 @@
 
 use mla_abi::MAX_SPLITS;
 use mla_host::autotune::{Autotuner, DeviceKey, ShapeKey, TuneCache, TuneMode, bucket};
-use mla_host::tactic::{MAX_WAVES, Tactic, Tile};
+use mla_host::tactic::{M32_MIN_BATCH, MAX_WAVES, Tactic, Tile};
 use mla_host::{DecodeDtypes, DeviceInfo, MlaError};
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -193,17 +193,31 @@ fn validate_rejects_out_of_range_fields() {
 fn split_counts_scale_the_target_by_waves() {
     let lens = [4096, 100, 20000, 1, 65];
     let rows = 128;
-    let one = Tactic::default().split_counts(&lens, rows, 132);
+    let one = Tactic::default().split_counts(&lens, rows, DecodeDtypes::Bf16, 132);
     assert_eq!(
         one,
         mla_host::plan::split_counts(&lens, rows, 132, MAX_SPLITS as usize)
     );
-    let two = tactic(2, 64).split_counts(&lens, rows, 132);
+    let two = tactic(2, 64).split_counts(&lens, rows, DecodeDtypes::Bf16, 132);
     assert_eq!(two, mla_host::plan::split_counts(&lens, rows, 264, 64));
-    let none = tactic(2, 1).split_counts(&lens, rows, 132);
+    let none = tactic(2, 1).split_counts(&lens, rows, DecodeDtypes::Bf16, 132);
     assert!(none.iter().all(|&s| s == 1), "{none:?}");
-    let capped = tactic(4, 16).split_counts(&[131072], 16, 132);
+    let capped = tactic(4, 16).split_counts(&[131072], 16, DecodeDtypes::Bf16, 132);
     assert_eq!(capped, vec![16]);
+    // The fp8-cache 16- and 32-row kernels compute blocks in pairs: splits of two blocks.
+    for tile in [Tile::M16N64, Tile::M32N64] {
+        let t = Tactic {
+            tile,
+            ..Tactic::default()
+        };
+        assert_eq!(
+            t.split_counts(&[4096], 32, DecodeDtypes::Fp8KvBf16Q, 132),
+            vec![32]
+        );
+        assert_eq!(tile.step_log2(DecodeDtypes::Fp8), 1);
+    }
+    assert_eq!(Tile::M16N64.step_log2(DecodeDtypes::Bf16), 0);
+    assert_eq!(Tile::Wg64N64.step_log2(DecodeDtypes::Fp8KvBf16Q), 0);
 }
 
 // ---------------------------------------------------------------- keys
@@ -692,8 +706,8 @@ fn backend_defaults_and_candidates() {
     for backend in Backend::ALL {
         for dtypes in all {
             for rows in [1, 16, 17, 32, 33, 64, 128] {
-                let d = Tactic::default_on(rows, backend, dtypes);
-                let c = Tactic::candidates_on(rows, backend, dtypes);
+                let d = Tactic::default_on(rows, 64, backend, dtypes);
+                let c = Tactic::candidates_on(rows, 64, backend, dtypes);
                 assert_eq!(c[0], d, "{backend:?} {dtypes:?} rows {rows}: default first");
                 let tiles: Vec<Tile> = c.iter().map(|t| t.tile).collect();
                 let has = |t| tiles.contains(&t);
@@ -708,27 +722,58 @@ fn backend_defaults_and_candidates() {
                     && rows > 16
                     && matches!(dtypes, DecodeDtypes::Bf16 | DecodeDtypes::Fp8KvBf16Q);
                 assert_eq!(has(Tile::Wg64N64), wg, "{backend:?} {dtypes:?} rows {rows}");
+                // The 32-row tile: sm_90a (and the reference backend, as above), fp8 caches.
+                let m32 = backend != Backend::Portable
+                    && rows > 16
+                    && matches!(dtypes, DecodeDtypes::Fp8KvBf16Q | DecodeDtypes::Fp8);
+                assert_eq!(has(Tile::M32N64), m32, "{backend:?} {dtypes:?} rows {rows}");
             }
         }
     }
-    // On sm_90a an fp8 cache in one or two 16-row tiles takes the 16-row tile (its kernel
-    // converts fp8 in registers); bf16 above 16 rows the wgmma tile; the portable image
-    // keeps the portable rule.
-    for rows in [1, 16, 17, 32] {
-        for dtypes in [DecodeDtypes::Fp8KvBf16Q, DecodeDtypes::Fp8] {
-            assert_eq!(Tile::default_on(rows, Backend::Sm90a, dtypes), Tile::M16N64);
+    // On sm_90a an fp8 cache takes the 16-row tile up to 16 rows and the 32-row tile up to
+    // 32 (their kernels convert fp8 in registers); bf16 above 16 rows the wgmma tile; the
+    // portable image keeps the portable rule.
+    // Below M32_MIN_BATCH sequences two 16-row tiles keep more CTAs busy than one 32-row.
+    for dtypes in [DecodeDtypes::Fp8KvBf16Q, DecodeDtypes::Fp8] {
+        for rows in [1, 16] {
+            assert_eq!(
+                Tile::default_on(rows, 64, Backend::Sm90a, dtypes),
+                Tile::M16N64
+            );
         }
+        for rows in [17, 32] {
+            for (batch, tile) in [
+                (1, Tile::M16N64),
+                (M32_MIN_BATCH - 1, Tile::M16N64),
+                (M32_MIN_BATCH, Tile::M32N64),
+                (128, Tile::M32N64),
+            ] {
+                assert_eq!(Tile::default_on(rows, batch, Backend::Sm90a, dtypes), tile);
+            }
+        }
+        assert_eq!(Tile::M32N64.row_tiles(33), 2);
+        assert!(Tile::M32N64.check(Backend::Portable, dtypes).is_err());
+        assert!(Tile::M32N64.check(Backend::Sm90a, dtypes).is_ok());
     }
+    for dtypes in [DecodeDtypes::Bf16, DecodeDtypes::Fp16] {
+        let e = Tile::M32N64
+            .check(Backend::Sm90a, dtypes)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("m32n64") && e.contains("fp8"), "{e}");
+    }
+    let tactic: Tactic = "tile=m32n64,waves=1,splits<=128".parse().unwrap();
+    assert_eq!(tactic.tile, Tile::M32N64);
     assert_eq!(
-        Tile::default_on(33, Backend::Sm90a, DecodeDtypes::Fp8KvBf16Q),
+        Tile::default_on(33, 64, Backend::Sm90a, DecodeDtypes::Fp8KvBf16Q),
         Tile::Wg64N64
     );
     assert_eq!(
-        Tile::default_on(32, Backend::Sm90a, DecodeDtypes::Bf16),
+        Tile::default_on(32, 64, Backend::Sm90a, DecodeDtypes::Bf16),
         Tile::Wg64N64
     );
     assert_eq!(
-        Tile::default_on(32, Backend::Portable, DecodeDtypes::Fp8KvBf16Q),
+        Tile::default_on(32, 64, Backend::Portable, DecodeDtypes::Fp8KvBf16Q),
         Tile::M64N64
     );
 }

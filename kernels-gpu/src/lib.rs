@@ -190,6 +190,21 @@ paged_kernel!(
 );
 
 /// `mla_decode_wg_bf16`: see [`decode::wg`] (sm_90a image only).
+/// The 32-row fp8-cache decodes (`decode::f8` with two row groups): in the sm_90a image.
+#[cfg(mla_wgmma)]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mla_decode_mma32_fp8kv_bf16q(p: DecodeParams) {
+    decode_entry();
+    unsafe { decode::f8::decode_fp8::<DecodeFp8KvBf16Q, 2>(p) }
+}
+
+#[cfg(mla_wgmma)]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mla_decode_mma32_fp8(p: DecodeParams) {
+    decode_entry();
+    unsafe { decode::f8::decode_fp8::<DecodeFp8, 2>(p) }
+}
+
 #[cfg(mla_wgmma)]
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mla_decode_wg_bf16(p: DecodeParams) {

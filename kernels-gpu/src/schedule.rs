@@ -58,6 +58,7 @@ pub unsafe fn schedule(p: ScheduleParams) {
             p.target_ctas as u64,
             p.max_splits as u64,
             p.tiles.max(1) as u64,
+            p.step_log2,
         );
         // SAFETY: b < batch entries of num_splits.
         unsafe { *p.num_splits.ptr().add(b as usize) = s as i32 };

@@ -176,6 +176,19 @@ pub mod decode_tile {
     pub const SMEM_F8_BYTES: usize = SMEM_F8_QSCALE + BLOCK_M_SMALL * 4;
     const _: () = assert!(SMEM_F8_BYTES <= SMEM_BYTES && SMEM_F8_RING.is_multiple_of(16));
 
+    /// The 32-row form of that kernel (sm_90a, `Tile::M32N64` on the host): two 16-row
+    /// groups share every converted K and V fragment, so a sequence's fp8 blocks are read
+    /// and converted once for 32 rows instead of once per 16-row tile. The same regions,
+    /// Q, P, the exchange and the scales sized for 32 rows; the ring unchanged.
+    pub const BLOCK_M_F8X2: usize = 2 * BLOCK_M_SMALL;
+    pub const SMEM_F8X2_Q: usize = 0;
+    pub const SMEM_F8X2_RING: usize = SMEM_F8X2_Q + 2 * F8_Q_BYTES;
+    pub const SMEM_F8X2_P: usize = SMEM_F8X2_RING + RING_SLOTS * FP8_STAGE_BYTES;
+    pub const SMEM_F8X2_RED: usize = SMEM_F8X2_P + 2 * F8_P_BYTES;
+    pub const SMEM_F8X2_QSCALE: usize = SMEM_F8X2_RED + 2 * RED_BYTES;
+    pub const SMEM_F8X2_BYTES: usize = SMEM_F8X2_QSCALE + BLOCK_M_F8X2 * 4;
+    const _: () = assert!(SMEM_F8X2_BYTES <= 227 * 1024 && SMEM_F8X2_RING.is_multiple_of(16));
+
     /// The `wgmma` decode (sm_90a only, `names::DECODE_WG_BF16`): the same grid, block and
     /// params as the 64-row tile; Q and two KV stages as 128-byte-swizzled slab tiles (nine
     /// 64-dim slabs of 64 x 128 bytes each), after up to 1 KB of alignment slack (the
@@ -412,16 +425,20 @@ pub const fn split_bound(blocks: u64, tiles: u64, max_splits: u64) -> u64 {
 
 /// The split count of one sequence under the on-device schedule (the kernel and its host
 /// twin `plan::schedule` both call this): `floor(blocks * target_ctas / total_blocks)`,
-/// clamped to `1..=min(split_bound(blocks, tiles, max_splits), blocks)`, where
-/// `total_blocks` is the batch's KV blocks times the `tiles` row tiles. At most about one
-/// wave of `target_ctas` CTAs in all. A sequence with no KV (length <= 0: a padding slot of
-/// a batch bucket) gets 0: it is skipped, and its output rows are not written.
+/// clamped to `1..=min(split_bound(blocks, tiles, max_splits), ceil(blocks / 2^step_log2))`,
+/// where `total_blocks` is the batch's KV blocks times the `tiles` row tiles. At most about
+/// one wave of `target_ctas` CTAs in all. `step_log2` is 1 for the decodes that compute
+/// blocks in pairs (the fp8 16- and 32-row kernels): a split of one block costs them a
+/// pair's time, so a sequence is cut into pairs. A sequence with no KV (length <= 0: a
+/// padding slot of a batch bucket) gets 0: it is skipped, and its output rows are not
+/// written.
 pub const fn schedule_splits(
     blocks: u64,
     total_blocks: u64,
     target_ctas: u64,
     max_splits: u64,
     tiles: u64,
+    step_log2: u32,
 ) -> u32 {
     if blocks == 0 {
         return 0;
@@ -429,7 +446,9 @@ pub const fn schedule_splits(
     let total = if total_blocks == 0 { 1 } else { total_blocks };
     let s = blocks.saturating_mul(target_ctas) / total;
     let bound = split_bound(blocks, tiles, max_splits);
-    let hi = if bound < blocks { bound } else { blocks };
+    let k = step_log2 & 7;
+    let steps = (blocks + (1u64 << k) - 1) >> k;
+    let hi = if bound < steps { bound } else { steps };
     let hi = if hi == 0 { 1 } else { hi };
     let s = if s > hi { hi } else { s };
     (if s == 0 { 1 } else { s }) as u32
@@ -454,6 +473,9 @@ pub mod names {
     pub const DECODE16_FP16: &str = "mla_decode_mma16_fp16";
     pub const DECODE16_FP8KV_BF16Q: &str = "mla_decode_mma16_fp8kv_bf16q";
     pub const DECODE16_FP8: &str = "mla_decode_mma16_fp8";
+    /// The 32-row fp8-cache decodes (`decode_tile::SMEM_F8X2_*`): only in the sm_90a image.
+    pub const DECODE32_FP8KV_BF16Q: &str = "mla_decode_mma32_fp8kv_bf16q";
+    pub const DECODE32_FP8: &str = "mla_decode_mma32_fp8";
     /// The `wgmma` decodes (64-row tile; bf16 Q with a bf16 or an fp8 cache): only in the
     /// sm_90a image (`super::kernels::Images::Sm90aOnly`).
     pub const DECODE_WG_BF16: &str = "mla_decode_wg_bf16";
@@ -602,6 +624,18 @@ pub mod kernels {
             decode_tile::SMEM_BYTES,
         ),
         k(DECODE16_FP8, Params::Decode, DT, decode_tile::SMEM_BYTES),
+        sm90a(k(
+            DECODE32_FP8KV_BF16Q,
+            Params::Decode,
+            DT,
+            decode_tile::SMEM_F8X2_BYTES,
+        )),
+        sm90a(k(
+            DECODE32_FP8,
+            Params::Decode,
+            DT,
+            decode_tile::SMEM_F8X2_BYTES,
+        )),
         sm90a(k(
             DECODE_WG_BF16,
             Params::Decode,
@@ -767,7 +801,8 @@ pub struct SchedFold {
     pub tiles: u32,
     pub target_ctas: u32,
     pub max_len: u32,
-    pub _pad: u32,
+    /// log2 of the KV blocks the decode computes per step ([`schedule_splits`]).
+    pub step_log2: u32,
 }
 
 /// Largest batch whose decode folds the schedule in (every warp of every CTA reads all of
@@ -950,7 +985,8 @@ pub struct ScheduleParams {
     pub max_splits: u32,
     /// Lengths are clamped to `0..=max_len` (`max_pages * page_size`), as the decode does.
     pub max_len: u32,
-    pub _pad: u32,
+    /// log2 of the KV blocks the decode computes per step ([`schedule_splits`]).
+    pub step_log2: u32,
     /// The decode's shard ([`Shard`]): the schedule counts this rank's blocks.
     pub shard: Shard,
 }

@@ -58,8 +58,9 @@ pub fn e4m3_to_f32(byte: u32) -> f32 {
 }
 
 /// `cvt.rn.f16x2.e4m3x2` (sm_89+): two fp8 e4m3 values (low byte first) to two fp16 values
-/// (low half first), exactly (every e4m3 value, NaN included, is an fp16 value).
-#[cfg(mla_hw_fp8)]
+/// (low half first), exactly (every e4m3 value, NaN included, is an fp16 value). In the
+/// images that convert in hardware, and in the sm_90a image always (its 32-row fp8 decode).
+#[cfg(any(mla_hw_fp8, mla_wgmma))]
 #[inline(always)]
 pub fn e4m3x2_to_f16x2(pair: u16) -> u32 {
     let r: u32;
@@ -72,7 +73,7 @@ pub fn e4m3x2_to_f16x2(pair: u16) -> u32 {
 
 /// Four fp8 e4m3 values (low byte first) to two registers of two fp16 values each (bytes
 /// 0-1, then bytes 2-3), exactly: two `cvt.rn.f16x2.e4m3x2`.
-#[cfg(mla_hw_fp8)]
+#[cfg(any(mla_hw_fp8, mla_wgmma))]
 #[inline(always)]
 pub fn e4m3x4_to_f16x2x2(quad: u32) -> [u32; 2] {
     [

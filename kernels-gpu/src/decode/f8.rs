@@ -1,7 +1,12 @@
-//! The 16-row decode of fp8 caches (`s_q * heads <= 16`: the memory-bound shapes) where
-//! the arch converts fp8 in hardware (sm_90a, sm_100a): `mma.sync` in fp16 with the KV
-//! operands converted in registers, straight from the raw fp8 blocks in shared memory. No
-//! converted KV tile, no conversion pass between barriers.
+//! The 16- and 32-row decodes of fp8 caches (`s_q * heads <= 32`: the memory-bound shapes)
+//! where the arch converts fp8 in hardware (sm_90a, sm_100a): `mma.sync` in fp16 with the
+//! KV operands converted in registers, straight from the raw fp8 blocks in shared memory.
+//! No converted KV tile, no conversion pass between barriers.
+//!
+//! - `RGS` 16-row groups per CTA (1, or 2 for the 32-row tile, sm_90a image): every warp
+//!   computes all of them, so each K and V fragment is loaded and converted once and feeds
+//!   one `mma` per group. What follows describes one group; Q, P, the exchange and the
+//!   scales hold one copy per group (`decode_tile::SMEM_F8X2_*` for two).
 //!
 //! - Grid, block, params and outputs: as [`crate::decode`]'s 16-row tile (one row group x
 //!   eight column splits: warp `ch` computes S for tokens `8 ch .. +8` of each block and O
@@ -27,7 +32,7 @@
 //!   accumulators then hold dims `16 c + 4 t .. +4` of each chunk `c`, rows `g`, `g + 8`.
 
 use crate::arch::{self, cp_async, cvt, ldmatrix, mma, smem, sync};
-use crate::decode::{self, CtaWork, DecodeKind, M16};
+use crate::decode::{self, CtaWork, DecodeKind};
 use crate::elem::Half16;
 use mla_abi::{D_QK, D_V, DecodeParams, decode_tile as T};
 
@@ -52,6 +57,39 @@ const _: () = assert!(TPR * BLOCK_N == THREADS && ROW_CHUNKS.is_multiple_of(TPR)
 const _: () = assert!(AHEAD == 3 && O_DIMS == 64 && D_V == 512);
 const _: () =
     assert!(512 * Q_STEPS as usize == T::F8_Q_BYTES && 512 * P_STEPS as usize == T::F8_P_BYTES);
+/// Bytes of one 16-row group's Q and P tiles.
+const GQ: u32 = T::F8_Q_BYTES as u32;
+const GP: u32 = T::F8_P_BYTES as u32;
+
+/// Shared-memory byte offsets of the regions for `rgs` row groups.
+struct Regions {
+    q: u32,
+    ring: u32,
+    p: u32,
+    red: u32,
+    qscale: u32,
+}
+
+const fn regions(rgs: usize) -> Regions {
+    if rgs == 1 {
+        Regions {
+            q: T::SMEM_F8_Q as u32,
+            ring: T::SMEM_F8_RING as u32,
+            p: T::SMEM_F8_P as u32,
+            red: T::SMEM_F8_RED as u32,
+            qscale: T::SMEM_F8_QSCALE as u32,
+        }
+    } else {
+        Regions {
+            q: T::SMEM_F8X2_Q as u32,
+            ring: T::SMEM_F8X2_RING as u32,
+            p: T::SMEM_F8X2_P as u32,
+            red: T::SMEM_F8X2_RED as u32,
+            qscale: T::SMEM_F8X2_QSCALE as u32,
+        }
+    }
+}
+const _: () = assert!(T::BLOCK_M_F8X2 == 2 * T::BLOCK_M_SMALL);
 
 /// Byte offset of dim (byte) `d` of row `r` in a raw block: 16-byte chunk `k` of row `r`
 /// sits at chunk `k ^ ((r / 2) % 4)` (within its aligned group of four), so eight
@@ -109,93 +147,142 @@ unsafe fn issue_block(p: &DecodeParams, entry: i32, n0: u32, slot: u32) {
     }
 }
 
-/// Loads the CTA's 16 query rows as fp16 into the Q tile (fragment order, [`frag_off`] of
-/// [`q_col`]; zeros past the last row) and each row's scale-back factor (`2^-s`, f32) at `qscale + 4 r`. Warp `w`
-/// loads rows `2 w` and `2 w + 1`; lane `l` words `l + 32 i` (dims `2 (l + 32 i)`, `+1`).
+/// Loads the CTA's `16 RGS` query rows as fp16 into the Q tiles (row `r` in group `r / 16`'s
+/// tile, fragment order, [`frag_off`] of [`q_col`]; zeros past the last row) and each row's
+/// scale-back factor (`2^-s`, f32) at `qscale + 4 r`. Warp `w` loads rows `2 RGS w ..
+/// +2 RGS`; lane `l` words `l + 32 i` (dims `2 (l + 32 i)`, `+1`).
 #[inline(always)]
-unsafe fn load_q<K: DecodeKind>(p: &DecodeParams, b: u32, row0: u32, q_s: u32, qscale: u32) {
+unsafe fn load_q<K: DecodeKind, const RGS: usize>(
+    p: &DecodeParams,
+    b: u32,
+    row0: u32,
+    q_s: u32,
+    qscale: u32,
+) {
     let warp = arch::thread_idx_x() / 32;
     let lane = arch::thread_idx_x() % 32;
     let rows = p.s_q * p.heads;
-    for rr in 0..2 {
-        let r = 2 * warp + rr;
-        let gr = row0 + r;
-        let mut w = [0u32; 9];
-        if gr < rows {
-            let (t, h) = (gr / p.heads, gr % p.heads);
-            let off = b as u64 * p.q_stride_b + t as u64 * p.q_stride_s + h as u64 * p.q_stride_h;
-            let off_pe = b as u64 * p.q_pe_stride_b
-                + t as u64 * p.q_pe_stride_s
-                + h as u64 * p.q_pe_stride_h;
-            unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
-                // Dims 2 (lane + 32 i), +1: latent for i < 8, the rope part's 2 lane for i = 8.
-                let (base, e) = if i < 8 {
-                    (p.q.ptr() as *const u8, off + 2 * (lane as u64 + 32 * i as u64))
-                } else {
-                    (p.q_pe.ptr() as *const u8, off_pe + 2 * lane as u64)
-                };
-                // SAFETY: elements e, e + 1 of a validated q (or q_pe) row (2-byte aligned
-                // for fp8, 4-byte for 16-bit elements).
-                w[i] = unsafe {
-                    if K::Q_FP8 {
-                        cvt::e4m3x2_to_f16x2(*(base.add(e as usize) as *const u16))
+    // Every row's words are loaded before any is scaled, so the rows' global loads overlap
+    // (the scaling's shuffles would otherwise wait out each row's load in turn).
+    let mut words = [[0u32; 9]; 4];
+    unroll!(rr in [0, 1, 2, 3] {
+        if rr < 2 * RGS {
+            let gr = row0 + 2 * RGS as u32 * warp + rr as u32;
+            if gr < rows {
+                let (t, h) = (gr / p.heads, gr % p.heads);
+                let off = b as u64 * p.q_stride_b + t as u64 * p.q_stride_s + h as u64 * p.q_stride_h;
+                let off_pe = b as u64 * p.q_pe_stride_b
+                    + t as u64 * p.q_pe_stride_s
+                    + h as u64 * p.q_pe_stride_h;
+                unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+                    // Dims 2 (lane + 32 i), +1: latent for i < 8, the rope part's 2 lane
+                    // for i = 8.
+                    let (base, e) = if i < 8 {
+                        (p.q.ptr() as *const u8, off + 2 * (lane as u64 + 32 * i as u64))
                     } else {
-                        *(base.add(2 * e as usize) as *const u32)
-                    }
-                };
-            });
-        }
-        let mut down = 1.0f32;
-        if !K::Q_FP8 {
-            // The row's largest magnitude (bf16 bits), then the power of two 2^s that puts
-            // it in [2^14, 2^15).
-            let mut m = 0u32;
-            unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
-                m = m.max(w[i] & 0x7fff).max((w[i] >> 16) & 0x7fff);
-            });
-            unroll!(k in [0, 1, 2, 3, 4] {
-                // SAFETY: converged warp (r is warp-uniform).
-                let o = unsafe { sync::shfl_xor_f32(f32::from_bits(m), 16 >> k) }.to_bits();
-                m = m.max(o);
-            });
-            let s = if m == 0 {
-                0
-            } else {
-                (14 - ((m >> 7) as i32 - 127)).clamp(-100, 100)
-            };
-            let up = f32::from_bits(((127 + s) as u32) << 23);
-            down = f32::from_bits(((127 - s) as u32) << 23);
-            unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
-                let lo = f32::from_bits(w[i] << 16) * up;
-                let hi = f32::from_bits(w[i] & 0xffff_0000) * up;
-                w[i] = cvt::pack_f16x2(lo, hi);
-            });
-        }
-        // SAFETY: row r < 16, dims < 576: inside the Q tile; the scale slot r < 16.
-        unsafe {
-            unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
-                let d = 2 * (lane + 32 * i as u32);
-                smem::st_shared_u32(q_s + frag_off(r, q_col(d), true), w[i]);
-            });
-            if lane == 0 {
-                smem::st_shared_f32(qscale + 4 * r, down);
+                        (p.q_pe.ptr() as *const u8, off_pe + 2 * lane as u64)
+                    };
+                    // SAFETY: elements e, e + 1 of a validated q (or q_pe) row (2-byte
+                    // aligned for fp8, 4-byte for 16-bit elements).
+                    words[rr][i] = unsafe {
+                        if K::Q_FP8 {
+                            cvt::e4m3x2_to_f16x2(*(base.add(e as usize) as *const u16))
+                        } else {
+                            *(base.add(2 * e as usize) as *const u32)
+                        }
+                    };
+                });
             }
+        }
+    });
+    unroll!(rr in [0, 1, 2, 3] {
+        if rr < 2 * RGS {
+            let r = 2 * RGS as u32 * warp + rr as u32;
+            // SAFETY: row r < 16 RGS of the CTA (forwarded from the caller); converged warp.
+            unsafe { load_q_row::<K, RGS>(words[rr], r, lane, q_s, qscale) };
+        }
+    });
+}
+
+/// Scales (bf16 Q) and stores row `r` of the CTA's Q tiles from this lane's `w` (see
+/// [`load_q`]).
+///
+/// # Safety
+/// `r < 16 RGS`; `q_s` and `qscale` are the CTA's Q tiles and scales; converged warp.
+#[inline(always)]
+unsafe fn load_q_row<K: DecodeKind, const RGS: usize>(
+    mut w: [u32; 9],
+    r: u32,
+    lane: u32,
+    q_s: u32,
+    qscale: u32,
+) {
+    // The row's group tile and its row in it.
+    let (tile, rl) = if RGS == 1 {
+        (q_s, r)
+    } else {
+        (q_s + (r / 16) * GQ, r % 16)
+    };
+    let mut down = 1.0f32;
+    if !K::Q_FP8 {
+        // The row's largest magnitude (bf16 bits), then the power of two 2^s that puts
+        // it in [2^14, 2^15).
+        let mut m = 0u32;
+        unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+            m = m.max(w[i] & 0x7fff).max((w[i] >> 16) & 0x7fff);
+        });
+        unroll!(k in [0, 1, 2, 3, 4] {
+            // SAFETY: converged warp (the row is warp-uniform).
+            let o = unsafe { sync::shfl_xor_f32(f32::from_bits(m), 16 >> k) }.to_bits();
+            m = m.max(o);
+        });
+        let s = if m == 0 {
+            0
+        } else {
+            (14 - ((m >> 7) as i32 - 127)).clamp(-100, 100)
+        };
+        let up = f32::from_bits(((127 + s) as u32) << 23);
+        down = f32::from_bits(((127 - s) as u32) << 23);
+        unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+            let lo = f32::from_bits(w[i] << 16) * up;
+            let hi = f32::from_bits(w[i] & 0xffff_0000) * up;
+            w[i] = cvt::pack_f16x2(lo, hi);
+        });
+    }
+    // SAFETY: row rl < 16 of a group tile, dims < 576: inside the Q tiles; the scale
+    // slot r < 16 RGS.
+    unsafe {
+        unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+            let d = 2 * (lane + 32 * i as u32);
+            smem::st_shared_u32(tile + frag_off(rl, q_col(d), true), w[i]);
+        });
+        if lane == 0 {
+            smem::st_shared_f32(qscale + 4 * r, down);
         }
     }
 }
 
-/// S (16 rows x this warp's 8 tokens: the `C` fragment of one n-tile) = Q . K^T over all
-/// 576 dims for K rows `8 ch .. +8` of the raw blocks at `blk[0]` and `blk[1]` (each Q
-/// fragment load serves both).
+/// S (per row group, 16 rows x this warp's 8 tokens: the `C` fragment of one n-tile) =
+/// Q . K^T over all 576 dims for K rows `8 ch .. +8` of the raw blocks at `blk[0]` and
+/// `blk[1]` (each Q fragment load serves both blocks, each converted K word every group).
 #[inline(always)]
-unsafe fn qk2(q_s: u32, blk: [u32; 2], ch: u32, g: u32, t: u32) -> [[f32; 4]; 2] {
-    let mut s = [[[0.0f32; 4]; 4]; 2];
+unsafe fn qk2<const RGS: usize>(
+    q_s: u32,
+    blk: [u32; 2],
+    ch: u32,
+    g: u32,
+    t: u32,
+) -> [[[f32; 4]; 2]; RGS] {
+    // Independent accumulators per (group, block): four for one group, one for two (the
+    // four (group, block) chains keep MMAs in flight, and more spill at 255 registers).
+    let acc = if RGS == 1 { 4 } else { 1 };
+    let mut s = [[[[0.0f32; 4]; 4]; 2]; RGS];
     let krow = ch * 8 + g;
     let lane_off = 16 * (4 * g + t);
     unroll!(kq in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
         let kq = kq as u32;
-        // SAFETY: rows < 64 of the blocks, steps < 36 of the Q tile, inside their regions;
-        // converged warp.
+        // SAFETY: rows < 64 of the blocks, steps < 36 of each group's Q tile, inside their
+        // regions; converged warp.
         unsafe {
             let koff = raw_off(krow, 64 * kq + 16 * t);
             let kw = [
@@ -203,19 +290,38 @@ unsafe fn qk2(q_s: u32, blk: [u32; 2], ch: u32, g: u32, t: u32) -> [[f32; 4]; 2]
                 smem::ld_shared_v4(blk[1] + koff),
             ];
             unroll!(j in [0, 1, 2, 3] {
-                let frag = smem::ld_shared_v4(q_s + 512 * (4 * kq + j as u32) + lane_off);
+                let step = 512 * (4 * kq + j as u32) + lane_off;
+                let mut frag = [[0u32; 4]; RGS];
+                unroll!(rg in [0, 1] {
+                    if rg < RGS {
+                        frag[rg] = smem::ld_shared_v4(q_s + rg as u32 * GQ + step);
+                    }
+                });
                 unroll!(x in [0, 1] {
                     let bk = cvt::e4m3x4_to_f16x2x2(kw[x][j]);
-                    mma::mma_m16n8k16_f16(&mut s[x][j], frag, bk);
+                    unroll!(rg in [0, 1] {
+                        if rg < RGS {
+                            mma::mma_m16n8k16_f16(&mut s[rg][x][j % acc], frag[rg], bk);
+                        }
+                    });
                 });
             });
         }
     });
-    let mut r = [[0.0f32; 4]; 2];
-    unroll!(x in [0, 1] {
-        unroll!(e in [0, 1, 2, 3] {
-            r[x][e] = (s[x][0][e] + s[x][1][e]) + (s[x][2][e] + s[x][3][e]);
-        });
+    let mut r = [[[0.0f32; 4]; 2]; RGS];
+    unroll!(rg in [0, 1] {
+        if rg < RGS {
+            unroll!(x in [0, 1] {
+                unroll!(e in [0, 1, 2, 3] {
+                    let a = &s[rg][x];
+                    r[rg][x][e] = if acc == 4 {
+                        (a[0][e] + a[1][e]) + (a[2][e] + a[3][e])
+                    } else {
+                        a[0][e]
+                    };
+                });
+            });
+        }
     });
     r
 }
@@ -226,8 +332,16 @@ unsafe fn qk2(q_s: u32, blk: [u32; 2], ch: u32, g: u32, t: u32) -> [[f32; 4]; 2]
 /// pairs gives lane `(g, t)` tokens `2t, 2t + 1` (and `+8`) of dims `2g, 2g + 1` of two
 /// chunks; one `prmt` per word splits the dims into the n-tiles "even" and "odd" (column `g`
 /// is dim `2g` or `2g + 1` of the chunk), each half one `cvt.rn.f16x2.e4m3x2`.
+/// With two row groups each converted V pair feeds both groups' `mma`s (group `rg`'s P tile
+/// at `p_s + rg GP`).
 #[inline(always)]
-unsafe fn pv2(o: &mut [[f32; 4]; 8], p_s: u32, blk: [u32; 2], ch: u32, lane: u32) {
+unsafe fn pv2<const RGS: usize>(
+    o: &mut [[[f32; 4]; 8]; RGS],
+    p_s: u32,
+    blk: [u32; 2],
+    ch: u32,
+    lane: u32,
+) {
     let lane_off = 16 * lane;
     // The row this lane addresses in each ldmatrix: matrix lane / 8 (tokens +8 for odd
     // matrices, the next chunk for matrices 2 and 3), row lane % 8.
@@ -240,7 +354,12 @@ unsafe fn pv2(o: &mut [[f32; 4]; 8], p_s: u32, blk: [u32; 2], ch: u32, lane: u32
         // SAFETY: steps < 8 of the P tile; rows < 64 of the block, dims < 512; converged
         // warp.
         unsafe {
-            let a = smem::ld_shared_v4(p_s + 512 * kk + lane_off);
+            let mut a = [[0u32; 4]; RGS];
+            unroll!(rg in [0, 1] {
+                if rg < RGS {
+                    a[rg] = smem::ld_shared_v4(p_s + rg as u32 * GP + 512 * kk + lane_off);
+                }
+            });
             unroll!(gi in [0, 1] {
                 let chunk = 4 * ch + 2 * gi as u32 + m_chunk;
                 let v = ldmatrix::ldmatrix_x4_trans(blk + raw_off(tok, 16 * chunk));
@@ -255,20 +374,28 @@ unsafe fn pv2(o: &mut [[f32; 4]; 8], p_s: u32, blk: [u32; 2], ch: u32, lane: u32
                 unroll!(c in [0, 1] {
                     let lo = cvt::e4m3x4_to_f16x2x2(w[2 * c]);
                     let hi = cvt::e4m3x4_to_f16x2x2(w[2 * c + 1]);
-                    mma::mma_m16n8k16_f16(&mut o[4 * gi + 2 * c], a, [lo[0], hi[0]]);
-                    mma::mma_m16n8k16_f16(&mut o[4 * gi + 2 * c + 1], a, [lo[1], hi[1]]);
+                    unroll!(rg in [0, 1] {
+                        if rg < RGS {
+                            let o = &mut o[rg];
+                            mma::mma_m16n8k16_f16(&mut o[4 * gi + 2 * c], a[rg], [lo[0], hi[0]]);
+                            mma::mma_m16n8k16_f16(&mut o[4 * gi + 2 * c + 1], a[rg], [lo[1], hi[1]]);
+                        }
+                    });
                 });
             });
         }
     });
 }
 
-/// The kernel body (see the module docs).
+/// The kernel body (see the module docs), `RGS` 16-row groups per CTA.
 ///
 /// # Safety
-/// As [`decode::decode`] with the 16-row layout and an fp8 cache.
+/// As [`decode::decode`] with the 16-row layout (`RGS` 1) or the 32-row one (`RGS` 2: the
+/// grid's row tiles are 32 rows, the shared memory `decode_tile::SMEM_F8X2_BYTES`) and an
+/// fp8 cache.
 #[inline(always)]
-pub unsafe fn decode16_fp8<K: DecodeKind>(p: DecodeParams) {
+pub unsafe fn decode_fp8<K: DecodeKind, const RGS: usize>(p: DecodeParams) {
+    const { assert!(RGS == 1 || RGS == 2) };
     let (tile, b, split) = decode::cta_coords();
     let Some(CtaWork {
         len,
@@ -280,7 +407,9 @@ pub unsafe fn decode16_fp8<K: DecodeKind>(p: DecodeParams) {
     else {
         return;
     };
-    let row0 = tile * 16;
+    // Rows per CTA, and the exchange's row stride ([ch][BM] f32).
+    let bm = 16 * RGS as u32;
+    let row0 = tile * bm;
     let tid = arch::thread_idx_x();
     let ch = tid / 32;
     let lane = tid % 32;
@@ -288,17 +417,24 @@ pub unsafe fn decode16_fp8<K: DecodeKind>(p: DecodeParams) {
     let t = lane % 4;
 
     let base = smem::smem_base();
-    let q_s = base + T::SMEM_F8_Q as u32;
-    let slot = |i: u32| base + T::SMEM_F8_RING as u32 + (i % SLOTS) * SLOT_BYTES;
-    let p_s = base + T::SMEM_F8_P as u32;
-    let red = base + T::SMEM_F8_RED as u32;
-    let qscale = base + T::SMEM_F8_QSCALE as u32;
+    let reg = const { regions(RGS) };
+    let q_s = base + reg.q;
+    let slot = |i: u32| base + reg.ring + (i % SLOTS) * SLOT_BYTES;
+    let p_s = base + reg.p;
+    let red = base + reg.red;
+    let qscale = base + reg.qscale;
 
-    let row_a = row0 + g;
-    let vis_r = [
-        decode::visible(&p, len, glen, row_a),
-        decode::visible(&p, len, glen, row_a + 8),
-    ];
+    // This thread's rows: g and g + 8 of each group.
+    let row_a = |rg: usize| row0 + 16 * rg as u32 + g;
+    let mut vis_r = [[0u32; 2]; RGS];
+    unroll!(rg in [0, 1] {
+        if rg < RGS {
+            vis_r[rg] = [
+                decode::visible(&p, len, glen, row_a(rg)),
+                decode::visible(&p, len, glen, row_a(rg) + 8),
+            ];
+        }
+    });
     // Block i of the chunk: this thread's row's page-table entry, loaded one issue ahead.
     let blocks = kb1 - kb0;
     let kv_r = tid / TPR;
@@ -310,8 +446,8 @@ pub unsafe fn decode16_fp8<K: DecodeKind>(p: DecodeParams) {
         }
     };
 
-    // SAFETY (whole pipeline): every shared address stays inside decode_tile's SMEM_F8_*
-    // regions; every barrier is reached by all threads (loop bounds are CTA-uniform).
+    // SAFETY (whole pipeline): every shared address stays inside the regions of
+    // `regions(RGS)`; every barrier is reached by all threads (loop bounds are CTA-uniform).
     unsafe {
         // Blocks 0 .. AHEAD, one commit group each (empty past the chunk).
         unroll!(i in [0, 1, 2] {
@@ -321,22 +457,28 @@ pub unsafe fn decode16_fp8<K: DecodeKind>(p: DecodeParams) {
             }
             cp_async::cp_async_commit_group();
         });
-        load_q::<K>(&p, b, row0, q_s, qscale);
+        load_q::<K, RGS>(&p, b, row0, q_s, qscale);
         sync::bar_sync();
     }
     let mut next_entry = [entry(AHEAD), entry(AHEAD + 1)];
     let scale_log2 = p.softmax_scale * LOG2E;
-    // SAFETY: the scale slots were written before the barrier above.
-    let row_scale = unsafe {
-        [
-            scale_log2 * smem::ld_shared_f32(qscale + 4 * g),
-            scale_log2 * smem::ld_shared_f32(qscale + 4 * (g + 8)),
-        ]
-    };
+    let mut row_scale = [[0.0f32; 2]; RGS];
+    unroll!(rg in [0, 1] {
+        if rg < RGS {
+            let r = 16 * rg as u32 + g;
+            // SAFETY: the scale slots were written before the barrier above.
+            row_scale[rg] = unsafe {
+                [
+                    scale_log2 * smem::ld_shared_f32(qscale + 4 * r),
+                    scale_log2 * smem::ld_shared_f32(qscale + 4 * (r + 8)),
+                ]
+            };
+        }
+    });
 
-    let mut o = [[0.0f32; 4]; 8];
-    let mut m_run = [f32::NEG_INFINITY; 2];
-    let mut l_run = [0.0f32; 2];
+    let mut o = [[[0.0f32; 4]; 8]; RGS];
+    let mut m_run = [[f32::NEG_INFINITY; 2]; RGS];
+    let mut l_run = [[0.0f32; 2]; RGS];
     // Blocks are taken in pairs (i, i + 1): one exchange, one P tile and three barriers
     // per pair. An odd chunk's last pair has no second block (its S is masked).
     let mut i = 0;
@@ -361,59 +503,84 @@ pub unsafe fn decode16_fp8<K: DecodeKind>(p: DecodeParams) {
         let blk = [slot(i), if has_b { slot(i + 1) } else { slot(i) }];
 
         // SAFETY: see above.
-        let mut s = unsafe { qk2(q_s, blk, ch, g, t) };
+        let mut s = unsafe { qk2::<RGS>(q_s, blk, ch, g, t) };
         // Mask, scale to log2 units, local row maxima.
         let n0 = (kb0 + i) * BLOCK_N + ch * 8 + 2 * t;
-        let mut m_loc = [f32::NEG_INFINITY; 2];
-        unroll!(x in [0, 1] {
-            unroll!(e in [0, 1, 2, 3] {
-                let j = n0 + x as u32 * BLOCK_N + (e % 2) as u32;
-                let seen = j < vis_r[e / 2] && (x == 0 || has_b);
-                let v = if seen { s[x][e] * row_scale[e / 2] } else { f32::NEG_INFINITY };
-                s[x][e] = v;
-                m_loc[e / 2] = sync::fmax(m_loc[e / 2], v);
-            });
+        let mut m_loc = [[f32::NEG_INFINITY; 2]; RGS];
+        unroll!(rg in [0, 1] {
+            if rg < RGS {
+                unroll!(x in [0, 1] {
+                    unroll!(e in [0, 1, 2, 3] {
+                        let j = n0 + x as u32 * BLOCK_N + (e % 2) as u32;
+                        let seen = j < vis_r[rg][e / 2] && (x == 0 || has_b);
+                        let v = if seen {
+                            s[rg][x][e] * row_scale[rg][e / 2]
+                        } else {
+                            f32::NEG_INFINITY
+                        };
+                        s[rg][x][e] = v;
+                        m_loc[rg][e / 2] = sync::fmax(m_loc[rg][e / 2], v);
+                    });
+                });
+            }
         });
-        // SAFETY: converged warp; the exchange holds [8][16] f32; all threads reach the
+        // SAFETY: converged warp; the exchange holds [8][BM] f32; all threads reach the
         // barrier.
-        let m_new = unsafe {
-            let m0 = decode::quad_max(m_loc[0]);
-            let m1 = decode::quad_max(m_loc[1]);
-            if t == 0 {
-                smem::st_shared_f32(red + (ch * 16 + g) * 4, m0);
-                smem::st_shared_f32(red + (ch * 16 + g + 8) * 4, m1);
-            }
+        let mut m_new = [[0.0f32; 2]; RGS];
+        unsafe {
+            unroll!(rg in [0, 1] {
+                if rg < RGS {
+                    let m0 = decode::quad_max(m_loc[rg][0]);
+                    let m1 = decode::quad_max(m_loc[rg][1]);
+                    if t == 0 {
+                        let r = ch * bm + 16 * rg as u32 + g;
+                        smem::st_shared_f32(red + r * 4, m0);
+                        smem::st_shared_f32(red + (r + 8) * 4, m1);
+                    }
+                }
+            });
             sync::bar_sync();
-            [
-                sync::fmax(m_run[0], decode::red_max::<M16>(red, g)),
-                sync::fmax(m_run[1], decode::red_max::<M16>(red, g + 8)),
-            ]
-        };
-        let (m_ref, alpha) = decode::rescale_rows(&mut m_run, &mut l_run, m_new);
-        unroll!(x in [0, 1] {
-            let p0 = sync::ex2(s[x][0] - m_ref[0]);
-            let p1 = sync::ex2(s[x][1] - m_ref[0]);
-            let p2 = sync::ex2(s[x][2] - m_ref[1]);
-            let p3 = sync::ex2(s[x][3] - m_ref[1]);
-            l_run[0] += p0 + p1;
-            l_run[1] += p2 + p3;
-            // SAFETY: rows < 16, tokens < 128 of the P tile.
-            unsafe {
-                let col = x as u32 * BLOCK_N + ch * 8 + 2 * t;
-                smem::st_shared_u32(p_s + frag_off(g, col, false), cvt::pack_f16x2(p0, p1));
-                smem::st_shared_u32(p_s + frag_off(g + 8, col, false), cvt::pack_f16x2(p2, p3));
+            unroll!(rg in [0, 1] {
+                if rg < RGS {
+                    let r = 16 * rg as u32 + g;
+                    m_new[rg] = [
+                        sync::fmax(m_run[rg][0], red_max(red, bm, r)),
+                        sync::fmax(m_run[rg][1], red_max(red, bm, r + 8)),
+                    ];
+                }
+            });
+        }
+        unroll!(rg in [0, 1] {
+            if rg < RGS {
+                let (m_ref, alpha) = decode::rescale_rows(&mut m_run[rg], &mut l_run[rg], m_new[rg]);
+                let s = &s[rg];
+                unroll!(x in [0, 1] {
+                    let p0 = sync::ex2(s[x][0] - m_ref[0]);
+                    let p1 = sync::ex2(s[x][1] - m_ref[0]);
+                    let p2 = sync::ex2(s[x][2] - m_ref[1]);
+                    let p3 = sync::ex2(s[x][3] - m_ref[1]);
+                    l_run[rg][0] += p0 + p1;
+                    l_run[rg][1] += p2 + p3;
+                    // SAFETY: rows < 16, tokens < 128 of group rg's P tile.
+                    unsafe {
+                        let col = x as u32 * BLOCK_N + ch * 8 + 2 * t;
+                        let pt = p_s + rg as u32 * GP;
+                        smem::st_shared_u32(pt + frag_off(g, col, false), cvt::pack_f16x2(p0, p1));
+                        smem::st_shared_u32(pt + frag_off(g + 8, col, false), cvt::pack_f16x2(p2, p3));
+                    }
+                });
+                unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7] {
+                    o[rg][n][0] *= alpha[0];
+                    o[rg][n][1] *= alpha[0];
+                    o[rg][n][2] *= alpha[1];
+                    o[rg][n][3] *= alpha[1];
+                });
             }
-        });
-        unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7] {
-            o[n][0] *= alpha[0];
-            o[n][1] *= alpha[0];
-            o[n][2] *= alpha[1];
-            o[n][3] *= alpha[1];
         });
         // SAFETY: see above.
         unsafe {
             sync::bar_sync();
-            pv2(&mut o, p_s, blk, ch, lane);
+            pv2::<RGS>(&mut o, p_s, blk, ch, lane);
         }
         i += 2;
     }
@@ -421,23 +588,70 @@ pub unsafe fn decode16_fp8<K: DecodeKind>(p: DecodeParams) {
     cp_async::cp_async_wait_group::<0>();
 
     // Row sums: quad reduce, then add the other warps' through the exchange.
+    let mut l_tot = [[0.0f32; 2]; RGS];
     // SAFETY: converged warps; barriers reached by all threads.
-    let l_tot = unsafe {
-        let l0 = decode::quad_sum(l_run[0]);
-        let l1 = decode::quad_sum(l_run[1]);
+    unsafe {
+        let mut l = [[0.0f32; 2]; RGS];
+        unroll!(rg in [0, 1] {
+            if rg < RGS {
+                l[rg] = [decode::quad_sum(l_run[rg][0]), decode::quad_sum(l_run[rg][1])];
+            }
+        });
         sync::bar_sync();
         if t == 0 {
-            smem::st_shared_f32(red + (ch * 16 + g) * 4, l0);
-            smem::st_shared_f32(red + (ch * 16 + g + 8) * 4, l1);
+            unroll!(rg in [0, 1] {
+                if rg < RGS {
+                    let r = ch * bm + 16 * rg as u32 + g;
+                    smem::st_shared_f32(red + r * 4, l[rg][0]);
+                    smem::st_shared_f32(red + (r + 8) * 4, l[rg][1]);
+                }
+            });
         }
         sync::bar_sync();
-        [
-            decode::red_sum::<M16>(red, g),
-            decode::red_sum::<M16>(red, g + 8),
-        ]
-    };
-    // SAFETY: the host sized out, lse and the workspace for these indices (validated).
-    unsafe { write_rows::<K>(&p, &o, l_tot, m_run, b, row_a, split, nsplit, ch, t) };
+        unroll!(rg in [0, 1] {
+            if rg < RGS {
+                let r = 16 * rg as u32 + g;
+                l_tot[rg] = [red_sum(red, bm, r), red_sum(red, bm, r + 8)];
+            }
+        });
+    }
+    unroll!(rg in [0, 1] {
+        if rg < RGS {
+            // SAFETY: the host sized out, lse and the workspace for these indices (validated).
+            unsafe {
+                write_rows::<K>(&p, &o[rg], l_tot[rg], m_run[rg], b, row_a(rg), split, nsplit, ch, t)
+            };
+        }
+    });
+}
+
+/// Max over the eight warps of row `r` in the exchange `[8][bm]` f32.
+///
+/// # Safety
+/// `red` is the exchange and the writes to it are ordered by a barrier.
+#[inline(always)]
+unsafe fn red_max(red: u32, bm: u32, r: u32) -> f32 {
+    let mut m = f32::NEG_INFINITY;
+    for c in 0..THREADS / 32 {
+        // SAFETY: c * bm + r < 8 bm floats of the exchange.
+        m = sync::fmax(m, unsafe { smem::ld_shared_f32(red + (c * bm + r) * 4) });
+    }
+    m
+}
+
+/// Sum over the eight warps of row `r` in the exchange, in warp order (every warp adds in
+/// the same order and gets the same value).
+///
+/// # Safety
+/// As [`red_max`].
+#[inline(always)]
+unsafe fn red_sum(red: u32, bm: u32, r: u32) -> f32 {
+    let mut l = 0.0;
+    for c in 0..THREADS / 32 {
+        // SAFETY: as above.
+        l += unsafe { smem::ld_shared_f32(red + (c * bm + r) * 4) };
+    }
+    l
 }
 
 /// Normalises and stores this thread's rows `row_a`, `row_a + 8`: dims

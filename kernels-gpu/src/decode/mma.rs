@@ -138,7 +138,7 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
     #[cfg(mla_hw_fp8)]
     if K::KV_FP8 && L::RING {
         // SAFETY: forwarded from the caller (the 16-row layout, an fp8 cache).
-        unsafe { super::f8::decode16_fp8::<K>(p) };
+        unsafe { super::f8::decode_fp8::<K, 1>(p) };
         return;
     }
     let (tile, b, split) = cta_coords();

@@ -2,7 +2,8 @@
 //! share here.
 //!
 //! - [`mma`]: the `mma.sync` kernel (64-row and 16-row tiles, sm_80+), described below.
-//! - [`f8`]: the 16-row tile with an fp8 cache, converting in registers (sm_90a, sm_100a).
+//! - [`f8`]: the 16-row tile with an fp8 cache, converting in registers (sm_90a, sm_100a),
+//!   and its 32-row form (sm_90a).
 //! - [`wg`]: the 64-row `wgmma` kernel (sm_90a), [`tma`]: its TMA-fed bf16 form.
 //! - [`reference`]: one CTA per query row, f32, for the `reference` backend.
 //! - Here: the CTA's work ([`cta_coords`], [`cta_work`], the folded schedule, the checked
@@ -40,7 +41,9 @@
 //!   range are never read (zero-filled by `cp.async` with a source size of 0) and are masked;
 //!   a page id outside `0..num_pages` reads as zeros.
 
-#[cfg(mla_hw_fp8)]
+// The 16-row fp8 path where the build converts in hardware; the 32-row kernel of the
+// sm_90a image always (sm_90a has the conversion whatever `MLA_HW_FP8` says).
+#[cfg(any(mla_hw_fp8, mla_wgmma))]
 pub mod f8;
 pub mod mma;
 pub mod reference;
@@ -486,6 +489,7 @@ pub(crate) fn cta_work(p: &DecodeParams, split: u32, b: u32) -> Option<CtaWork> 
                 p.fold.target_ctas as u64,
                 p.max_splits as u64,
                 p.fold.tiles as u64,
+                p.fold.step_log2,
             ) as i32;
             if split == 0 && arch::block_idx_x() == 0 && arch::thread_idx_x() == 0 {
                 // SAFETY: b < batch entries; one writer per sequence, read by the combine
