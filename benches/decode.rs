@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use mla::DecodeDtypes;
-use mla::bench::{BenchCase, BenchShape, bytes};
-use mla::rng::SplitMix64;
+use mla_dev::bench::{BenchCase, BenchShape, bytes};
+use mla_dev::rng::SplitMix64;
 
 fn decode(c: &mut Criterion) {
     let rt = match mla::load(0) {
@@ -39,7 +39,7 @@ fn decode(c: &mut Criterion) {
                 len,
                 heads,
                 s_q,
-                page: mla::bench::PAGE,
+                page: mla_dev::bench::PAGE,
             };
             let mut case = BenchCase::new(&rt, &stream, shape, &mut rng).expect("bench case");
             group.throughput(Throughput::Bytes(bytes(&shape) as u64));

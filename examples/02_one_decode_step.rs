@@ -2,9 +2,9 @@
 //!
 //! `cargo run --release --example 02_one_decode_step`
 
-use mla::harness::{self, CaseSpec, DeviceCase, HostCase, Values};
-use mla::rng::SplitMix64;
 use mla::{DecodeConfig, DecodeDtypes, MlaError};
+use mla_dev::harness::{self, CaseSpec, DeviceCase, HostCase, Values};
+use mla_dev::rng::SplitMix64;
 
 fn main() -> Result<(), MlaError> {
     let Some(rt) = mla::load_or_skip(0)? else {

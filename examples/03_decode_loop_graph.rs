@@ -10,12 +10,13 @@ use std::sync::Arc;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream};
 use mla::abi::{D_QK, D_V, ElemType};
-use mla::oracle::{self, OracleInput};
-use mla::rng::SplitMix64;
 use mla::{
     AppendRequest, DecodeConfig, DecodeDtypes, DecodeRequest, HostMirror, MlaError, Scales,
-    TensorView, numeric,
+    TensorView,
 };
+use mla_dev::numeric;
+use mla_dev::oracle::{self, OracleInput};
+use mla_dev::rng::SplitMix64;
 
 const B: usize = 4;
 const HEADS: usize = 16;
@@ -24,7 +25,7 @@ const STEPS: usize = 320;
 const MAX_PAGES: usize = STEPS.div_ceil(PAGE);
 const NUM_PAGES: usize = B * MAX_PAGES;
 
-use mla::harness::device_addr as ptr;
+use mla_dev::harness::device_addr as ptr;
 
 fn main() -> Result<(), MlaError> {
     let Some(rt) = mla::load_or_skip(0)? else {

@@ -12,9 +12,9 @@
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use mla::harness::{CaseSpec, DeviceCase, HostCase};
-use mla::rng::SplitMix64;
 use mla::{ContextParallel, DecodeDtypes, MlaError, Shard, TensorView};
+use mla_dev::harness::{CaseSpec, DeviceCase, HostCase};
+use mla_dev::rng::SplitMix64;
 
 const HEADS: usize = 128;
 const PAGE: usize = 64;

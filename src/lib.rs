@@ -46,11 +46,6 @@ pub fn load_or_skip(ordinal: usize) -> Result<Option<Runtime>, MlaError> {
     }
 }
 
-// Not API: the benchmark and test harness (used by the `mla` CLI, the tests and the
-// examples) and the C ABI's Rust side (the C API is `src/mla.h`).
-#[doc(hidden)]
-pub mod bench;
+// Not API: the C ABI's Rust side (the C API is `src/mla.h`).
 #[doc(hidden)]
 pub mod capi;
-#[doc(hidden)]
-pub mod harness;

@@ -372,8 +372,8 @@ mod gpu {
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
     use mla::DecodeDtypes;
     use mla::capi::*;
-    use mla::harness::{self, CaseSpec, DeviceCase, HostCase};
-    use mla::rng::SplitMix64;
+    use mla_dev::harness::{self, CaseSpec, DeviceCase, HostCase};
+    use mla_dev::rng::SplitMix64;
 
     use super::{good_config, last_error, text};
 

@@ -9,9 +9,9 @@ mod common;
 use candle_core::{DType, Device, Tensor};
 use mla::abi::{D_QK, D_V};
 use mla::candle::CandleDecode;
-use mla::harness::{self, CaseSpec, HostCase};
-use mla::rng::SplitMix64;
 use mla::{DecodeDtypes, MlaError};
+use mla_dev::harness::{self, CaseSpec, HostCase};
+use mla_dev::rng::SplitMix64;
 
 /// A candle tensor of `d`'s 16-bit type from little-endian bit patterns.
 fn tensor16(bytes: &[u8], shape: &[usize], fp16: bool, dev: &Device) -> Tensor {

@@ -9,9 +9,9 @@
 mod common;
 
 use mla::abi::{D_V, ElemType, MAX_SPLITS};
-use mla::numeric;
-use mla::oracle;
-use mla::rng::SplitMix64;
+use mla_dev::numeric;
+use mla_dev::oracle;
+use mla_dev::rng::SplitMix64;
 
 #[test]
 fn combine_matches_cpu_merge() {

@@ -11,10 +11,10 @@
 
 mod common;
 
-use mla::harness::{self, CaseSpec, DeviceCase, HostCase, Splits, Values};
-use mla::rng::SplitMix64;
 use mla::tactic::Tile;
 use mla::{DecodeDtypes, DecodeWorkspace, MlaError, abi::MAX_SPLITS};
+use mla_dev::harness::{self, CaseSpec, DeviceCase, HostCase, Splits, Values};
+use mla_dev::rng::SplitMix64;
 
 const PAGE_SIZES: [usize; 5] = [1, 16, 64, 128, 256];
 const HEADS: [usize; 7] = [1, 3, 16, 32, 64, 100, 128];
@@ -465,7 +465,7 @@ fn fp8_accuracy_report() {
             inp.kv_cache = &h.kv_orig;
             inp.q_scale = 1.0;
             inp.kv_scale = 1.0;
-            let exact = mla::oracle::decode(&inp);
+            let exact = mla_dev::oracle::decode(&inp);
             let num: f64 = got
                 .0
                 .iter()

@@ -17,11 +17,11 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use mla::gate::Backend;
-use mla::harness::{self, CaseSpec, DeviceCase, HostCase};
-use mla::oracle::OracleOutput;
-use mla::rng::SplitMix64;
 use mla::tactic::{Tactic, Tile};
 use mla::{DecodeConfig, DecodeDtypes, DecodeFault, DecodePlan, Runtime};
+use mla_dev::harness::{self, CaseSpec, DeviceCase, HostCase};
+use mla_dev::oracle::OracleOutput;
+use mla_dev::rng::SplitMix64;
 
 /// One kernel configuration a plan can run.
 #[derive(Clone, Copy, Debug)]

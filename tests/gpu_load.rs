@@ -4,9 +4,9 @@
 
 mod common;
 
-use mla::harness::{self, CaseSpec, DeviceCase, HostCase, Splits};
-use mla::rng::SplitMix64;
 use mla::{DecodeDtypes, ImageForm, LoadOptions, Runtime, Variant};
+use mla_dev::harness::{self, CaseSpec, DeviceCase, HostCase, Splits};
+use mla_dev::rng::SplitMix64;
 
 #[test]
 fn every_image_form_loads_and_decodes() {

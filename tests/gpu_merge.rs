@@ -10,11 +10,11 @@ mod common;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use mla::abi::{D_V, ElemType};
-use mla::harness::{CaseSpec, HostCase, LSE_ATOL, OUT_ATOL};
-use mla::numeric;
-use mla::oracle;
-use mla::rng::SplitMix64;
 use mla::{DecodeDtypes, MergeRequest, TensorView};
+use mla_dev::harness::{CaseSpec, HostCase, LSE_ATOL, OUT_ATOL};
+use mla_dev::numeric;
+use mla_dev::oracle;
+use mla_dev::rng::SplitMix64;
 
 /// One merge case: its inputs as the device gets them and both references.
 struct Case {

@@ -6,14 +6,14 @@
 mod common;
 
 use mla::abi::{D_QK, ElemType};
-use mla::harness::{CaseSpec, HostCase};
-use mla::numeric;
-use mla::rng::SplitMix64;
 use mla::{AppendRequest, DecodeDtypes, GatherRequest, HostMirror, TensorView};
+use mla_dev::harness::{CaseSpec, HostCase};
+use mla_dev::numeric;
+use mla_dev::rng::SplitMix64;
 
 const INDEX: ElemType = ElemType::I32;
 
-use mla::harness::device_addr as ptr;
+use mla_dev::harness::device_addr as ptr;
 
 #[test]
 fn append_then_gather_round_trip() {

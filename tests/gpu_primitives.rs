@@ -28,8 +28,8 @@ use mla::abi::primitives::{
     WGMMA_LAYOUT_SMEM_BYTES, WGMMA_M64N64K16_BF16, WGMMA_RS_MN_B, WGMMA_SMEM_BYTES,
     WGMMA_SW128_KMAJOR, WGMMA_SW128_MN_B, WgmmaLayoutParams, WgmmaPrimParams,
 };
-use mla::numeric;
-use mla::rng::SplitMix64;
+use mla_dev::numeric;
+use mla_dev::rng::SplitMix64;
 
 #[test]
 fn wgmma_m64n64k16_bf16_matches_cpu() {

@@ -8,11 +8,11 @@ mod common;
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use mla::harness::{self, CaseSpec, DeviceCase, HostCase};
 use mla::plan::{ScheduleConfig, WorkspaceCapacity, row_tiles};
-use mla::rng::SplitMix64;
 use mla::tactic::Tactic;
 use mla::{DecodeConfig, DecodeDtypes, DecodePlan, DecodeWorkspace, MlaError, Runtime};
+use mla_dev::harness::{self, CaseSpec, DeviceCase, HostCase};
+use mla_dev::rng::SplitMix64;
 
 fn config(h: &HostCase, max_batch: usize) -> DecodeConfig {
     DecodeConfig {
@@ -315,7 +315,7 @@ fn zero_length_padding_is_skipped() {
     );
     for s in [0usize, 2] {
         let r = s * rows..(s + 1) * rows;
-        let c = mla::oracle::compare(
+        let c = mla_dev::oracle::compare(
             &out[r.clone()],
             &refs.0.out[r.clone()],
             &refs.1.out[r],

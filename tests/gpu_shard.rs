@@ -16,12 +16,11 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use mla::abi::{D_V, ElemType};
-use mla::harness::device_addr as ptr;
-use mla::harness::{CaseSpec, DeviceCase, HostCase, LSE_ATOL, OUT_ATOL};
-use mla::rng::SplitMix64;
-use mla::{
-    DecodeDtypes, DecodePlan, MergeRequest, MlaError, Runtime, Shard, TensorView, numeric, oracle,
-};
+use mla::{DecodeDtypes, DecodePlan, MergeRequest, MlaError, Runtime, Shard, TensorView};
+use mla_dev::harness::device_addr as ptr;
+use mla_dev::harness::{CaseSpec, DeviceCase, HostCase, LSE_ATOL, OUT_ATOL};
+use mla_dev::rng::SplitMix64;
+use mla_dev::{numeric, oracle};
 
 fn plan_for(rt: &Runtime, stream: &Arc<CudaStream>, h: &HostCase, shard: Shard) -> DecodePlan {
     let config = h.decode_config();

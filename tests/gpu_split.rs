@@ -13,14 +13,14 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use mla::abi::{D_QK, D_V, ElemType};
 use mla::capi::{MlaDecodeArgs, MlaSplitArgs};
 use mla::gate::Backend;
-use mla::harness::device_addr as ptr;
-use mla::harness::{self, CaseSpec, DeviceCase, HostCase};
-use mla::rng::SplitMix64;
 use mla::tactic::{Tactic, Tile};
 use mla::{
     AppendRequest, DecodeDtypes, DecodePlan, DecodeRequest, GatherRequest, HostMirror, MlaError,
     Runtime, SplitParts, TensorView,
 };
+use mla_dev::harness::device_addr as ptr;
+use mla_dev::harness::{self, CaseSpec, DeviceCase, HostCase};
+use mla_dev::rng::SplitMix64;
 
 const ROPE: usize = D_QK - D_V;
 

@@ -2,8 +2,9 @@
 # Packages the workspace's crates as they would be published and proves a stable-toolchain
 # consumer builds against them with no ptxas and no CUDA install:
 # 1. builds the kernel images here (nightly, ptxas) and copies them to ./prebuilt (ignored);
-# 2. `cargo package --workspace`: mla-abi, mla-host and mla (which ships prebuilt/, not the
-#    kernel sources; its build script embeds those), each verified by a build of the package;
+# 2. `cargo package --workspace` less the dev-only mla-dev: mla-abi, mla-host and mla (which
+#    ships prebuilt/, not the kernel sources; its build script embeds those), each verified by
+#    a build of the package (their path-only dev-dependencies on mla-dev are dropped);
 # 3. unpacks the .crate files and builds and runs tools/downstream on the stable toolchain,
 #    with every ptxas and CUDA path out of reach.
 set -euo pipefail
@@ -23,7 +24,7 @@ ptxas=${MLA_PTXAS:-$(ls "$root"/.venv/lib/python3*/site-packages/nvidia/cu13/bin
 # verification builds in its own target dir), or a rerun would verify an earlier packaging.
 rm -rf target/package target/package-verify "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/mla-abi-* \
   "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/mla-host-*
-cargo package --workspace --allow-dirty --target-dir target/package-verify
+cargo package --workspace --exclude mla-dev --allow-dirty --target-dir target/package-verify
 mkdir -p target/package && cp target/package-verify/package/*.crate target/package/
 # The consumer: the unpacked packages, patched in for crates.io's (they are unpublished).
 work=$root/target/downstream

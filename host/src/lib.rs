@@ -15,8 +15,9 @@
 //! - `decoder`: the plan / run serving API (on-device split scheduling, graph-safe runs).
 //! - `gate`, `tactic`, `autotune`: what each backend supports, the tunable choices, and the
 //!   tuner with its persistent cache.
-//! - `oracle`, `numeric`, `rng`: test support (the naive f64 CPU reference, element
-//!   conversions, the seeded generator).
+//!
+//! The test support (the f64 oracle, element conversions, the seeded generator) is the
+//! workspace's dev-only crate `mla-dev`, not part of this one.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 #[doc(hidden)]
@@ -37,15 +38,9 @@ pub mod launch;
 #[doc(hidden)]
 pub mod module;
 #[doc(hidden)]
-pub mod numeric;
-#[doc(hidden)]
-pub mod oracle;
-#[doc(hidden)]
 pub mod plan;
 #[doc(hidden)]
 pub mod request;
-#[doc(hidden)]
-pub mod rng;
 #[doc(hidden)]
 pub mod tactic;
 #[doc(hidden)]

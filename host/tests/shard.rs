@@ -4,9 +4,9 @@
 //! whose share overflows the rank's page table, page ids of the share only).
 
 use mla_abi::{D_QK, D_V, ElemType, MAX_MERGE_RANKS, Shard};
+use mla_dev::rng::SplitMix64;
 use mla_host::MlaError;
 use mla_host::request::*;
-use mla_host::rng::SplitMix64;
 use mla_host::tensor::TensorView;
 use mla_host::validate::*;
 

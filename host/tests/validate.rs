@@ -8,9 +8,9 @@ use std::fmt::Debug;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use mla_abi::{D_QK, D_V, ElemType};
+use mla_dev::rng::SplitMix64;
 use mla_host::MlaError;
 use mla_host::request::*;
-use mla_host::rng::SplitMix64;
 use mla_host::tensor::TensorView;
 use mla_host::validate::*;
 

@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
-use mla::harness::{CaseSpec, HostCase};
-use mla::oracle::OracleOutput;
-use mla::rng::SplitMix64;
 use mla::{MlaError, Runtime};
+use mla_dev::harness::{CaseSpec, HostCase};
+use mla_dev::oracle::OracleOutput;
+use mla_dev::rng::SplitMix64;
 
 /// The runtime on device 0, or `None` after printing why the GPU tests are skipped.
 pub fn gpu(test: &str) -> Option<(Runtime, Arc<CudaStream>)> {

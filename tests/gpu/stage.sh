@@ -19,18 +19,19 @@ done
 
 rm -rf stage
 mkdir -p stage/bin stage/ptx stage/lib
-cargo build --release --lib --bin mla
+# libmla.so is the `mla` package's; the `mla` CLI is the dev crate's (dev/src/main.rs).
+cargo build --release -p mla -p mla-dev --lib --bin mla
 cp target/release/mla stage/bin/mla
 cp target/release/libmla.so stage/lib/libmla.so
-cargo test --release --no-run --message-format=json 2>/dev/null \
+cargo test --release -p mla --no-run --message-format=json 2>/dev/null \
   | python3 tests/gpu/copy_test_bins.py stage/bin
 if [[ $with_swfp8 == 1 ]]; then
-  CARGO_TARGET_DIR=target/swfp8 MLA_HW_FP8=0 cargo build --release --bin mla
+  CARGO_TARGET_DIR=target/swfp8 MLA_HW_FP8=0 cargo build --release -p mla-dev --bin mla
   cp target/swfp8/release/mla stage/bin/mla-swfp8
 fi
 # The numbered examples (run by run.sh as part of the suite). Examples that need a feature
 # the default build lacks (05 needs `candle`) are staged by their own script.
-cargo build --release --examples
+cargo build --release -p mla --examples
 for ex in examples/*.rs; do
   name=$(basename "$ex" .rs)
   [[ -f "target/release/examples/$name" ]] || continue

@@ -1,21 +1,21 @@
 //! Shared by the GPU tests, the benches and `mla demo`: random paged inputs with poisoned
 //! unused memory, upload, one decode through the public API, and the check against the f64
-//! oracle. Not part of the stable API.
+//! oracle.
 
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
-use mla_abi::{D_QK, D_V, ElemType, MAX_SPLITS};
-
-use crate::launch::DecodeWorkspace;
-use crate::numeric;
-use crate::oracle::{self, Comparison, OracleInput, OracleOutput};
-use crate::plan::WorkspaceCapacity;
-use crate::rng::SplitMix64;
-use crate::tactic::Tile;
-use crate::{
+use mla::launch::DecodeWorkspace;
+use mla::plan::WorkspaceCapacity;
+use mla::tactic::Tile;
+use mla::{
     DecodeConfig, DecodeDtypes, DecodeRequest, HostMirror, MlaError, Runtime, Scales, TensorView,
 };
+use mla_abi::{D_QK, D_V, ElemType, MAX_SPLITS};
+
+use crate::numeric;
+use crate::oracle::{self, Comparison, OracleInput, OracleOutput};
+use crate::rng::SplitMix64;
 
 /// One decode problem, as data.
 #[derive(Clone, Debug)]
@@ -69,7 +69,7 @@ pub enum Values {
 pub enum Splits {
     /// This many chunks for every sequence (clamped to `1..=MAX_SPLITS`).
     Fixed(usize),
-    /// The planner's choice for this GPU ([`crate::plan::split_counts`]).
+    /// The planner's choice for this GPU ([`mla::plan::split_counts`]).
     Planned,
 }
 
@@ -79,7 +79,7 @@ impl Splits {
             Splits::Fixed(n) => vec![n.clamp(1, MAX_SPLITS as usize) as i32; lens.len()],
             Splits::Planned => {
                 let l: Vec<i32> = lens.iter().map(|&x| x as i32).collect();
-                crate::plan::split_counts(&l, rows, sm_count, MAX_SPLITS as usize)
+                mla::plan::split_counts(&l, rows, sm_count, MAX_SPLITS as usize)
             }
         }
     }

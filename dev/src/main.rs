@@ -9,9 +9,9 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
-use mla::harness::{self, CaseSpec, DeviceCase, HostCase, Splits};
-use mla::rng::SplitMix64;
 use mla::{DecodeDtypes, MlaError};
+use mla_dev::harness::{self, CaseSpec, DeviceCase, HostCase, Splits};
+use mla_dev::rng::SplitMix64;
 
 const USAGE: &str = "usage: mla <info|demo|bench> [--seed N] [--json FILE (bench: the peers' JSON schema)] \
      [--grid default|extra|small (bench: extra = page sizes 16..128 and S_q 1, 2, 4; small = B 1, 8)]";
@@ -35,10 +35,10 @@ fn main() -> ExitCode {
             };
             match opt("--grid").map(String::as_str) {
                 None | Some("default") => {
-                    bench(seed, opt("--json"), |_| mla::bench::default_shapes())
+                    bench(seed, opt("--json"), |_| mla_dev::bench::default_shapes())
                 }
-                Some("extra") => bench(seed, opt("--json"), mla::bench::extra_shapes),
-                Some("small") => bench(seed, opt("--json"), mla::bench::small_shapes),
+                Some("extra") => bench(seed, opt("--json"), mla_dev::bench::extra_shapes),
+                Some("small") => bench(seed, opt("--json"), mla_dev::bench::small_shapes),
                 Some(other) => {
                     eprintln!("--grid: expected default, extra or small, got {other:?}\n{USAGE}");
                     return ExitCode::from(2);
@@ -200,7 +200,7 @@ fn demo(seed: u64) -> Result<bool, MlaError> {
 fn bench(
     seed: u64,
     json: Option<&String>,
-    shapes: impl Fn(mla::gate::Backend) -> Vec<mla::bench::BenchShape>,
+    shapes: impl Fn(mla::gate::Backend) -> Vec<mla_dev::bench::BenchShape>,
 ) -> Result<bool, MlaError> {
     let rt = mla::load(0)?;
     let backend = rt.backend();
@@ -226,7 +226,7 @@ fn bench(
         .collect();
     let stream = rt.new_stream()?;
     let mut rng = SplitMix64::new(seed);
-    let copy = mla::bench::copy_bandwidth(&rt, &stream)?;
+    let copy = mla_dev::bench::copy_bandwidth(&rt, &stream)?;
     println!(
         "device: {} -> {} ({:?})",
         rt.device(),
@@ -240,7 +240,7 @@ fn bench(
     );
     let mut rows = Vec::new();
     for s in shapes {
-        let r = mla::bench::time_shape(&rt, &stream, s, &mut rng, 20)?;
+        let r = mla_dev::bench::time_shape(&rt, &stream, s, &mut rng, 20)?;
         // The peers' naming: `mla_rs` with the shape's default tile, `mla_rs_m64` /
         // `mla_rs_m16` / `mla_rs_wg64` with another one; `_fp8` for fp8 KV.
         let fp8 = s.dtypes.kv() == mla::abi::ElemType::Fp8E4m3;
@@ -257,7 +257,7 @@ fn bench(
             "B": s.batch, "L": s.len, "H": s.heads, "s_q": s.s_q, "page_size": s.page,
             "kv_dtype": if fp8 { "fp8" } else { "bf16" },
             "causal": s.s_q > 1, "us": r.us, "gbps": r.gbps, "tflops": r.tflops,
-            "bytes": mla::bench::bytes(&s), "flops": mla::bench::flops(&s), "timing": "events",
+            "bytes": mla_dev::bench::bytes(&s), "flops": mla_dev::bench::flops(&s), "timing": "events",
         }));
         println!(
             "{:<12} {:>7} {:>4} {:>6} {:>4} {:>4} {:>4} {:>7} {:>10.1} {:>9.0} {:>8.1} {:>6.1}%",

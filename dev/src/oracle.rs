@@ -402,7 +402,7 @@ pub fn combine(parts: &[(Vec<f64>, Vec<f64>)]) -> (Vec<f64>, Vec<f64>) {
 }
 
 /// The kernels' chunk rule (one definition: [`mla_abi::chunk_blocks`], in tokens).
-pub use crate::plan::chunk_range;
+pub use mla::plan::chunk_range;
 
 /// [`decode`] computed the split-KV way: sequence `b` cut into `splits[b]` chunks by
 /// [`chunk_range`], one [`decode_partial`] per chunk, [`combine`]d, and `output_scale`

@@ -7,12 +7,12 @@
 
 use mla_abi::decode_tile::BLOCK_N;
 use mla_abi::{D_QK, D_V, ElemType};
-use mla_host::numeric::{e4m3_from_f32, e4m3_to_f32};
-use mla_host::oracle::{
+use mla_dev::numeric::{e4m3_from_f32, e4m3_to_f32};
+use mla_dev::oracle::{
     self, OracleInput, OracleOutput, chunk_range, combine, compare, decode, decode_emulated,
     decode_partial, decode_split,
 };
-use mla_host::rng::SplitMix64;
+use mla_dev::rng::SplitMix64;
 
 /// One decode step's data, laid out as the oracle reads it.
 struct Case {
@@ -457,7 +457,7 @@ fn emulated_reference_is_close_but_not_equal() {
         assert_eq!(max_diff(&emu.lse, &exact.lse), 0.0, "lse is not rounded");
         // The output is representable in the output type.
         for &x in &emu.out {
-            assert_eq!(mla_host::numeric::round_to(ty, x), x);
+            assert_eq!(mla_dev::numeric::round_to(ty, x), x);
         }
     }
     // Each rounding on its own: f32 everywhere is within f32 rounding of the exact

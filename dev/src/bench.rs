@@ -14,15 +14,15 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr};
+use mla::plan::WorkspaceCapacity;
+use mla::tactic::{Tactic, Tile};
+use mla::{
+    DecodeDtypes, DecodeRequest, DecodeWorkspace, HostMirror, MlaError, Runtime, Scales, TensorView,
+};
 use mla_abi::{D_QK, D_V, ElemType, MAX_SPLITS};
 
-use crate::plan::WorkspaceCapacity;
+use crate::numeric;
 use crate::rng::SplitMix64;
-use crate::tactic::{Tactic, Tile};
-use crate::{
-    DecodeDtypes, DecodeRequest, DecodeWorkspace, HostMirror, MlaError, Runtime, Scales,
-    TensorView, numeric,
-};
 
 /// One timed shape (uniform lengths, causal when `s_q > 1`).
 #[derive(Clone, Copy, Debug)]
@@ -109,7 +109,7 @@ pub struct BenchCase {
     pub max_splits: i32,
     events: (CudaEvent, CudaEvent),
     /// `MLA_BENCH_PLAN=1`: the serving path's plan for this shape.
-    plan: Option<crate::DecodePlan>,
+    plan: Option<mla::DecodePlan>,
 }
 
 impl BenchCase {
@@ -176,7 +176,7 @@ impl BenchCase {
             max_splits: splits.iter().copied().max().unwrap_or(1),
             events: rt.timing_events()?,
             plan: if std::env::var("MLA_BENCH_PLAN").as_deref() == Ok("1") {
-                let config = crate::DecodeConfig {
+                let config = mla::DecodeConfig {
                     max_batch: s.batch,
                     heads: s.heads,
                     s_q: s.s_q,
@@ -330,7 +330,7 @@ pub fn default_shapes() -> Vec<BenchShape> {
 /// 16, 32, 64, 128 (B = 64, L = 4096; H = 16 and 128) and MTP S_q = 1, 2, 3, 4 at page 64
 /// (B = 64, L = 4096; H = 16 and 128), bf16 and fp8 KV, each with the shape's default tile
 /// on `backend`.
-pub fn extra_shapes(backend: crate::gate::Backend) -> Vec<BenchShape> {
+pub fn extra_shapes(backend: mla::gate::Backend) -> Vec<BenchShape> {
     let mut v = Vec::new();
     for dtypes in [DecodeDtypes::Bf16, DecodeDtypes::Fp8KvBf16Q] {
         for heads in [16, 128] {
@@ -356,7 +356,7 @@ pub fn extra_shapes(backend: crate::gate::Backend) -> Vec<BenchShape> {
 
 /// Small batches (B = 1, 8) over the peers' lengths and heads, bf16, each with the shape's
 /// default tile on `backend`: the small-batch target's shapes.
-pub fn small_shapes(backend: crate::gate::Backend) -> Vec<BenchShape> {
+pub fn small_shapes(backend: mla::gate::Backend) -> Vec<BenchShape> {
     let mut v = Vec::new();
     for (heads, s_q) in [(16, 1), (16, 2), (128, 1), (128, 2)] {
         for batch in [1, 8] {
