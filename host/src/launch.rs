@@ -480,8 +480,10 @@ fn dev<T>(p: u64) -> DevPtr<T> {
 impl Runtime {
     /// One MLA decode step with split counts set on the host
     /// ([`DecodeWorkspace::set_splits`]): the split-KV decode kernel, then the combine kernel
-    /// when any sequence has more than one split. For serving loops and CUDA graphs use a
-    /// [`crate::DecodePlan`], which schedules on the device.
+    /// when any sequence has more than one split. Not the serving API (that is
+    /// [`crate::DecodePlan`], which schedules on the device): the tests and the bench use it
+    /// to pin split counts and tiles.
+    #[doc(hidden)]
     pub fn decode(
         &self,
         stream: &CudaStream,
@@ -492,6 +494,7 @@ impl Runtime {
     }
 
     /// [`Runtime::decode`] with an explicit tile.
+    #[doc(hidden)]
     pub fn decode_tiled(
         &self,
         stream: &CudaStream,
@@ -612,6 +615,8 @@ impl Runtime {
     /// partials computed elsewhere, e.g. context-parallel decode). `partial_o` is
     /// `[max_splits, batch, rows, D_V]` f32, `partial_lse` `[max_splits, batch, rows]`,
     /// `num_splits` `[batch]` i32 in `1..=max_splits`, `out` contiguous `[batch, rows, D_V]`.
+    /// Not the serving API: the rank merge of context parallelism is [`Runtime::merge`].
+    #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     pub fn combine(
         &self,
