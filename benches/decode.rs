@@ -34,7 +34,7 @@ fn decode(c: &mut Criterion) {
         ] {
             let shape = BenchShape {
                 dtypes,
-                tile: mla::tactic::Tile::default_on(heads * s_q, batch, rt.backend(), dtypes),
+                tile: mla::tactic::Tile::default_on(heads * s_q, batch, len, rt.backend(), dtypes),
                 batch,
                 len,
                 heads,

@@ -245,7 +245,9 @@ fn bench(
         // `mla_rs_m16` / `mla_rs_wg64` with another one; `_fp8` for fp8 KV.
         let fp8 = s.dtypes.kv() == mla::abi::ElemType::Fp8E4m3;
         let mut peer = String::from("mla_rs");
-        if s.tile != mla::tactic::Tile::default_on(s.heads * s.s_q, s.batch, backend, s.dtypes) {
+        if s.tile
+            != mla::tactic::Tile::default_on(s.heads * s.s_q, s.batch, s.len, backend, s.dtypes)
+        {
             peer.push('_');
             peer.push_str(s.tile.name().split('n').next().unwrap_or_default());
         }

@@ -461,6 +461,7 @@ impl Autotuner {
         let default = Tactic::default_on(
             shape.heads * shape.s_q,
             shape.batch,
+            shape.seq_len,
             self.backend,
             shape.dtypes,
         );
@@ -488,13 +489,16 @@ impl Autotuner {
             return Ok(Tactic::default_on(
                 rows,
                 shape.batch,
+                shape.seq_len,
                 self.backend,
                 shape.dtypes,
             ));
         }
         let mut best: Option<(Tactic, f64)> = None;
         let mut first_err = None;
-        for tactic in Tactic::candidates_on(rows, shape.batch, self.backend, shape.dtypes) {
+        for tactic in
+            Tactic::candidates_on(rows, shape.batch, shape.seq_len, self.backend, shape.dtypes)
+        {
             let timed = time_us(&tactic).and_then(|us| check_time(us).map(|()| us));
             match timed {
                 Ok(us) => {

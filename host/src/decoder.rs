@@ -187,6 +187,7 @@ impl Runtime {
         Tactic::default_on(
             config.rows(),
             config.max_batch,
+            config.max_seq_len,
             self.backend(),
             config.dtypes,
         )

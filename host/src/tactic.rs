@@ -20,6 +20,16 @@ use std::str::FromStr;
 /// leads (B=128 182.8 against 215.0 us; docs/PERF.md, section 3.4).
 pub const M32_MIN_BATCH: usize = 9;
 
+/// Whether a plan of up to `max_batch` sequences of up to `max_seq_len` tokens is small
+/// enough that two 16-row CTAs per split beat the 64-row `wgmma` tile for 17 to 32 rows
+/// with a bf16 cache: sequences of at most 4096 tokens, 32768 in all. H200, peers' harness,
+/// bf16 H=16 S_q=2, same run (16-row against `wgmma`, us): B=1 L=1024 15.6 / 18.8, B=8
+/// L=4096 35.6 / 39.6, B=32 L=1024 35.5 / 38.8; outside, the `wgmma` tile leads: B=1
+/// L=16384 33.1 / 31.1, B=32 L=4096 90.9 / 69.8 (docs/PERF.md, section 3.2).
+pub fn small_plan(max_batch: usize, max_seq_len: usize) -> bool {
+    max_seq_len <= 4096 && max_batch.saturating_mul(max_seq_len) <= 32768
+}
+
 /// Most waves of CTAs the split scheduler may aim for. Past a few waves the extra
 /// partials cost more in the combine than they win in occupancy.
 pub const MAX_WAVES: u32 = 4;
@@ -62,14 +72,16 @@ pub enum Tile {
 impl Tile {
     pub const ALL: [Tile; 4] = [Tile::M64N64, Tile::M16N64, Tile::M32N64, Tile::Wg64N64];
 
-    /// The default tile for `rows` query rows of up to `max_batch` sequences on `backend`
-    /// with `dtypes`: on sm_90a with an fp8 cache the 16-row tile up to 16 rows, and up to
-    /// 32 the 32-row tile from [`M32_MIN_BATCH`] sequences on (two 16-row tiles below); the
-    /// `wgmma` tile where it runs (sm_90a; bf16 Q, bf16 or fp8 cache) and the rows fill
-    /// more than a 16-row tile; else [`Tile::default_for`].
+    /// The default tile for `rows` query rows of up to `max_batch` sequences of up to
+    /// `max_seq_len` tokens on `backend` with `dtypes`: on sm_90a with an fp8 cache the
+    /// 16-row tile up to 16 rows, and up to 32 the 32-row tile from [`M32_MIN_BATCH`]
+    /// sequences on (two 16-row tiles below); the `wgmma` tile where it runs (sm_90a; bf16
+    /// Q, bf16 or fp8 cache) and the rows fill more than a 16-row tile, except two 16-row
+    /// tiles for up to 32 rows in a small plan ([`small_plan`]); else [`Tile::default_for`].
     pub fn default_on(
         rows: usize,
         max_batch: usize,
+        max_seq_len: usize,
         backend: Backend,
         dtypes: DecodeDtypes,
     ) -> Tile {
@@ -87,6 +99,9 @@ impl Tile {
         }
         let portable = Tile::default_for(rows);
         if portable == Tile::M64N64 && Tile::Wg64N64.check(backend, dtypes).is_ok() {
+            if rows <= 2 * decode_tile::BLOCK_M_SMALL && small_plan(max_batch, max_seq_len) {
+                return Tile::M16N64;
+            }
             Tile::Wg64N64
         } else {
             portable
@@ -253,11 +268,12 @@ impl Tactic {
     pub fn default_on(
         rows: usize,
         max_batch: usize,
+        max_seq_len: usize,
         backend: Backend,
         dtypes: DecodeDtypes,
     ) -> Tactic {
         Tactic {
-            tile: Tile::default_on(rows, max_batch, backend, dtypes),
+            tile: Tile::default_on(rows, max_batch, max_seq_len, backend, dtypes),
             ..Tactic::default()
         }
     }
@@ -270,10 +286,11 @@ impl Tactic {
     pub fn candidates_on(
         rows: usize,
         max_batch: usize,
+        max_seq_len: usize,
         backend: Backend,
         dtypes: DecodeDtypes,
     ) -> Vec<Tactic> {
-        let first = Tile::default_on(rows, max_batch, backend, dtypes);
+        let first = Tile::default_on(rows, max_batch, max_seq_len, backend, dtypes);
         let mut tiles = vec![first];
         for t in [Tile::Wg64N64, Tile::M32N64, Tile::M64N64, Tile::M16N64] {
             let fits = match t {
@@ -303,7 +320,7 @@ impl Tactic {
     pub fn candidates_for(rows: usize) -> Vec<Tactic> {
         // The portable backend has no `wgmma` tile and its default tile is `default_for`'s:
         // `candidates_on`'s list without the sm_90a entries.
-        Self::candidates_on(rows, 1, Backend::Portable, DecodeDtypes::Bf16)
+        Self::candidates_on(rows, 1, 1, Backend::Portable, DecodeDtypes::Bf16)
     }
 
     /// Per tile: waves {1, 2} x max_splits {`MAX_SPLITS`, 16}, then no split.

@@ -706,8 +706,8 @@ fn backend_defaults_and_candidates() {
     for backend in Backend::ALL {
         for dtypes in all {
             for rows in [1, 16, 17, 32, 33, 64, 128] {
-                let d = Tactic::default_on(rows, 64, backend, dtypes);
-                let c = Tactic::candidates_on(rows, 64, backend, dtypes);
+                let d = Tactic::default_on(rows, 64, 4096, backend, dtypes);
+                let c = Tactic::candidates_on(rows, 64, 4096, backend, dtypes);
                 assert_eq!(c[0], d, "{backend:?} {dtypes:?} rows {rows}: default first");
                 let tiles: Vec<Tile> = c.iter().map(|t| t.tile).collect();
                 let has = |t| tiles.contains(&t);
@@ -737,7 +737,7 @@ fn backend_defaults_and_candidates() {
     for dtypes in [DecodeDtypes::Fp8KvBf16Q, DecodeDtypes::Fp8] {
         for rows in [1, 16] {
             assert_eq!(
-                Tile::default_on(rows, 64, Backend::Sm90a, dtypes),
+                Tile::default_on(rows, 64, 4096, Backend::Sm90a, dtypes),
                 Tile::M16N64
             );
         }
@@ -748,7 +748,10 @@ fn backend_defaults_and_candidates() {
                 (M32_MIN_BATCH, Tile::M32N64),
                 (128, Tile::M32N64),
             ] {
-                assert_eq!(Tile::default_on(rows, batch, Backend::Sm90a, dtypes), tile);
+                assert_eq!(
+                    Tile::default_on(rows, batch, 4096, Backend::Sm90a, dtypes),
+                    tile
+                );
             }
         }
         assert_eq!(Tile::M32N64.row_tiles(33), 2);
@@ -765,15 +768,30 @@ fn backend_defaults_and_candidates() {
     let tactic: Tactic = "tile=m32n64,waves=1,splits<=128".parse().unwrap();
     assert_eq!(tactic.tile, Tile::M32N64);
     assert_eq!(
-        Tile::default_on(33, 64, Backend::Sm90a, DecodeDtypes::Fp8KvBf16Q),
+        Tile::default_on(33, 64, 4096, Backend::Sm90a, DecodeDtypes::Fp8KvBf16Q),
         Tile::Wg64N64
     );
     assert_eq!(
-        Tile::default_on(32, 64, Backend::Sm90a, DecodeDtypes::Bf16),
+        Tile::default_on(32, 64, 4096, Backend::Sm90a, DecodeDtypes::Bf16),
         Tile::Wg64N64
     );
     assert_eq!(
-        Tile::default_on(32, 64, Backend::Portable, DecodeDtypes::Fp8KvBf16Q),
+        Tile::default_on(32, 64, 4096, Backend::Portable, DecodeDtypes::Fp8KvBf16Q),
         Tile::M64N64
     );
+    // bf16, 17..=32 rows: two 16-row tiles in a small plan (sequences of at most 4096
+    // tokens, 32768 in all), the wgmma tile otherwise and above 32 rows.
+    for (rows, batch, len, tile) in [
+        (32, 1, 1024, Tile::M16N64),
+        (32, 8, 4096, Tile::M16N64),
+        (17, 32, 1024, Tile::M16N64),
+        (32, 1, 16384, Tile::Wg64N64),
+        (32, 9, 4096, Tile::Wg64N64),
+        (32, 32, 4096, Tile::Wg64N64),
+        (33, 1, 1024, Tile::Wg64N64),
+    ] {
+        let got = Tile::default_on(rows, batch, len, Backend::Sm90a, DecodeDtypes::Bf16);
+        assert_eq!(got, tile, "rows {rows} B {batch} L {len}");
+    }
+    assert!(mla_host::tactic::small_plan(8, 4096) && !mla_host::tactic::small_plan(8, 4097));
 }
