@@ -37,6 +37,24 @@ fn run_plan(
     (got, plan.read_splits(stream, h.spec.lens.len()).unwrap())
 }
 
+/// [`run_plan`] through the per-step API: `schedule_step` once, then `run_layer`.
+fn run_plan_stepped(
+    rt: &Runtime,
+    stream: &Arc<cudarc::driver::CudaStream>,
+    plan: &DecodePlan,
+    h: &HostCase,
+    d: &mut DeviceCase,
+) -> ((Vec<f32>, Vec<f32>), Vec<i32>) {
+    d.poison_outputs(stream).unwrap();
+    let req = d.request(stream, h);
+    let cap = h.max_pages * h.spec.page_size;
+    plan.schedule_step(rt, stream, &req.seq_lens, cap).unwrap();
+    plan.run_layer(rt, stream, &req).unwrap();
+    stream.synchronize().unwrap();
+    let got = d.download(stream, h.spec.dtypes.out()).unwrap();
+    (got, plan.read_splits(stream, h.spec.lens.len()).unwrap())
+}
+
 /// The split counts `plan`'s schedule gives `h`'s lengths, on the CPU (the lengths clamped
 /// to what `h`'s page table holds, as the device's are).
 fn cpu_twin(plan: &DecodePlan, h: &HostCase) -> Vec<i32> {
@@ -146,15 +164,7 @@ fn long_sequences_take_more_splits() {
         let plan = rt.plan_decode(&stream, config(&h, b), tactic).unwrap();
         let mut dc = DeviceCase::upload(&stream, &h).unwrap();
         let (got, splits) = if stepped {
-            dc.poison_outputs(&stream).unwrap();
-            let req = dc.request(&stream, &h);
-            let cap = h.max_pages * h.spec.page_size;
-            plan.schedule_step(&rt, &stream, &req.seq_lens, cap)
-                .unwrap();
-            plan.run_layer(&rt, &stream, &req).unwrap();
-            stream.synchronize().unwrap();
-            let got = dc.download(&stream, d.out()).unwrap();
-            (got, plan.read_splits(&stream, b).unwrap())
+            run_plan_stepped(&rt, &stream, &plan, &h, &mut dc)
         } else {
             run_plan(&rt, &stream, &plan, &h, &mut dc)
         };
@@ -233,15 +243,7 @@ fn paired_decodes_take_two_block_splits() {
                 let plan = rt.plan_decode(&stream, config(&h, b), tactic).unwrap();
                 let mut dc = DeviceCase::upload(&stream, &h).unwrap();
                 let (got, splits) = if stepped {
-                    dc.poison_outputs(&stream).unwrap();
-                    let req = dc.request(&stream, &h);
-                    let cap = h.max_pages * h.spec.page_size;
-                    plan.schedule_step(&rt, &stream, &req.seq_lens, cap)
-                        .unwrap();
-                    plan.run_layer(&rt, &stream, &req).unwrap();
-                    stream.synchronize().unwrap();
-                    let got = dc.download(&stream, d.out()).unwrap();
-                    (got, plan.read_splits(&stream, b).unwrap())
+                    run_plan_stepped(&rt, &stream, &plan, &h, &mut dc)
                 } else {
                     run_plan(&rt, &stream, &plan, &h, &mut dc)
                 };
