@@ -34,7 +34,13 @@ fn decode(c: &mut Criterion) {
         ] {
             let shape = BenchShape {
                 dtypes,
-                tile: mla::tactic::Tile::default_on(heads * s_q, batch, len, rt.backend(), dtypes),
+                tile: mla::tactic::Tile::default_for_plan(
+                    heads * s_q,
+                    batch,
+                    len,
+                    rt.backend(),
+                    dtypes,
+                ),
                 batch,
                 len,
                 heads,

@@ -160,7 +160,7 @@ fn long_sequences_take_more_splits() {
         let longest = lens.iter().copied().max().unwrap_or(1);
         let h = HostCase::random(&CaseSpec::new(d, 64, heads, 1, lens), &mut rng);
         let refs = h.references();
-        let tactic = Tactic::default_on(heads, b, longest, rt.backend(), d);
+        let tactic = Tactic::default_for_plan(heads, b, longest, rt.backend(), d);
         let plan = rt.plan_decode(&stream, config(&h, b), tactic).unwrap();
         let mut dc = DeviceCase::upload(&stream, &h).unwrap();
         let (got, splits) = if stepped {
@@ -233,7 +233,7 @@ fn paired_decodes_take_two_block_splits() {
                     .collect();
                 let h = HostCase::random(&CaseSpec::new(d, 64, 16, s_q, lens.clone()), &mut rng);
                 let refs = h.references();
-                let tactic = Tactic::default_on(
+                let tactic = Tactic::default_for_plan(
                     16 * s_q,
                     b,
                     h.spec.lens.iter().copied().max().unwrap_or(1),

@@ -141,7 +141,7 @@ impl BenchCase {
             max_splits,
             ..Tactic::default()
         };
-        let splits = tactic.split_counts(&lens, rows, s.dtypes, rt.device().sm_count as usize);
+        let splits = tactic.split_counts_for(&lens, rows, s.dtypes, rt.device().sm_count as usize);
         let mut ws = DecodeWorkspace::new(
             stream,
             WorkspaceCapacity {
@@ -336,7 +336,7 @@ pub fn extra_shapes(backend: mla::gate::Backend) -> Vec<BenchShape> {
         for heads in [16, 128] {
             let shape = |s_q: usize, page: usize| BenchShape {
                 dtypes,
-                tile: Tile::default_on(heads * s_q, 64, 4096, backend, dtypes),
+                tile: Tile::default_for_plan(heads * s_q, 64, 4096, backend, dtypes),
                 batch: 64,
                 len: 4096,
                 heads,
@@ -363,7 +363,13 @@ pub fn small_shapes(backend: mla::gate::Backend) -> Vec<BenchShape> {
             for len in [1024, 4096, 16384] {
                 v.push(BenchShape {
                     dtypes: DecodeDtypes::Bf16,
-                    tile: Tile::default_on(heads * s_q, batch, len, backend, DecodeDtypes::Bf16),
+                    tile: Tile::default_for_plan(
+                        heads * s_q,
+                        batch,
+                        len,
+                        backend,
+                        DecodeDtypes::Bf16,
+                    ),
                     batch,
                     len,
                     heads,

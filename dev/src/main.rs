@@ -246,7 +246,13 @@ fn bench(
         let fp8 = s.dtypes.kv() == mla::abi::ElemType::Fp8E4m3;
         let mut peer = String::from("mla_rs");
         if s.tile
-            != mla::tactic::Tile::default_on(s.heads * s.s_q, s.batch, s.len, backend, s.dtypes)
+            != mla::tactic::Tile::default_for_plan(
+                s.heads * s.s_q,
+                s.batch,
+                s.len,
+                backend,
+                s.dtypes,
+            )
         {
             peer.push('_');
             peer.push_str(s.tile.name().split('n').next().unwrap_or_default());

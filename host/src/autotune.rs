@@ -458,7 +458,7 @@ impl Autotuner {
     /// The tactic to use without measuring: the cached winner when the mode is `On` and one
     /// is cached, else [`Tactic::default_on`] the shape's rows, this backend and dtypes.
     pub fn choose(&self, device: &DeviceKey, shape: &ShapeKey) -> Tactic {
-        let default = Tactic::default_on(
+        let default = Tactic::default_for_plan(
             shape.heads * shape.s_q,
             shape.batch,
             shape.seq_len,
@@ -486,7 +486,7 @@ impl Autotuner {
     ) -> Result<Tactic, MlaError> {
         let rows = shape.heads * shape.s_q;
         if self.mode == TuneMode::Off {
-            return Ok(Tactic::default_on(
+            return Ok(Tactic::default_for_plan(
                 rows,
                 shape.batch,
                 shape.seq_len,
@@ -496,9 +496,13 @@ impl Autotuner {
         }
         let mut best: Option<(Tactic, f64)> = None;
         let mut first_err = None;
-        for tactic in
-            Tactic::candidates_on(rows, shape.batch, shape.seq_len, self.backend, shape.dtypes)
-        {
+        for tactic in Tactic::candidates_for_plan(
+            rows,
+            shape.batch,
+            shape.seq_len,
+            self.backend,
+            shape.dtypes,
+        ) {
             let timed = time_us(&tactic).and_then(|us| check_time(us).map(|()| us));
             match timed {
                 Ok(us) => {

@@ -184,7 +184,7 @@ impl Runtime {
     /// The tactic the library picks for `config` on this runtime's backend when not
     /// tuning ([`Tactic::default_on`]): the measured default path.
     pub fn default_tactic(&self, config: &DecodeConfig) -> Tactic {
-        Tactic::default_on(
+        Tactic::default_for_plan(
             config.rows(),
             config.max_batch,
             config.max_seq_len,

@@ -72,13 +72,19 @@ pub enum Tile {
 impl Tile {
     pub const ALL: [Tile; 4] = [Tile::M64N64, Tile::M16N64, Tile::M32N64, Tile::Wg64N64];
 
+    /// [`Tile::default_for_plan`] for a plan of unknown size (as many sequences, as long,
+    /// as the ABI allows).
+    pub fn default_on(rows: usize, backend: Backend, dtypes: DecodeDtypes) -> Tile {
+        Tile::default_for_plan(rows, usize::MAX, usize::MAX, backend, dtypes)
+    }
+
     /// The default tile for `rows` query rows of up to `max_batch` sequences of up to
     /// `max_seq_len` tokens on `backend` with `dtypes`: on sm_90a with an fp8 cache the
     /// 16-row tile up to 16 rows, and up to 32 the 32-row tile from [`M32_MIN_BATCH`]
     /// sequences on (two 16-row tiles below); the `wgmma` tile where it runs (sm_90a; bf16
     /// Q, bf16 or fp8 cache) and the rows fill more than a 16-row tile, except two 16-row
     /// tiles for up to 32 rows in a small plan ([`small_plan`]); else [`Tile::default_for`].
-    pub fn default_on(
+    pub fn default_for_plan(
         rows: usize,
         max_batch: usize,
         max_seq_len: usize,
@@ -188,8 +194,9 @@ impl Tile {
     /// costs them a pair), else 0. The schedule cuts sequences into that many blocks at
     /// least ([`mla_abi::schedule_splits`]).
     pub fn step_log2(self, dtypes: DecodeDtypes) -> u32 {
-        let pairs = matches!(self, Tile::M16N64 | Tile::M32N64)
-            && dtypes.kv() == mla_abi::ElemType::Fp8E4m3;
+        // The 32-row tile runs fp8 caches only (Tile::check).
+        let pairs = self == Tile::M32N64
+            || (self == Tile::M16N64 && dtypes.kv() == mla_abi::ElemType::Fp8E4m3);
         u32::from(pairs)
     }
 
@@ -263,9 +270,15 @@ impl Tactic {
         }
     }
 
-    /// [`Tactic::default_for`] with [`Tile::default_on`]: the deterministic choice for a
-    /// shape on `backend` when tuning is off.
-    pub fn default_on(
+    /// [`Tactic::default_for_plan`] for a plan of unknown size.
+    pub fn default_on(rows: usize, backend: Backend, dtypes: DecodeDtypes) -> Tactic {
+        Tactic::default_for_plan(rows, usize::MAX, usize::MAX, backend, dtypes)
+    }
+
+    /// [`Tactic::default_for`] with [`Tile::default_for_plan`]: the deterministic choice for
+    /// a plan of up to `max_batch` sequences of up to `max_seq_len` tokens on `backend` when
+    /// tuning is off ([`crate::Runtime::default_tactic`] of a `DecodeConfig`).
+    pub fn default_for_plan(
         rows: usize,
         max_batch: usize,
         max_seq_len: usize,
@@ -273,24 +286,30 @@ impl Tactic {
         dtypes: DecodeDtypes,
     ) -> Tactic {
         Tactic {
-            tile: Tile::default_on(rows, max_batch, max_seq_len, backend, dtypes),
+            tile: Tile::default_for_plan(rows, max_batch, max_seq_len, backend, dtypes),
             ..Tactic::default()
         }
     }
 
-    /// The candidates on `backend` for `dtypes`: [`Tile::default_on`]'s tile first (so a tie
-    /// keeps it), then the `wgmma` tile where `backend` runs it for `dtypes` and rows are more
+    /// [`Tactic::candidates_for_plan`] for a plan of unknown size.
+    pub fn candidates_on(rows: usize, backend: Backend, dtypes: DecodeDtypes) -> Vec<Tactic> {
+        Tactic::candidates_for_plan(rows, usize::MAX, usize::MAX, backend, dtypes)
+    }
+
+    /// The candidates on `backend` for `dtypes` in a plan of up to `max_batch` sequences of
+    /// up to `max_seq_len` tokens: [`Tile::default_for_plan`]'s tile first (so a tie keeps
+    /// it), then the `wgmma` tile where `backend` runs it for `dtypes` and rows are more
     /// than 16, the 32-row tile likewise, the 64-row tile, and the 16-row tile up to 32
     /// rows; each with the knobs of [`Tactic::candidates_with`]. Without the sm_90a tiles
     /// this is [`Tactic::candidates_for`].
-    pub fn candidates_on(
+    pub fn candidates_for_plan(
         rows: usize,
         max_batch: usize,
         max_seq_len: usize,
         backend: Backend,
         dtypes: DecodeDtypes,
     ) -> Vec<Tactic> {
-        let first = Tile::default_on(rows, max_batch, max_seq_len, backend, dtypes);
+        let first = Tile::default_for_plan(rows, max_batch, max_seq_len, backend, dtypes);
         let mut tiles = vec![first];
         for t in [Tile::Wg64N64, Tile::M32N64, Tile::M64N64, Tile::M16N64] {
             let fits = match t {
@@ -320,7 +339,7 @@ impl Tactic {
     pub fn candidates_for(rows: usize) -> Vec<Tactic> {
         // The portable backend has no `wgmma` tile and its default tile is `default_for`'s:
         // `candidates_on`'s list without the sm_90a entries.
-        Self::candidates_on(rows, 1, 1, Backend::Portable, DecodeDtypes::Bf16)
+        Self::candidates_on(rows, Backend::Portable, DecodeDtypes::Bf16)
     }
 
     /// Per tile: waves {1, 2} x max_splits {`MAX_SPLITS`, 16}, then no split.
@@ -370,10 +389,15 @@ impl Tactic {
         sm_count.max(1).saturating_mul(self.waves as usize)
     }
 
+    /// [`Tactic::split_counts_for`] a 16-bit cache (the 32-row tile's fp8 cache for it).
+    pub fn split_counts(&self, seq_lens: &[i32], rows: usize, sm_count: usize) -> Vec<i32> {
+        self.split_counts_for(seq_lens, rows, DecodeDtypes::Bf16, sm_count)
+    }
+
     /// Split counts per sequence under this tactic for `dtypes`, on the host:
     /// [`plan::schedule`] with this tile's row tiles and step ([`Tile::step_log2`]) and
     /// [`Tactic::target_ctas`] (no length clamp).
-    pub fn split_counts(
+    pub fn split_counts_for(
         &self,
         seq_lens: &[i32],
         rows: usize,

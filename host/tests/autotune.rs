@@ -193,16 +193,16 @@ fn validate_rejects_out_of_range_fields() {
 fn split_counts_scale_the_target_by_waves() {
     let lens = [4096, 100, 20000, 1, 65];
     let rows = 128;
-    let one = Tactic::default().split_counts(&lens, rows, DecodeDtypes::Bf16, 132);
+    let one = Tactic::default().split_counts(&lens, rows, 132);
     assert_eq!(
         one,
         mla_host::plan::split_counts(&lens, rows, 132, MAX_SPLITS as usize)
     );
-    let two = tactic(2, 64).split_counts(&lens, rows, DecodeDtypes::Bf16, 132);
+    let two = tactic(2, 64).split_counts(&lens, rows, 132);
     assert_eq!(two, mla_host::plan::split_counts(&lens, rows, 264, 64));
-    let none = tactic(2, 1).split_counts(&lens, rows, DecodeDtypes::Bf16, 132);
+    let none = tactic(2, 1).split_counts(&lens, rows, 132);
     assert!(none.iter().all(|&s| s == 1), "{none:?}");
-    let capped = tactic(4, 16).split_counts(&[131072], 16, DecodeDtypes::Bf16, 132);
+    let capped = tactic(4, 16).split_counts(&[131072], 16, 132);
     assert_eq!(capped, vec![16]);
     // The fp8-cache 16- and 32-row kernels compute blocks in pairs: splits of two blocks.
     for tile in [Tile::M16N64, Tile::M32N64] {
@@ -211,13 +211,27 @@ fn split_counts_scale_the_target_by_waves() {
             ..Tactic::default()
         };
         assert_eq!(
-            t.split_counts(&[4096], 32, DecodeDtypes::Fp8KvBf16Q, 132),
+            t.split_counts_for(&[4096], 32, DecodeDtypes::Fp8KvBf16Q, 132),
             vec![32]
         );
         assert_eq!(tile.step_log2(DecodeDtypes::Fp8), 1);
     }
     assert_eq!(Tile::M16N64.step_log2(DecodeDtypes::Bf16), 0);
     assert_eq!(Tile::Wg64N64.step_log2(DecodeDtypes::Fp8KvBf16Q), 0);
+    // The unsized forms are the sized ones for a plan of unknown size.
+    for rows in [16, 32, 64] {
+        for d in [DecodeDtypes::Bf16, DecodeDtypes::Fp8KvBf16Q] {
+            let b = mla_host::Backend::Sm90a;
+            assert_eq!(
+                Tactic::default_on(rows, b, d),
+                Tactic::default_for_plan(rows, usize::MAX, usize::MAX, b, d)
+            );
+            assert_eq!(
+                Tactic::candidates_on(rows, b, d)[0],
+                Tactic::default_on(rows, b, d)
+            );
+        }
+    }
 }
 
 // ---------------------------------------------------------------- keys
@@ -706,8 +720,8 @@ fn backend_defaults_and_candidates() {
     for backend in Backend::ALL {
         for dtypes in all {
             for rows in [1, 16, 17, 32, 33, 64, 128] {
-                let d = Tactic::default_on(rows, 64, 4096, backend, dtypes);
-                let c = Tactic::candidates_on(rows, 64, 4096, backend, dtypes);
+                let d = Tactic::default_for_plan(rows, 64, 4096, backend, dtypes);
+                let c = Tactic::candidates_for_plan(rows, 64, 4096, backend, dtypes);
                 assert_eq!(c[0], d, "{backend:?} {dtypes:?} rows {rows}: default first");
                 let tiles: Vec<Tile> = c.iter().map(|t| t.tile).collect();
                 let has = |t| tiles.contains(&t);
@@ -737,7 +751,7 @@ fn backend_defaults_and_candidates() {
     for dtypes in [DecodeDtypes::Fp8KvBf16Q, DecodeDtypes::Fp8] {
         for rows in [1, 16] {
             assert_eq!(
-                Tile::default_on(rows, 64, 4096, Backend::Sm90a, dtypes),
+                Tile::default_for_plan(rows, 64, 4096, Backend::Sm90a, dtypes),
                 Tile::M16N64
             );
         }
@@ -749,7 +763,7 @@ fn backend_defaults_and_candidates() {
                 (128, Tile::M32N64),
             ] {
                 assert_eq!(
-                    Tile::default_on(rows, batch, 4096, Backend::Sm90a, dtypes),
+                    Tile::default_for_plan(rows, batch, 4096, Backend::Sm90a, dtypes),
                     tile
                 );
             }
@@ -768,15 +782,15 @@ fn backend_defaults_and_candidates() {
     let tactic: Tactic = "tile=m32n64,waves=1,splits<=128".parse().unwrap();
     assert_eq!(tactic.tile, Tile::M32N64);
     assert_eq!(
-        Tile::default_on(33, 64, 4096, Backend::Sm90a, DecodeDtypes::Fp8KvBf16Q),
+        Tile::default_for_plan(33, 64, 4096, Backend::Sm90a, DecodeDtypes::Fp8KvBf16Q),
         Tile::Wg64N64
     );
     assert_eq!(
-        Tile::default_on(32, 64, 4096, Backend::Sm90a, DecodeDtypes::Bf16),
+        Tile::default_for_plan(32, 64, 4096, Backend::Sm90a, DecodeDtypes::Bf16),
         Tile::Wg64N64
     );
     assert_eq!(
-        Tile::default_on(32, 64, 4096, Backend::Portable, DecodeDtypes::Fp8KvBf16Q),
+        Tile::default_for_plan(32, 64, 4096, Backend::Portable, DecodeDtypes::Fp8KvBf16Q),
         Tile::M64N64
     );
     // bf16, 17..=32 rows: two 16-row tiles in a small plan (sequences of at most 4096
@@ -790,7 +804,7 @@ fn backend_defaults_and_candidates() {
         (32, 32, 4096, Tile::Wg64N64),
         (33, 1, 1024, Tile::Wg64N64),
     ] {
-        let got = Tile::default_on(rows, batch, len, Backend::Sm90a, DecodeDtypes::Bf16);
+        let got = Tile::default_for_plan(rows, batch, len, Backend::Sm90a, DecodeDtypes::Bf16);
         assert_eq!(got, tile, "rows {rows} B {batch} L {len}");
     }
     assert!(mla_host::tactic::small_plan(8, 4096) && !mla_host::tactic::small_plan(8, 4097));
