@@ -1,8 +1,8 @@
 //! Which kernels a decode runs: the one place that decides it.
 //!
 //! A plan fixes the backend ([`crate::gate`]: the registry's first backend that the device
-//! and the loaded image accept) and the tactic ([`crate::tactic::Tactic::default_on`] unless
-//! tuned or given: the tile, the waves, the split cap). From those, [`DecodeKernels::new`]
+//! and the loaded image accept) and the tactic ([`crate::tactic::Tactic::default_for_plan`]
+//! unless tuned or given: the tile, the waves, the split cap). From those, [`DecodeKernels::new`]
 //! picks once, at plan time, every kernel a run may launch; at run time
 //! [`DecodeKernels::decode_for`] only looks at what the request adds (its cache layout and
 //! the longest length its page table can address), and [`DecodeKernels::combine_for`] at
@@ -10,9 +10,11 @@
 //!
 //! Worked example, bf16, H=64, S_q=2 (128 query rows), page 16, on an H200 (sm_90a image):
 //! 1. Backend `sm90a`: the device is sm_90, the image holds the `wgmma` kernels.
-//! 2. Tile `wg64n64` (`Tile::default_on`): more than 16 rows, bf16 Q, and the `wgmma`
-//!    tile runs bf16 there; two row tiles, so a sequence takes at most 32 splits until
-//!    each split would keep 8 KV blocks, then up to 128 (`mla_abi::split_bound`).
+//! 2. Tile `wg64n64` (`Tile::default_for_plan`): more than 32 rows, bf16 Q, and the `wgmma`
+//!    tile runs bf16 there (at 17-32 rows a small plan would take two 16-row tiles, and an
+//!    fp8 cache the fp8 16- or 32-row tile); two row tiles, so a sequence takes at most 32
+//!    splits until each split would keep 8 KV blocks, then up to 128
+//!    (`mla_abi::split_bound`); the tile's step is one block (`Tile::step_log2`).
 //! 3. Decode kernel: `mla_decode_wg_bf16`, and for a request whose bf16 cache is
 //!    contiguous and 16-byte aligned, with pages of at least 16 tokens and splits of two or
 //!    more 64-token blocks, the TMA decode `mla_decode_tma_bf16` instead (`decode_for`;
