@@ -2,7 +2,7 @@
 //!
 //! The driver library is loaded at run time (cudarc `dynamic-loading`): without it every
 //! entry point returns [`MlaError::NoDriver`]. A module is loaded once per [`Runtime`] and
-//! every kernel of its image ([`Variant::symbols`]) is resolved at load, so a missing symbol
+//! every kernel of its image ([`Variant::kernels`]) is resolved at load, so a missing symbol
 //! fails the load, never a later launch.
 
 use std::collections::HashMap;

@@ -300,8 +300,8 @@ impl Tactic {
     /// up to `max_seq_len` tokens: [`Tile::default_for_plan`]'s tile first (so a tie keeps
     /// it), then the `wgmma` tile where `backend` runs it for `dtypes` and rows are more
     /// than 16, the 32-row tile likewise, the 64-row tile, and the 16-row tile up to 32
-    /// rows; each with the knobs of [`Tactic::candidates_with`]. Without the sm_90a tiles
-    /// this is [`Tactic::candidates_for`].
+    /// rows; each with waves {1, 2} x max_splits {`MAX_SPLITS`, 16}, then no split.
+    /// Without the sm_90a tiles this is [`Tactic::candidates_for`].
     pub fn candidates_for_plan(
         rows: usize,
         max_batch: usize,
