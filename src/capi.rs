@@ -130,10 +130,9 @@ pub struct MlaPlanConfig {
     pub kv_dtype: u32,
     /// 0: the default tactic; otherwise waves (1..=4) of the split schedule.
     pub waves: u32,
-    /// 0: the default tile for the shape (`Tile::default_on`: 16 rows when
-    /// `s_q * heads <= 16` or, on sm_90a, an fp8 cache with up to 32 rows; else the `wgmma`
-    /// tile on sm_90a for bf16 Q, else the 64-row tile); 1: the 16-row tile; 2: the 64-row
-    /// `mma.sync` tile; 3: the `wgmma` tile (sm_90a, bf16 Q).
+    /// 0: the default tile for the plan (`Tile::default_for_plan` of the rows, dtypes,
+    /// `max_batch` and `max_seq_len`); 1: the 16-row tile; 2: the 64-row `mma.sync` tile;
+    /// 3: the `wgmma` tile (sm_90a, bf16 Q); 4: the 32-row tile (sm_90a, fp8 cache).
     pub tile: u32,
 }
 
