@@ -65,10 +65,10 @@ typedef struct MlaPlanConfig {
   uint32_t q_dtype, kv_dtype;
   uint32_t waves; /* 0: default tactic */
   uint32_t tile;  /* 0: the plan's default (16-row tile when s_q * heads <= 16; on sm_90a,
-                     17..32 rows: with an fp8 cache the 32-row tile from 9 sequences, two
-                     16-row tiles below; with bf16 two 16-row tiles in plans of sequences
-                     <= 4096 tokens and <= 32768 in all, else the wgmma tile; more rows:
-                     the wgmma tile on sm_90a for bf16 Q, else 64-row); 1: 16-row;
+                     17..32 rows: two 16-row tiles in plans of sequences <= 4096 tokens and
+                     <= 32768 in all, and with an fp8 cache below 9 sequences; otherwise
+                     the 32-row tile (fp8 cache) or the wgmma tile (bf16); more rows: the
+                     wgmma tile on sm_90a for bf16 Q, else 64-row); 1: 16-row;
                      2: 64-row mma.sync; 3: 64-row wgmma (sm_90a, bf16 Q); 4: 32-row
                      (sm_90a, fp8 cache) */
 } MlaPlanConfig;

@@ -21,11 +21,13 @@ use std::str::FromStr;
 pub const M32_MIN_BATCH: usize = 9;
 
 /// Whether a plan of up to `max_batch` sequences of up to `max_seq_len` tokens is small
-/// enough that two 16-row CTAs per split beat the 64-row `wgmma` tile for 17 to 32 rows
-/// with a bf16 cache: sequences of at most 4096 tokens, 32768 in all. H200, peers' harness,
-/// bf16 H=16 S_q=2, same run (16-row against `wgmma`, us): B=1 L=1024 15.6 / 18.8, B=8
-/// L=4096 35.6 / 39.6, B=32 L=1024 35.5 / 38.8; outside, the `wgmma` tile leads: B=1
-/// L=16384 33.1 / 31.1, B=32 L=4096 90.9 / 69.8 (docs/PERF.md, section 3.2).
+/// enough that two 16-row CTAs per split beat one CTA for 17 to 32 rows: sequences of at
+/// most 4096 tokens, 32768 in all. H200, peers' harness, H=16 S_q=2. bf16, same run
+/// (16-row against `wgmma`, us): B=1 L=1024 15.6 / 18.8, B=8 L=4096 35.6 / 39.6, B=32
+/// L=1024 35.5 / 38.8; outside, the `wgmma` tile leads: B=1 L=16384 33.1 / 31.1, B=32
+/// L=4096 90.9 / 69.8 (docs/PERF.md, section 3.2). fp8 (16-row against 32-row, two runs):
+/// B=32 L=1024 26.8 / 29.8, while B=32 L=4096 62.3 / 60.1 and B=64 L=4096 109.0 / 101.5
+/// (section 3.4).
 pub fn small_plan(max_batch: usize, max_seq_len: usize) -> bool {
     max_seq_len <= 4096 && max_batch.saturating_mul(max_seq_len) <= 32768
 }
@@ -81,9 +83,10 @@ impl Tile {
     /// The default tile for `rows` query rows of up to `max_batch` sequences of up to
     /// `max_seq_len` tokens on `backend` with `dtypes`: on sm_90a with an fp8 cache the
     /// 16-row tile up to 16 rows, and up to 32 the 32-row tile from [`M32_MIN_BATCH`]
-    /// sequences on (two 16-row tiles below); the `wgmma` tile where it runs (sm_90a; bf16
-    /// Q, bf16 or fp8 cache) and the rows fill more than a 16-row tile, except two 16-row
-    /// tiles for up to 32 rows in a small plan ([`small_plan`]); else [`Tile::default_for`].
+    /// sequences on, unless the plan is small ([`small_plan`]; two 16-row tiles otherwise);
+    /// the `wgmma` tile where it runs (sm_90a; bf16 Q, bf16 or fp8 cache) and the rows fill
+    /// more than a 16-row tile, except two 16-row tiles for up to 32 rows in a small plan;
+    /// else [`Tile::default_for`].
     pub fn default_for_plan(
         rows: usize,
         max_batch: usize,
@@ -95,7 +98,8 @@ impl Tile {
         // in registers and beat the `wgmma` tile there (docs/PERF.md, section 3.4).
         if backend == Backend::Sm90a && dtypes.kv() == mla_abi::ElemType::Fp8E4m3 {
             if rows <= decode_tile::BLOCK_M_SMALL
-                || (rows <= 2 * decode_tile::BLOCK_M_SMALL && max_batch < M32_MIN_BATCH)
+                || (rows <= 2 * decode_tile::BLOCK_M_SMALL
+                    && (max_batch < M32_MIN_BATCH || small_plan(max_batch, max_seq_len)))
             {
                 return Tile::M16N64;
             }

@@ -756,16 +756,17 @@ fn backend_defaults_and_candidates() {
             );
         }
         for rows in [17, 32] {
-            for (batch, tile) in [
-                (1, Tile::M16N64),
-                (M32_MIN_BATCH - 1, Tile::M16N64),
-                (M32_MIN_BATCH, Tile::M32N64),
-                (128, Tile::M32N64),
+            for (batch, len, tile) in [
+                (1, 4096, Tile::M16N64),
+                (M32_MIN_BATCH - 1, 65536, Tile::M16N64),
+                (M32_MIN_BATCH, 4096, Tile::M32N64),
+                (128, 4096, Tile::M32N64),
+                // A small plan keeps two 16-row tiles at any batch.
+                (32, 1024, Tile::M16N64),
+                (64, 1024, Tile::M32N64),
             ] {
-                assert_eq!(
-                    Tile::default_for_plan(rows, batch, 4096, Backend::Sm90a, dtypes),
-                    tile
-                );
+                let got = Tile::default_for_plan(rows, batch, len, Backend::Sm90a, dtypes);
+                assert_eq!(got, tile, "rows {rows} B {batch} L {len}");
             }
         }
         assert_eq!(Tile::M32N64.row_tiles(33), 2);
