@@ -168,26 +168,46 @@ pub mod decode_tile {
     /// scale (f32).
     pub const F8_Q_BYTES: usize = BLOCK_M_SMALL * D_QK * 2;
     pub const F8_P_BYTES: usize = BLOCK_M_SMALL * 2 * BLOCK_N * 2;
-    pub const SMEM_F8_Q: usize = 0;
-    pub const SMEM_F8_RING: usize = SMEM_F8_Q + F8_Q_BYTES;
-    pub const SMEM_F8_P: usize = SMEM_F8_RING + RING_SLOTS * FP8_STAGE_BYTES;
-    pub const SMEM_F8_RED: usize = SMEM_F8_P + F8_P_BYTES;
-    pub const SMEM_F8_QSCALE: usize = SMEM_F8_RED + RED_BYTES;
-    pub const SMEM_F8_BYTES: usize = SMEM_F8_QSCALE + BLOCK_M_SMALL * 4;
-    const _: () = assert!(SMEM_F8_BYTES <= SMEM_BYTES && SMEM_F8_RING.is_multiple_of(16));
+
+    /// Byte offsets of the fp8 kernel's regions for `groups` 16-row groups per CTA: Q, P,
+    /// the exchange and the scales hold one copy per group, the ring is shared.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct F8Smem {
+        pub q: usize,
+        pub ring: usize,
+        pub p: usize,
+        pub red: usize,
+        pub qscale: usize,
+        /// The whole layout's size.
+        pub bytes: usize,
+    }
+
+    pub const fn f8_smem(groups: usize) -> F8Smem {
+        let q = 0;
+        let ring = q + groups * F8_Q_BYTES;
+        let p = ring + RING_SLOTS * FP8_STAGE_BYTES;
+        let red = p + groups * F8_P_BYTES;
+        let qscale = red + groups * RED_BYTES;
+        F8Smem {
+            q,
+            ring,
+            p,
+            red,
+            qscale,
+            bytes: qscale + groups * BLOCK_M_SMALL * 4,
+        }
+    }
+
+    /// The 16-row kernel's layout (within the 16-row tile's `SMEM_BYTES`).
+    pub const SMEM_F8: F8Smem = f8_smem(1);
+    const _: () = assert!(SMEM_F8.bytes <= SMEM_BYTES && SMEM_F8.ring.is_multiple_of(16));
 
     /// The 32-row form of that kernel (sm_90a, `Tile::M32N64` on the host): two 16-row
     /// groups share every converted K and V fragment, so a sequence's fp8 blocks are read
-    /// and converted once for 32 rows instead of once per 16-row tile. The same regions,
-    /// Q, P, the exchange and the scales sized for 32 rows; the ring unchanged.
+    /// and converted once for 32 rows instead of once per 16-row tile.
     pub const BLOCK_M_F8X2: usize = 2 * BLOCK_M_SMALL;
-    pub const SMEM_F8X2_Q: usize = 0;
-    pub const SMEM_F8X2_RING: usize = SMEM_F8X2_Q + 2 * F8_Q_BYTES;
-    pub const SMEM_F8X2_P: usize = SMEM_F8X2_RING + RING_SLOTS * FP8_STAGE_BYTES;
-    pub const SMEM_F8X2_RED: usize = SMEM_F8X2_P + 2 * F8_P_BYTES;
-    pub const SMEM_F8X2_QSCALE: usize = SMEM_F8X2_RED + 2 * RED_BYTES;
-    pub const SMEM_F8X2_BYTES: usize = SMEM_F8X2_QSCALE + BLOCK_M_F8X2 * 4;
-    const _: () = assert!(SMEM_F8X2_BYTES <= 227 * 1024 && SMEM_F8X2_RING.is_multiple_of(16));
+    pub const SMEM_F8X2: F8Smem = f8_smem(2);
+    const _: () = assert!(SMEM_F8X2.bytes <= 227 * 1024 && SMEM_F8X2.ring.is_multiple_of(16));
 
     /// The `wgmma` decode (sm_90a only, `names::DECODE_WG_BF16`): the same grid, block and
     /// params as the 64-row tile; Q and two KV stages as 128-byte-swizzled slab tiles (nine
@@ -473,7 +493,7 @@ pub mod names {
     pub const DECODE16_FP16: &str = "mla_decode_mma16_fp16";
     pub const DECODE16_FP8KV_BF16Q: &str = "mla_decode_mma16_fp8kv_bf16q";
     pub const DECODE16_FP8: &str = "mla_decode_mma16_fp8";
-    /// The 32-row fp8-cache decodes (`decode_tile::SMEM_F8X2_*`): only in the sm_90a image.
+    /// The 32-row fp8-cache decodes (`decode_tile::SMEM_F8X2`): only in the sm_90a image.
     pub const DECODE32_FP8KV_BF16Q: &str = "mla_decode_mma32_fp8kv_bf16q";
     pub const DECODE32_FP8: &str = "mla_decode_mma32_fp8";
     /// The `wgmma` decodes (64-row tile; bf16 Q with a bf16 or an fp8 cache): only in the
@@ -628,13 +648,13 @@ pub mod kernels {
             DECODE32_FP8KV_BF16Q,
             Params::Decode,
             DT,
-            decode_tile::SMEM_F8X2_BYTES,
+            decode_tile::SMEM_F8X2.bytes,
         )),
         sm90a(k(
             DECODE32_FP8,
             Params::Decode,
             DT,
-            decode_tile::SMEM_F8X2_BYTES,
+            decode_tile::SMEM_F8X2.bytes,
         )),
         sm90a(k(
             DECODE_WG_BF16,

@@ -6,12 +6,12 @@
 //! - `RGS` 16-row groups per CTA (1, or 2 for the 32-row tile, sm_90a image): every warp
 //!   computes all of them, so each K and V fragment is loaded and converted once and feeds
 //!   one `mma` per group. What follows describes one group; Q, P, the exchange and the
-//!   scales hold one copy per group (`decode_tile::SMEM_F8X2_*` for two).
+//!   scales hold one copy per group (`decode_tile::f8_smem`).
 //!
 //! - Grid, block, params and outputs: as [`crate::decode`]'s 16-row tile (one row group x
 //!   eight column splits: warp `ch` computes S for tokens `8 ch .. +8` of each block and O
 //!   for dims `64 ch .. +64`).
-//! - Shared memory (`decode_tile::SMEM_F8_*`): Q as fp16, a ring of five raw fp8 blocks
+//! - Shared memory (`decode_tile::SMEM_F8`): Q as fp16, a ring of five raw fp8 blocks
 //!   (rows of 576 bytes, 16-byte chunks XOR-swizzled by row, [`raw_off`]), P as fp16 for
 //!   128 tokens, the exchange, each Q row's scale. Q and P are stored in `mma` fragment
 //!   order ([`frag_off`]): one 16-byte load is a lane's whole A fragment of a step. Blocks
@@ -38,6 +38,8 @@ use mla_abi::{D_QK, D_V, DecodeParams, decode_tile as T};
 
 const LOG2E: f32 = core::f32::consts::LOG2_E;
 const THREADS: u32 = T::THREADS as u32;
+/// Warps per CTA: the exchange's writers.
+const WARPS: u32 = T::WARPS as u32;
 const BLOCK_N: u32 = T::BLOCK_N as u32;
 /// Bytes (and 16-byte chunks) of one raw fp8 KV row.
 const ROW: u32 = D_QK as u32;
@@ -61,34 +63,6 @@ const _: () =
 const GQ: u32 = T::F8_Q_BYTES as u32;
 const GP: u32 = T::F8_P_BYTES as u32;
 
-/// Shared-memory byte offsets of the regions for `rgs` row groups.
-struct Regions {
-    q: u32,
-    ring: u32,
-    p: u32,
-    red: u32,
-    qscale: u32,
-}
-
-const fn regions(rgs: usize) -> Regions {
-    if rgs == 1 {
-        Regions {
-            q: T::SMEM_F8_Q as u32,
-            ring: T::SMEM_F8_RING as u32,
-            p: T::SMEM_F8_P as u32,
-            red: T::SMEM_F8_RED as u32,
-            qscale: T::SMEM_F8_QSCALE as u32,
-        }
-    } else {
-        Regions {
-            q: T::SMEM_F8X2_Q as u32,
-            ring: T::SMEM_F8X2_RING as u32,
-            p: T::SMEM_F8X2_P as u32,
-            red: T::SMEM_F8X2_RED as u32,
-            qscale: T::SMEM_F8X2_QSCALE as u32,
-        }
-    }
-}
 const _: () = assert!(T::BLOCK_M_F8X2 == 2 * T::BLOCK_M_SMALL);
 
 /// Byte offset of dim (byte) `d` of row `r` in a raw block: 16-byte chunk `k` of row `r`
@@ -391,7 +365,7 @@ unsafe fn pv2<const RGS: usize>(
 ///
 /// # Safety
 /// As [`decode::decode`] with the 16-row layout (`RGS` 1) or the 32-row one (`RGS` 2: the
-/// grid's row tiles are 32 rows, the shared memory `decode_tile::SMEM_F8X2_BYTES`) and an
+/// grid's row tiles are 32 rows, the shared memory `decode_tile::SMEM_F8X2`) and an
 /// fp8 cache.
 #[inline(always)]
 pub unsafe fn decode_fp8<K: DecodeKind, const RGS: usize>(p: DecodeParams) {
@@ -417,12 +391,12 @@ pub unsafe fn decode_fp8<K: DecodeKind, const RGS: usize>(p: DecodeParams) {
     let t = lane % 4;
 
     let base = smem::smem_base();
-    let reg = const { regions(RGS) };
-    let q_s = base + reg.q;
-    let slot = |i: u32| base + reg.ring + (i % SLOTS) * SLOT_BYTES;
-    let p_s = base + reg.p;
-    let red = base + reg.red;
-    let qscale = base + reg.qscale;
+    let reg = const { T::f8_smem(RGS) };
+    let q_s = base + reg.q as u32;
+    let slot = |i: u32| base + reg.ring as u32 + (i % SLOTS) * SLOT_BYTES;
+    let p_s = base + reg.p as u32;
+    let red = base + reg.red as u32;
+    let qscale = base + reg.qscale as u32;
 
     // This thread's rows: g and g + 8 of each group.
     let row_a = |rg: usize| row0 + 16 * rg as u32 + g;
@@ -447,7 +421,7 @@ pub unsafe fn decode_fp8<K: DecodeKind, const RGS: usize>(p: DecodeParams) {
     };
 
     // SAFETY (whole pipeline): every shared address stays inside the regions of
-    // `regions(RGS)`; every barrier is reached by all threads (loop bounds are CTA-uniform).
+    // `f8_smem(RGS)`; every barrier is reached by all threads (loop bounds are CTA-uniform).
     unsafe {
         // Blocks 0 .. AHEAD, one commit group each (empty past the chunk).
         unroll!(i in [0, 1, 2] {
@@ -544,8 +518,8 @@ pub unsafe fn decode_fp8<K: DecodeKind, const RGS: usize>(p: DecodeParams) {
                 if rg < RGS {
                     let r = 16 * rg as u32 + g;
                     m_new[rg] = [
-                        sync::fmax(m_run[rg][0], red_max(red, bm, r)),
-                        sync::fmax(m_run[rg][1], red_max(red, bm, r + 8)),
+                        sync::fmax(m_run[rg][0], decode::red_max_of(red, WARPS, bm, r)),
+                        sync::fmax(m_run[rg][1], decode::red_max_of(red, WARPS, bm, r + 8)),
                     ];
                 }
             });
@@ -611,7 +585,7 @@ pub unsafe fn decode_fp8<K: DecodeKind, const RGS: usize>(p: DecodeParams) {
         unroll!(rg in [0, 1] {
             if rg < RGS {
                 let r = 16 * rg as u32 + g;
-                l_tot[rg] = [red_sum(red, bm, r), red_sum(red, bm, r + 8)];
+                l_tot[rg] = [decode::red_sum_of(red, WARPS, bm, r), decode::red_sum_of(red, WARPS, bm, r + 8)];
             }
         });
     }
@@ -623,35 +597,6 @@ pub unsafe fn decode_fp8<K: DecodeKind, const RGS: usize>(p: DecodeParams) {
             };
         }
     });
-}
-
-/// Max over the eight warps of row `r` in the exchange `[8][bm]` f32.
-///
-/// # Safety
-/// `red` is the exchange and the writes to it are ordered by a barrier.
-#[inline(always)]
-unsafe fn red_max(red: u32, bm: u32, r: u32) -> f32 {
-    let mut m = f32::NEG_INFINITY;
-    for c in 0..THREADS / 32 {
-        // SAFETY: c * bm + r < 8 bm floats of the exchange.
-        m = sync::fmax(m, unsafe { smem::ld_shared_f32(red + (c * bm + r) * 4) });
-    }
-    m
-}
-
-/// Sum over the eight warps of row `r` in the exchange, in warp order (every warp adds in
-/// the same order and gets the same value).
-///
-/// # Safety
-/// As [`red_max`].
-#[inline(always)]
-unsafe fn red_sum(red: u32, bm: u32, r: u32) -> f32 {
-    let mut l = 0.0;
-    for c in 0..THREADS / 32 {
-        // SAFETY: as above.
-        l += unsafe { smem::ld_shared_f32(red + (c * bm + r) * 4) };
-    }
-    l
 }
 
 /// Normalises and stores this thread's rows `row_a`, `row_a + 8`: dims

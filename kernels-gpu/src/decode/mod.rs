@@ -623,31 +623,54 @@ unsafe fn warp_batch_blocks(p: &DecodeParams) -> u64 {
     unsafe { sync::warp_sum_u64(sum) }
 }
 
-/// Max over the column splits of row `r` in the exchange buffer `[CS][BM]`.
+/// Max over the column splits of row `r` in the exchange buffer `[CS][BM]` ([`red_max_of`]
+/// with the layout's).
 ///
 /// # Safety
-/// `red` is the exchange buffer and the writes to it are ordered by a barrier.
+/// As [`red_max_of`].
 #[inline(always)]
 pub(crate) unsafe fn red_max<L: Layout>(red: u32, r: u32) -> f32 {
+    // SAFETY: forwarded from the caller.
+    unsafe { red_max_of(red, L::CS, L::BM, r) }
+}
+
+/// Sum over the column splits of row `r` in the exchange buffer `[CS][BM]` ([`red_sum_of`]
+/// with the layout's).
+///
+/// # Safety
+/// As [`red_max_of`].
+#[inline(always)]
+pub(crate) unsafe fn red_sum<L: Layout>(red: u32, r: u32) -> f32 {
+    // SAFETY: forwarded from the caller.
+    unsafe { red_sum_of(red, L::CS, L::BM, r) }
+}
+
+/// Max over `splits` writers of row `r` in the exchange buffer `[splits][rows]` f32.
+///
+/// # Safety
+/// `red` is the exchange buffer (`splits * rows` floats, `r < rows`) and the writes to it
+/// are ordered by a barrier.
+#[inline(always)]
+pub(crate) unsafe fn red_max_of(red: u32, splits: u32, rows: u32, r: u32) -> f32 {
     let mut m = f32::NEG_INFINITY;
-    for c in 0..L::CS {
-        // SAFETY: c * BM + r < CS * BM = 128 floats.
-        m = sync::fmax(m, unsafe { smem::ld_shared_f32(red + (c * L::BM + r) * 4) });
+    for c in 0..splits {
+        // SAFETY: c * rows + r < splits * rows floats.
+        m = sync::fmax(m, unsafe { smem::ld_shared_f32(red + (c * rows + r) * 4) });
     }
     m
 }
 
-/// Sum over the column splits of row `r` in the exchange buffer `[CS][BM]`, in split order
-/// (every warp of the row group adds in the same order and gets the same value).
+/// Sum over `splits` writers of row `r` in the exchange buffer `[splits][rows]`, in writer
+/// order (every reader adds in the same order and gets the same value).
 ///
 /// # Safety
-/// As [`red_max`].
+/// As [`red_max_of`].
 #[inline(always)]
-pub(crate) unsafe fn red_sum<L: Layout>(red: u32, r: u32) -> f32 {
+pub(crate) unsafe fn red_sum_of(red: u32, splits: u32, rows: u32, r: u32) -> f32 {
     let mut l = 0.0;
-    for c in 0..L::CS {
+    for c in 0..splits {
         // SAFETY: as above.
-        l += unsafe { smem::ld_shared_f32(red + (c * L::BM + r) * 4) };
+        l += unsafe { smem::ld_shared_f32(red + (c * rows + r) * 4) };
     }
     l
 }
