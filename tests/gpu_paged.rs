@@ -168,9 +168,5 @@ fn append_then_gather_round_trip() {
             }
         }
     }
-    eprintln!("[{test}] {} failures (seed {seed})", failures.len());
-    for f in &failures {
-        eprintln!("  FAIL {f}");
-    }
-    assert!(failures.is_empty());
+    common::assert_no_failures(test, seed, &failures);
 }

@@ -37,14 +37,19 @@ fn run_plan(
     (got, plan.read_splits(stream, h.spec.lens.len()).unwrap())
 }
 
-/// [`run_plan`] through the per-step API: `schedule_step` once, then `run_layer`.
-fn run_plan_stepped(
+/// [`run_plan`], or with `stepped` through the per-step API: `schedule_step` once, then
+/// `run_layer`.
+fn run_plan_as(
     rt: &Runtime,
     stream: &Arc<cudarc::driver::CudaStream>,
     plan: &DecodePlan,
     h: &HostCase,
     d: &mut DeviceCase,
+    stepped: bool,
 ) -> ((Vec<f32>, Vec<f32>), Vec<i32>) {
+    if !stepped {
+        return run_plan(rt, stream, plan, h, d);
+    }
     d.poison_outputs(stream).unwrap();
     let req = d.request(stream, h);
     let cap = h.max_pages * h.spec.page_size;
@@ -117,11 +122,7 @@ fn schedule_kernel_matches_cpu_twin_and_plan_matches_oracle() {
         "[{test}] CPU twin sample: {:?}",
         mla::plan::schedule(&[1, 64, 65, 4096, 100_000], &cfg)
     );
-    eprintln!("[{test}] {} failures (seed {seed})", failures.len());
-    for f in &failures {
-        eprintln!("  FAIL {f}");
-    }
-    assert!(failures.is_empty());
+    common::assert_no_failures(test, seed, &failures);
 }
 
 /// Long sequences take more splits than the short caps (64, or 32 from two row tiles on),
@@ -163,11 +164,7 @@ fn long_sequences_take_more_splits() {
         let tactic = Tactic::default_for_plan(heads, b, longest, rt.backend(), d);
         let plan = rt.plan_decode(&stream, config(&h, b), tactic).unwrap();
         let mut dc = DeviceCase::upload(&stream, &h).unwrap();
-        let (got, splits) = if stepped {
-            run_plan_stepped(&rt, &stream, &plan, &h, &mut dc)
-        } else {
-            run_plan(&rt, &stream, &plan, &h, &mut dc)
-        };
+        let (got, splits) = run_plan_as(&rt, &stream, &plan, &h, &mut dc, stepped);
         let twin = cpu_twin(&plan, &h);
         let short = if plan.schedule().tiles >= 2 {
             mla::abi::SHORT_SPLITS_MULTI_TILE
@@ -197,11 +194,7 @@ fn long_sequences_take_more_splits() {
             failures.push(format!("{what}: {} | {}", c.out, c.lse));
         }
     }
-    eprintln!("[{test}] {} failures (seed {seed})", failures.len());
-    for f in &failures {
-        eprintln!("  FAIL {f}");
-    }
-    assert!(failures.is_empty());
+    common::assert_no_failures(test, seed, &failures);
 }
 
 /// The fp8-cache 16- and 32-row decodes compute blocks in pairs, so the schedule cuts a
@@ -242,11 +235,7 @@ fn paired_decodes_take_two_block_splits() {
                 );
                 let plan = rt.plan_decode(&stream, config(&h, b), tactic).unwrap();
                 let mut dc = DeviceCase::upload(&stream, &h).unwrap();
-                let (got, splits) = if stepped {
-                    run_plan_stepped(&rt, &stream, &plan, &h, &mut dc)
-                } else {
-                    run_plan(&rt, &stream, &plan, &h, &mut dc)
-                };
+                let (got, splits) = run_plan_as(&rt, &stream, &plan, &h, &mut dc, stepped);
                 let twin = cpu_twin(&plan, &h);
                 let step = 1usize << plan.schedule().step_log2;
                 let what = format!(
@@ -276,11 +265,7 @@ fn paired_decodes_take_two_block_splits() {
             }
         }
     }
-    eprintln!("[{test}] {} failures (seed {seed})", failures.len());
-    for f in &failures {
-        eprintln!("  FAIL {f}");
-    }
-    assert!(failures.is_empty());
+    common::assert_no_failures(test, seed, &failures);
 }
 
 /// A padding slot (device length 0, as a batch bucket larger than the live batch has) is

@@ -73,6 +73,15 @@ pub fn prepare(specs: &[CaseSpec], seed: u64) -> Vec<(HostCase, (OracleOutput, O
 
 /// Writes to the process's stderr directly, past libtest's capture of `eprintln!`, so a
 /// skip is visible in a plain `cargo test` run.
+/// Prints the failures of `test` (run with `seed`) and fails the test if there are any.
+pub fn assert_no_failures(test: &str, seed: u64, failures: &[String]) {
+    eprintln!("[{test}] {} failures (seed {seed})", failures.len());
+    for f in failures {
+        eprintln!("  FAIL {f}");
+    }
+    assert!(failures.is_empty());
+}
+
 pub fn loud(msg: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr().lock(), "\n!!! {msg} !!!");
