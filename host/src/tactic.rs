@@ -94,12 +94,15 @@ impl Tile {
         backend: Backend,
         dtypes: DecodeDtypes,
     ) -> Tile {
+        // Rows that fit two 16-row tiles, in a plan small enough that two CTAs per split pay.
+        let fits_two_16 = rows <= 2 * decode_tile::BLOCK_M_SMALL;
+        let small = fits_two_16 && small_plan(max_batch, max_seq_len);
         // fp8 caches up to 32 rows: the sm_90a image's 16- and 32-row kernels convert fp8
         // in registers and beat the `wgmma` tile there (docs/PERF.md, section 3.4).
         if backend == Backend::Sm90a && dtypes.kv() == mla_abi::ElemType::Fp8E4m3 {
             if rows <= decode_tile::BLOCK_M_SMALL
-                || (rows <= 2 * decode_tile::BLOCK_M_SMALL
-                    && (max_batch < M32_MIN_BATCH || small_plan(max_batch, max_seq_len)))
+                || small
+                || (fits_two_16 && max_batch < M32_MIN_BATCH)
             {
                 return Tile::M16N64;
             }
@@ -109,10 +112,7 @@ impl Tile {
         }
         let portable = Tile::default_for(rows);
         if portable == Tile::M64N64 && Tile::Wg64N64.check(backend, dtypes).is_ok() {
-            if rows <= 2 * decode_tile::BLOCK_M_SMALL && small_plan(max_batch, max_seq_len) {
-                return Tile::M16N64;
-            }
-            Tile::Wg64N64
+            if small { Tile::M16N64 } else { Tile::Wg64N64 }
         } else {
             portable
         }
