@@ -206,3 +206,8 @@ if [[ -n "${OUT:-}" ]]; then
   save
   for f in bench.log bench-extra.log bench-swfp8.log ratios.txt peers.json; do [[ -f "$logs/$f" ]] && cp "$logs/$f" "$OUT/"; done
 fi
+# The exit status is the suite's: 1 if any entry above failed.
+if printf '%s\n' "${summary[@]}" | grep -qE ' rc=[1-9]'; then
+  exit 1
+fi
+exit 0
