@@ -3,7 +3,8 @@
 //! assembles it for its arch with no spill, no stack frame, no local memory and no
 //! serialized `wgmma` (ptxas note C7520); where `nvdisasm` is found (beside `ptxas`, or
 //! `MLA_NVDISASM`), no memory instruction's cache-policy descriptor names an odd uniform
-//! register (see [`odd_policy_descriptors`]).
+//! register (see [`odd_policy_descriptors`]). The `wgmma` kernels' warpgroup-synchronising
+//! instructions appear once per source site in the PTX and the SASS ([`SYNC_SITES`]).
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -197,6 +198,157 @@ fn nvdisasm_beside(ptxas: &str) -> Option<std::path::PathBuf> {
     path.is_file().then_some(path)
 }
 
+/// How many times each warpgroup-synchronising instruction appears in the sm_90a body of
+/// the kernels whose warpgroups hand off through named barriers and `wgmma` groups: one per
+/// source call site. A compiler may copy an instruction that follows a branch on the lane
+/// (`if issuer { .. }`) into both arms; a `.aligned` instruction (`wgmma.wait_group`,
+/// `bar.sync`, `bar.arrive`) then runs as two copies in one warp, which is undefined and
+/// was seen to hang the TMA decode on the H200. Changing a kernel's sites means updating
+/// its row. Per kernel: (`wgmma.wait_group` count, `bar.sync` (id, count), `bar.arrive`
+/// (id, count)).
+type SyncSites = (usize, &'static [(u32, usize)], &'static [(u32, usize)]);
+const SYNC_SITES: &[(&str, SyncSites)] = &[
+    (
+        "mla_decode_tma_bf16",
+        (
+            8,
+            &[(0, 2), (1, 1), (2, 1), (3, 1), (4, 1), (5, 2), (6, 2)],
+            &[(1, 1), (2, 1), (3, 1), (4, 1)],
+        ),
+    ),
+    ("mla_decode_wg_bf16", (2, &[(0, 1), (1, 2), (2, 1)], &[])),
+    (
+        "mla_decode_wg_fp8kv_bf16q",
+        (2, &[(0, 2), (1, 2), (2, 1)], &[]),
+    ),
+];
+
+/// The counted form of [`SYNC_SITES`]: wait groups and barrier (kind, id) -> count.
+type SyncCounts = (usize, BTreeMap<(&'static str, u32), usize>);
+
+fn expected_sync(sites: &SyncSites) -> SyncCounts {
+    let mut bars = BTreeMap::new();
+    for &(id, n) in sites.1 {
+        bars.insert(("sync", id), n);
+    }
+    for &(id, n) in sites.2 {
+        bars.insert(("arrive", id), n);
+    }
+    (sites.0, bars)
+}
+
+/// The body of `.entry NAME(` in `ptx`, up to the next entry.
+fn ptx_body<'a>(ptx: &'a str, name: &str) -> Option<&'a str> {
+    let start = ptx.find(&format!(".entry {name}("))?;
+    let rest = &ptx[start + 1..];
+    Some(&rest[..rest.find(".entry ").unwrap_or(rest.len())])
+}
+
+/// Counts in PTX: `wgmma.wait_group`, `bar.sync ID[, N]`, `bar.arrive ID, N`.
+fn ptx_sync_counts(body: &str) -> SyncCounts {
+    let mut waits = 0;
+    let mut bars = BTreeMap::new();
+    for l in body.lines().map(str::trim) {
+        if l.starts_with("wgmma.wait_group") {
+            waits += 1;
+        }
+        for (kind, prefix) in [("sync", "bar.sync "), ("arrive", "bar.arrive ")] {
+            if let Some(rest) = l.strip_prefix(prefix) {
+                let id = rest.split([',', ';']).next().unwrap_or("").trim();
+                if let Ok(id) = id.parse() {
+                    *bars.entry((kind, id)).or_insert(0) += 1;
+                }
+            }
+        }
+    }
+    (waits, bars)
+}
+
+/// Counts in one kernel's SASS (nvdisasm): `WARPGROUP.DEPBAR`, `BAR.SYNC[.DEFER_BLOCKING]
+/// ID`, `BAR.ARV ID` (not `MEMBAR`).
+fn sass_sync_counts(sass: &str) -> SyncCounts {
+    let mut waits = 0;
+    let mut bars = BTreeMap::new();
+    for l in sass.lines() {
+        let Some(op) = l.split("*/").nth(1).map(str::trim) else {
+            continue;
+        };
+        // A predicate (`@P0 `) is part of the instruction, not of the site count.
+        let op = op
+            .strip_prefix('@')
+            .map_or(op, |r| r.split_once(' ').map_or(r, |x| x.1));
+        if op.starts_with("WARPGROUP.DEPBAR") {
+            waits += 1;
+        }
+        for (kind, prefix) in [("sync", "BAR.SYNC"), ("arrive", "BAR.ARV")] {
+            if let Some(rest) = op.strip_prefix(prefix) {
+                let id = rest
+                    .trim_start_matches(|c: char| c != ' ')
+                    .trim()
+                    .split([',', ';'])
+                    .next()
+                    .unwrap_or("")
+                    .trim();
+                if let Ok(id) = u32::from_str_radix(id.trim_start_matches("0x"), 16) {
+                    *bars.entry((kind, id)).or_insert(0) += 1;
+                }
+            }
+        }
+    }
+    (waits, bars)
+}
+
+/// One kernel's function in nvdisasm output (`.text.NAME` up to the next `.text.`).
+fn sass_function<'a>(sass: &'a str, name: &str) -> Option<&'a str> {
+    let start = sass.find(&format!(".text.{name} "))?;
+    let rest = &sass[start..];
+    let end = rest[1..]
+        .find("//--------------------- .text.")
+        .map_or(rest.len(), |e| e + 1);
+    Some(&rest[..end])
+}
+
+#[test]
+fn warpgroup_sync_sites_appear_once_in_the_ptx() {
+    let mut failures = Vec::new();
+    for &(name, sites) in SYNC_SITES {
+        let Some(body) = ptx_body(images::PTX_SM_90A, name) else {
+            failures.push(format!("{name}: not in the sm_90a PTX"));
+            continue;
+        };
+        let got = ptx_sync_counts(body);
+        let want = expected_sync(&sites);
+        if got != want {
+            failures.push(format!("{name}: PTX has {got:?}, the sources {want:?}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "warpgroup sync sites (see SYNC_SITES):\n{}",
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn sync_count_parsers() {
+    let ptx = "\tbar.sync 0;\n\tbar.sync 5, 128;\n\tbar.arrive 3, 256;\n\twgmma.wait_group.sync.aligned 1;\n";
+    let (w, b) = ptx_sync_counts(ptx);
+    assert_eq!(w, 1);
+    assert_eq!(b.get(&("sync", 0)), Some(&1));
+    assert_eq!(b.get(&("sync", 5)), Some(&1));
+    assert_eq!(b.get(&("arrive", 3)), Some(&1));
+    let sass = "        /*0100*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;\n\
+                /*0110*/              @P6 BAR.SYNC.DEFER_BLOCKING 0x6, 0x80 ;\n\
+                /*0120*/                   BAR.ARV 0x3, 0x100 ;\n\
+                /*0130*/                   MEMBAR.ALL.CTA ;\n\
+                /*0140*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;\n";
+    let (w, b) = sass_sync_counts(sass);
+    assert_eq!(w, 1);
+    assert_eq!(b.len(), 3);
+    assert_eq!(b.get(&("sync", 6)), Some(&1));
+    assert_eq!(b.get(&("arrive", 3)), Some(&1));
+}
+
 #[test]
 fn ptxas_assembles_every_arch_without_spills() {
     let ptxas = std::env::var("MLA_PTXAS").unwrap_or_else(|_| images::PTXAS_PATH.to_string());
@@ -253,8 +405,21 @@ fn ptxas_assembles_every_arch_without_spills() {
                 .output()
                 .unwrap();
             assert!(out.status.success(), "nvdisasm on the {tag} cubin failed");
-            for bad in odd_policy_descriptors(&String::from_utf8_lossy(&out.stdout)) {
+            let sass = String::from_utf8_lossy(&out.stdout);
+            for bad in odd_policy_descriptors(&sass) {
                 failures.push(format!("{tag}: odd cache-policy descriptor: {bad}"));
+            }
+            if tag == "sm_90a" && !prim {
+                for &(name, sites) in SYNC_SITES {
+                    let got = sass_function(&sass, name).map(sass_sync_counts);
+                    let want = expected_sync(&sites);
+                    if got.as_ref() != Some(&want) {
+                        failures.push(format!(
+                            "{tag} {name}: SASS has {got:?}, the sources {want:?} (a copied \
+                             .aligned instruction; see SYNC_SITES)"
+                        ));
+                    }
+                }
             }
         }
         let res = parse_ptxas(&report);
