@@ -527,7 +527,8 @@ fn request_split_of(
     let kv_width = if sp.kpe_cache == 0 { D_QK } else { D_V };
     let q_width = if sp.q_pe == 0 { D_QK } else { D_V };
     let kv_token = or(sp.kv_token_stride, kv_width);
-    let kv_page_stride = or(a.kv_page_stride, page * kv_token);
+    // Saturating: an absurd stride is the validator's typed error, not an overflow here.
+    let kv_page_stride = or(a.kv_page_stride, page.saturating_mul(kv_token));
     let rope = D_QK - D_V;
     let kpe_token = or(sp.kpe_token_stride, rope);
     let parts = SplitParts {
@@ -536,7 +537,11 @@ fn request_split_of(
                 sp.kpe_cache,
                 d.kv(),
                 [a.num_pages as usize, page, rope],
-                [or(sp.kpe_page_stride, page * kpe_token), kpe_token, 1],
+                [
+                    or(sp.kpe_page_stride, page.saturating_mul(kpe_token)),
+                    kpe_token,
+                    1,
+                ],
             )
         }),
         q_pe: (sp.q_pe != 0).then(|| TensorView::contiguous(sp.q_pe, d.q(), [b, s, h, rope])),
@@ -699,6 +704,13 @@ pub unsafe extern "C" fn mla_schedule_step(
         // SAFETY: forwarded from the caller.
         let (rt, plan) = unsafe { handles(rt, plan)? };
         let lens = TensorView::contiguous(seq_lens, ElemType::I32, [batch as usize]);
+        if max_pages == 0 {
+            return Err(MlaError::shape(
+                "max_pages",
+                ">= 1 (the layers' page-table columns)",
+                0,
+            ));
+        }
         let capacity = max_pages as usize * plan.config().page_size;
         // SAFETY: forwarded from the caller.
         unsafe {
@@ -786,7 +798,20 @@ pub unsafe extern "C" fn mla_merge(
             a.s_q as usize,
             a.heads as usize,
         );
-        let rows = b * s * h;
+        // Products of caller fields: an overflow is a typed error, not a panic (the merge's
+        // validation checks every view built from them).
+        let rows = s
+            .checked_mul(h)
+            .filter(|sh| sh.checked_mul(D_V).is_some())
+            .and_then(|sh| b.checked_mul(sh))
+            .filter(|r| r.checked_mul(D_V).is_some())
+            .ok_or_else(|| {
+                MlaError::shape(
+                    "batch * s_q * heads",
+                    "a row count whose 512-wide rows are addressable",
+                    format!("{b} x {s} x {h}"),
+                )
+            })?;
         let or = if a.outs_rank_stride == 0 {
             rows * D_V
         } else {

@@ -20,9 +20,9 @@
  * - A query token that sees no position (seq_len < s_q, token t < s_q - seq_len) gets an
  *   out row of zeros and lse -inf.
  * - Scales: logits are q.k * softmax_scale; with an fp8 cache also times
- *   q_scale * kv_scale (pass q_scale = 1 for bf16 q), and values times kv_scale. bf16
- *   and fp16 caches ignore q_scale and kv_scale. output_scale multiplies out only; lse
- *   does not include it.
+ *   q_scale * kv_scale, and values times kv_scale. q_scale must be 1 unless q is fp8 and
+ *   kv_scale 1 unless the cache is fp8 (MLA_ERR_INVALID otherwise: a zeroed struct is not
+ *   valid). output_scale multiplies out only; lse does not include it.
  * - Page-table entries past a sequence's pages (columns >= ceil(seq_len / page_size))
  *   are never read.
  * - A page id outside [0, num_pages) reads as zero rows (never out of bounds); a length
@@ -125,7 +125,8 @@ int mla_decode_run(const MlaRuntime *rt, const MlaPlan *plan, const MlaDecodeArg
  * lengths are at `seq_lens` ([batch] int32, device), computed on the device into the plan's
  * workspace in stream order (capturable); lengths are cut at max_pages * page_size
  * (max_pages >= 1: the layers' page-table columns). Each
- * mla_decode_run_layer after it on the same stream reuses them. */
+ * mla_decode_run_layer after it on the same stream reuses them; an mla_decode_run of the
+ * plan in between (eager or replayed) replaces them: schedule the step again after it. */
 int mla_schedule_step(const MlaRuntime *rt, const MlaPlan *plan, uint64_t seq_lens, uint32_t batch,
                       uint32_t max_pages, void *stream);
 /* One layer of a scheduled step: mla_decode_run without the schedule; args->batch and the

@@ -285,7 +285,19 @@ impl ContextParallel {
     ) -> Result<(MergeRequest, MergeShape)> {
         self.live()?;
         let [b, s, h, d] = local_out.shape;
-        let rows = b * s * h;
+        // An overflow of the caller's shape is a typed error (the views below use it).
+        let rows = s
+            .checked_mul(h)
+            .filter(|sh| sh.checked_mul(D_V).is_some())
+            .and_then(|sh| b.checked_mul(sh))
+            .filter(|r| r.checked_mul(D_V).is_some())
+            .ok_or_else(|| {
+                MlaError::shape(
+                    "local_out.shape",
+                    "a row count whose 512-wide rows are addressable",
+                    format!("{b} x {s} x {h}"),
+                )
+            })?;
         // The merge checks the gathered views and the outputs; the local views are checked
         // here (contiguous rows of the gathered element type, matching shapes).
         let dtype = local_out.dtype;

@@ -36,7 +36,8 @@ pub struct DecodeConfig {
     pub s_q: usize,
     pub dtypes: DecodeDtypes,
     pub page_size: usize,
-    /// Longest sequence the plan is tuned for (lengths beyond it still run correctly).
+    /// Longest sequence the plan is tuned for (lengths beyond it still run correctly; a
+    /// value past `i32::MAX`, the longest length, plans as `i32::MAX`).
     pub max_seq_len: usize,
 }
 
@@ -216,6 +217,12 @@ impl Runtime {
     ) -> Result<DecodePlan> {
         config.validate()?;
         tactic.validate()?;
+        // Lengths are i32: a longer hint (such as u32::MAX for "unknown") plans as the
+        // longest length there is.
+        let config = DecodeConfig {
+            max_seq_len: config.max_seq_len.min(i32::MAX as usize),
+            ..config
+        };
         let geometry = Geometry {
             heads: config.heads,
             s_q: config.s_q,
@@ -411,6 +418,18 @@ impl DecodePlan {
     /// `stream` is a live stream (or null, the legacy default stream) of `rt`'s context.
     pub unsafe fn fault_raw(&self, rt: &Runtime, stream: CUstream) -> Result<Option<DecodeFault>> {
         self.check_checked()?;
+        rt.context().bind_to_thread()?;
+        // SAFETY: a live stream of this context (forwarded).
+        let status = unsafe { cudarc::driver::result::stream::is_capturing(stream)? };
+        if status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            // The read copies to the host and synchronises: under capture it would end the
+            // caller's capture with a CUDA error.
+            return Err(MlaError::Unsupported {
+                what: "reading the fault record",
+                got: format!("{status:?}"),
+                why: "it copies to the host and synchronises; call it outside graph capture".into(),
+            });
+        }
         // SAFETY: forwarded from the caller.
         let words = unsafe { self.ws.read_fault(rt, stream)? };
         Ok(DecodeFault::from_record(words))
@@ -520,7 +539,9 @@ impl DecodePlan {
     /// (capturable). Each [`DecodePlan::run_layer`] after it on the same stream reuses
     /// them, for every layer whose request has the same batch and the same `seq_lens`
     /// contents (the lengths the schedule read); as with any library's scheduling metadata,
-    /// other lengths are not detected. `max_seq_len` is the page table's capacity in tokens
+    /// other lengths are not detected. The counts live in the plan: a [`DecodePlan::run`]
+    /// of the plan (eager or replayed) in between replaces them, so schedule the step again
+    /// before its next `run_layer`. `max_seq_len` is the page table's capacity in tokens
     /// (`max_pages * page_size` of the layers' requests): lengths are clamped there, as the
     /// decode clamps them.
     pub fn schedule_step(

@@ -89,7 +89,11 @@ impl Scales {
 }
 
 /// Host copies of device index tensors, when the caller has them. With them the validator
-/// also checks lengths against the page table and every used page id against the cache.
+/// also checks lengths against the page table and every used page id against the cache:
+/// a decode length past `max_pages * page_size` (which the device would cut there) is an
+/// error here, lengths `<= 0` (padding) and below `s_q` are not; with `seq_lens` the used
+/// entries of a row are its first `ceil(len / page_size)`, without it every entry of the
+/// table counts as used.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct HostMirror<'a> {
     /// Same contents as `seq_lens`, `[batch]`.

@@ -242,13 +242,14 @@ pub fn validate_decode_parts(
 
     decode_scales(&req.scales, dtypes)?;
     let capacity = paged.capacity().min(I32_LIMIT);
-    // Sharded, lengths are global (s_q ..= i32::MAX); each rank's share must fit its table.
+    // Lengths <= 0 are padding and short ones (< s_q) valid (zeros, lse -inf); sharded,
+    // lengths are global (up to i32::MAX) and each rank's share must fit its table.
     let lens = if shard.is_on() {
-        s_q..=I32_LIMIT
+        0..=I32_LIMIT
     } else {
-        s_q..=capacity
+        0..=capacity
     };
-    host_mirror(&req.host, &paged, lens, shard)?;
+    host_mirror(&req.host, &paged, lens, true, shard)?;
 
     Ok(DecodeShape {
         batch,
@@ -314,6 +315,7 @@ pub fn validate_append_split(
         &req.host,
         &paged,
         s_q..=paged.capacity().min(I32_LIMIT),
+        false,
         &Shard::OFF,
     )?;
     append_slots_distinct(&req.host, &paged, s_q)?;
@@ -386,7 +388,7 @@ pub fn validate_gather_split(
     positive("kv_scale", req.kv_scale)?;
     unit_unless_fp8("kv_scale", req.kv_scale, KV.tensor, cache)?;
     let longest = max_len.min(paged.capacity()).min(I32_LIMIT);
-    host_mirror(&req.host, &paged, 0..=longest, &Shard::OFF)?;
+    host_mirror(&req.host, &paged, 0..=longest, false, &Shard::OFF)?;
 
     Ok(PagedShape {
         batch,
@@ -806,7 +808,8 @@ fn decode_scales(scales: &Scales, dtypes: DecodeDtypes) -> Result<()> {
 
 // ---- host mirror ---------------------------------------------------------------------
 
-/// Lengths in `lens`; each known sequence's used page ids (entries `0..ceil(L / page_size)`
+/// Lengths in `lens` (with `padding`, a length <= 0 is also valid and uses no page); each
+/// known sequence's used page ids (entries `0..ceil(L / page_size)`
 /// of its row) name a page of the cache. Entries past them are never read and may hold
 /// anything. Without host lengths every entry of the table counts as used. With a shard on,
 /// the lengths are global and `L` is this rank's share of each ([`Shard::local_len`]),
@@ -815,6 +818,7 @@ fn host_mirror(
     host: &HostMirror,
     paged: &Paged,
     lens: RangeInclusive<usize>,
+    padding: bool,
     shard: &Shard,
 ) -> Result<()> {
     if let Some(seq_lens) = host.seq_lens {
@@ -826,11 +830,20 @@ fn host_mirror(
             ));
         }
         for (b, &len) in seq_lens.iter().enumerate() {
+            // A decode's padding (len <= 0) uses no page.
+            let len = if padding { len.max(0) } else { len };
             if !usize::try_from(len).is_ok_and(|l| lens.contains(&l)) {
                 return Err(MlaError::OutOfRange {
                     field: SEQ_LENS.tensor,
                     index: b,
-                    expected: format!("a length in {}..={}", lens.start(), lens.end()),
+                    expected: if padding {
+                        format!(
+                            "a length <= {} (the page table's capacity; <= 0 is padding)",
+                            lens.end()
+                        )
+                    } else {
+                        format!("a length in {}..={}", lens.start(), lens.end())
+                    },
                     got: i64::from(len),
                 });
             }
@@ -838,7 +851,7 @@ fn host_mirror(
         let capacity = paged.capacity().min(I32_LIMIT);
         for (b, &len) in seq_lens.iter().enumerate().filter(|_| shard.is_on()) {
             let l = shard.local_len(len);
-            if l as usize > capacity {
+            if l.max(0) as usize > capacity {
                 return Err(MlaError::OutOfRange {
                     field: SEQ_LENS.tensor,
                     index: b,
@@ -880,7 +893,7 @@ fn host_mirror(
             for b in 0..paged.batch {
                 // Lengths were checked above: non-negative and within the table's capacity.
                 let used = host.seq_lens.map_or(paged.max_pages, |lens| {
-                    (shard.local_len(lens[b]) as usize).div_ceil(paged.page_size)
+                    (shard.local_len(lens[b]).max(0) as usize).div_ceil(paged.page_size)
                 });
                 let start = b * paged.row_stride;
                 page_ids(table, start.max(next)..start + used, paged.num_pages)?;
