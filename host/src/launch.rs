@@ -70,12 +70,18 @@ impl DecodeWorkspace {
             bytes: len as u64 * 4,
             source: e,
         };
+        // At least one element each: the kernels get valid (never dereferenced) pointers
+        // where a one-split plan needs no partials.
+        let (po_len, pl_len) = (
+            capacity.partial_o_len().max(1),
+            capacity.partial_lse_len().max(1),
+        );
         let po = stream
-            .alloc_zeros(capacity.partial_o_len())
-            .map_err(|e| alloc_err("workspace partial_o", capacity.partial_o_len(), e))?;
+            .alloc_zeros(po_len)
+            .map_err(|e| alloc_err("workspace partial_o", po_len, e))?;
         let pl = stream
-            .alloc_zeros(capacity.partial_lse_len())
-            .map_err(|e| alloc_err("workspace partial_lse", capacity.partial_lse_len(), e))?;
+            .alloc_zeros(pl_len)
+            .map_err(|e| alloc_err("workspace partial_lse", pl_len, e))?;
         let ns = stream
             .alloc_zeros(capacity.batch)
             .map_err(|e| alloc_err("workspace num_splits", capacity.batch, e))?;

@@ -131,20 +131,48 @@ pub struct WorkspaceCapacity {
 }
 
 impl WorkspaceCapacity {
-    /// f32 elements of the partial outputs `[max_splits, batch, rows, D_V]`.
+    /// f32 elements of the partial outputs `[max_splits, batch, rows, D_V]`; none with one
+    /// split per sequence (each decode CTA writes its rows to `out`; the kernels clamp a
+    /// sequence's splits to `max_splits`, so no partial is written or read). A plan of
+    /// 65535 sequences of 1024 rows needs no 128 GiB it would never touch.
     pub fn partial_o_len(&self) -> usize {
-        self.max_splits * self.batch * self.rows * D_V
+        if self.max_splits <= 1 {
+            0
+        } else {
+            self.max_splits * self.batch * self.rows * D_V
+        }
     }
 
-    /// f32 elements of the partial LSE `[max_splits, batch, rows]`.
+    /// f32 elements of the partial LSE `[max_splits, batch, rows]`; none with one split.
     pub fn partial_lse_len(&self) -> usize {
-        self.max_splits * self.batch * self.rows
+        if self.max_splits <= 1 {
+            0
+        } else {
+            self.max_splits * self.batch * self.rows
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_split_plans_hold_no_partials() {
+        // The largest plan the config allows with one split per sequence.
+        let one = WorkspaceCapacity {
+            batch: 65535,
+            rows: 1024,
+            max_splits: 1,
+        };
+        assert_eq!((one.partial_o_len(), one.partial_lse_len()), (0, 0));
+        let two = WorkspaceCapacity {
+            max_splits: 2,
+            ..one
+        };
+        assert_eq!(two.partial_lse_len(), 2 * 65535 * 1024);
+        assert_eq!(two.partial_o_len(), 2 * 65535 * 1024 * D_V);
+    }
 
     #[test]
     fn chunks_tile_the_sequence() {
