@@ -434,3 +434,120 @@ fn split_parts_errors_are_typed() {
     assert!(matches!(e, MlaError::InvalidShape { .. }), "{e}");
     eprintln!("ok fused cache with a rope part: {e}");
 }
+
+/// q and out as strided views of larger buffers (token rows padded, a gap after every
+/// sequence, NaN in every pad): every tile the image runs and the reference backend, every
+/// dtype, against the oracle; out's pads stay NaN (nothing is written outside the view).
+#[test]
+fn strided_q_and_out_views_match_the_oracle() {
+    let test = "strided_q_out";
+    let Some((rt, stream)) = common::gpu(test) else {
+        return;
+    };
+    let seed = common::seed(test);
+    let mut rng = SplitMix64::new(seed);
+    let mut failures = Vec::new();
+    let mut n = 0;
+    for d in DecodeDtypes::ALL {
+        for &(heads, s_q, page) in &[
+            (16usize, 1usize, 64usize),
+            (16, 2, 16),
+            (128, 1, 64),
+            (3, 3, 1),
+        ] {
+            let lens = vec![rng.range(700, 1500), rng.range(s_q, 200)];
+            let h = HostCase::random(&CaseSpec::new(d, page, heads, s_q, lens), &mut rng);
+            let refs = h.references();
+            let b = h.spec.lens.len();
+            let (qt, ot) = (d.q(), d.out());
+            let (qw, ow) = (qt.size(), ot.size());
+            // Row pads of 16-48 bytes and a gap of 32 bytes after every sequence.
+            let q_row = D_QK + (16 + 16 * (n % 3)) / qw;
+            let q_strides = [s_q * heads * q_row + 32 / qw, heads * q_row, q_row, 1];
+            let o_row = D_V + (16 + 16 * ((n + 1) % 3)) / ow;
+            let o_strides = [s_q * heads * o_row + 32 / ow, heads * o_row, o_row, 1];
+            let at = |s: &[usize; 4], r: usize| {
+                let (bi, t, hd) = (r / (s_q * heads), (r / heads) % s_q, r % heads);
+                bi * s[0] + t * s[1] + hd * s[2]
+            };
+            let rows = b * s_q * heads;
+            let (q_nan, o_nan) = (nan_of(qt), nan_of(ot));
+            let mut q_pad: Vec<u8> = q_nan
+                .iter()
+                .copied()
+                .cycle()
+                .take(b * q_strides[0] * qw)
+                .collect();
+            for r in 0..rows {
+                let dst = at(&q_strides, r) * qw;
+                q_pad[dst..dst + D_QK * qw]
+                    .copy_from_slice(&h.q_bytes[r * D_QK * qw..(r + 1) * D_QK * qw]);
+            }
+            let o_len = b * o_strides[0] * ow;
+            let o_init: Vec<u8> = o_nan.iter().copied().cycle().take(o_len).collect();
+            let q_dev = stream.clone_htod(&q_pad).unwrap();
+            let mut o_dev = stream.clone_htod(&o_init).unwrap();
+            let mut dev = DeviceCase::upload(&stream, &h).unwrap();
+            let mut runs: Vec<(Option<Tile>, Option<Backend>)> = vec![(None, None)];
+            for tile in Tile::ALL {
+                if tile.check(rt.backend(), d).is_ok()
+                    && (s_q * heads <= 32 || tile != Tile::M16N64)
+                {
+                    runs.push((Some(tile), None));
+                }
+            }
+            runs.push((None, Some(Backend::Reference)));
+            for &(tile, backend) in &runs {
+                let pl = plan(&rt, &stream, &h, tile, backend);
+                dev.poison_outputs(&stream).unwrap();
+                stream.memcpy_htod(&o_init, &mut o_dev).unwrap();
+                let mut req = dev.request(&stream, &h);
+                req.q =
+                    TensorView::strided(ptr(&q_dev, &stream), qt, [b, s_q, heads, D_QK], q_strides);
+                req.out =
+                    TensorView::strided(ptr(&o_dev, &stream), ot, [b, s_q, heads, D_V], o_strides);
+                pl.run(&rt, &stream, &req).expect("strided run");
+                stream.synchronize().unwrap();
+                let o_host: Vec<u8> = stream.clone_dtoh(&o_dev).unwrap();
+                let lse: Vec<f32> = stream.clone_dtoh(&dev.lse).unwrap();
+                let mut packed = Vec::with_capacity(rows * D_V * ow);
+                let mut inside = vec![false; o_len / ow];
+                for r in 0..rows {
+                    let e = at(&o_strides, r);
+                    packed.extend_from_slice(&o_host[e * ow..(e + D_V) * ow]);
+                    inside[e..e + D_V].iter_mut().for_each(|x| *x = true);
+                }
+                let got = (mla_dev::numeric::to_f32(ot, &packed), lse);
+                let c = harness::check(&got, &refs);
+                let label = format!(
+                    "{} H={heads} S_q={s_q} page {page} {tile:?} {backend:?}",
+                    d.name()
+                );
+                n += 1;
+                if !c.ok() {
+                    failures.push(format!("{label}: out {} lse {}", c.out, c.lse));
+                }
+                let written_pad = inside
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, &ins)| {
+                        !ins && o_host[i * ow..(i + 1) * ow] != o_init[i * ow..(i + 1) * ow]
+                    })
+                    .count();
+                if written_pad > 0 {
+                    failures.push(format!(
+                        "{label}: {written_pad} pad elements of out written"
+                    ));
+                }
+            }
+        }
+    }
+    for f in &failures {
+        eprintln!("FAIL {f}");
+    }
+    eprintln!(
+        "[{test}] {n} strided decodes checked, {} failed (seed {seed})",
+        failures.len()
+    );
+    assert!(failures.is_empty());
+}
