@@ -3,7 +3,7 @@
 //! likewise, decoded by every tile the image runs for every dtype (the reference backend
 //! too) and checked against the f64 oracle of the same data fused; through the Rust API and
 //! the C ABI. Then append and gather on a split cache, bit for bit against the fused cache,
-//! and the typed errors of malformed parts.
+//! the typed errors of malformed parts, and q and out as strided views of padded buffers.
 
 mod common;
 
