@@ -198,9 +198,8 @@ fn nvdisasm_beside(ptxas: &str) -> Option<std::path::PathBuf> {
     path.is_file().then_some(path)
 }
 
-/// How many times each warpgroup-synchronising instruction appears in the sm_90a body of
-/// the kernels whose warpgroups hand off through named barriers and `wgmma` groups: one per
-/// source call site. A compiler may copy an instruction that follows a branch on the lane
+/// How many times each warp- or warpgroup-synchronising instruction appears in the sm_90a
+/// body of the decode and schedule kernels: one per source call site. A compiler may copy an instruction that follows a branch on the lane
 /// (`if issuer { .. }`) into both arms; a `.aligned` instruction (`wgmma.wait_group`,
 /// `bar.sync`, `bar.arrive`) then runs as two copies in one warp, which is undefined and
 /// was seen to hang the TMA decode on the H200. Changing a kernel's sites means updating
@@ -221,6 +220,20 @@ const SYNC_SITES: &[(&str, SyncSites)] = &[
         "mla_decode_wg_fp8kv_bf16q",
         (2, &[(0, 2), (1, 2), (2, 1)], &[]),
     ),
+    // The mma.sync and fp8 decodes: CTA barriers only (ring or two stages, the max and sum
+    // exchanges; one more for an fp8 cache's conversion pass or pair step).
+    ("mla_decode_mma16_bf16", (0, &[(0, 5)], &[])),
+    ("mla_decode_mma16_fp16", (0, &[(0, 5)], &[])),
+    ("mla_decode_mma16_fp8", (0, &[(0, 6)], &[])),
+    ("mla_decode_mma16_fp8kv_bf16q", (0, &[(0, 6)], &[])),
+    ("mla_decode_mma32_fp8", (0, &[(0, 6)], &[])),
+    ("mla_decode_mma32_fp8kv_bf16q", (0, &[(0, 6)], &[])),
+    ("mla_decode_mma_bf16", (0, &[(0, 6)], &[])),
+    ("mla_decode_mma_fp16", (0, &[(0, 6)], &[])),
+    ("mla_decode_mma_fp8", (0, &[(0, 7)], &[])),
+    ("mla_decode_mma_fp8kv_bf16q", (0, &[(0, 7)], &[])),
+    ("mla_decode_ref_bf16", (0, &[(0, 1)], &[])),
+    ("mla_schedule", (0, &[(0, 1)], &[])),
 ];
 
 /// The counted form of [`SYNC_SITES`]: wait groups and barrier (kind, id) -> count.
