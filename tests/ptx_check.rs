@@ -224,6 +224,8 @@ const SYNC_SITES: &[(&str, SyncSites)] = &[
     // exchanges; one more for an fp8 cache's conversion pass or pair step).
     ("mla_decode_mma16_bf16", (0, &[(0, 5)], &[])),
     ("mla_decode_mma16_fp16", (0, &[(0, 5)], &[])),
+    // With the hardware fp8 conversion (`super::f8`); `MLA_HW_FP8=0` builds run the
+    // mma.sync body for them (SW_FP8_SYNC_SITES).
     ("mla_decode_mma16_fp8", (0, &[(0, 6)], &[])),
     ("mla_decode_mma16_fp8kv_bf16q", (0, &[(0, 6)], &[])),
     ("mla_decode_mma32_fp8", (0, &[(0, 6)], &[])),
@@ -235,6 +237,29 @@ const SYNC_SITES: &[(&str, SyncSites)] = &[
     ("mla_decode_ref_bf16", (0, &[(0, 1)], &[])),
     ("mla_schedule", (0, &[(0, 1)], &[])),
 ];
+
+/// The rows of [`SYNC_SITES`] that differ in a build with the software fp8 decode
+/// (`MLA_HW_FP8=0`, set for both the build and this test's run): the 16-row fp8 kernels take
+/// the `mma.sync` body and its conversion pass.
+const SW_FP8_SYNC_SITES: &[(&str, SyncSites)] = &[
+    ("mla_decode_mma16_fp8", (0, &[(0, 7)], &[])),
+    ("mla_decode_mma16_fp8kv_bf16q", (0, &[(0, 7)], &[])),
+];
+
+/// [`SYNC_SITES`] for this build.
+fn sync_sites() -> Vec<(&'static str, SyncSites)> {
+    let sw_fp8 = std::env::var("MLA_HW_FP8").as_deref() == Ok("0");
+    SYNC_SITES
+        .iter()
+        .map(|&(name, sites)| {
+            let sw = SW_FP8_SYNC_SITES.iter().find(|r| r.0 == name);
+            match sw {
+                Some(&(_, s)) if sw_fp8 => (name, s),
+                _ => (name, sites),
+            }
+        })
+        .collect()
+}
 
 /// The counted form of [`SYNC_SITES`]: wait groups and barrier (kind, id) -> count.
 type SyncCounts = (usize, BTreeMap<(&'static str, u32), usize>);
@@ -324,7 +349,7 @@ fn sass_function<'a>(sass: &'a str, name: &str) -> Option<&'a str> {
 #[test]
 fn warpgroup_sync_sites_appear_once_in_the_ptx() {
     let mut failures = Vec::new();
-    for &(name, sites) in SYNC_SITES {
+    for (name, sites) in sync_sites() {
         let Some(body) = ptx_body(images::PTX_SM_90A, name) else {
             failures.push(format!("{name}: not in the sm_90a PTX"));
             continue;
@@ -423,7 +448,7 @@ fn ptxas_assembles_every_arch_without_spills() {
                 failures.push(format!("{tag}: odd cache-policy descriptor: {bad}"));
             }
             if tag == "sm_90a" && !prim {
-                for &(name, sites) in SYNC_SITES {
+                for (name, sites) in sync_sites() {
                     let got = sass_function(&sass, name).map(sass_sync_counts);
                     let want = expected_sync(&sites);
                     if got.as_ref() != Some(&want) {
