@@ -800,18 +800,7 @@ pub unsafe extern "C" fn mla_merge(
         );
         // Products of caller fields: an overflow is a typed error, not a panic (the merge's
         // validation checks every view built from them).
-        let rows = s
-            .checked_mul(h)
-            .filter(|sh| sh.checked_mul(D_V).is_some())
-            .and_then(|sh| b.checked_mul(sh))
-            .filter(|r| r.checked_mul(D_V).is_some())
-            .ok_or_else(|| {
-                MlaError::shape(
-                    "batch * s_q * heads",
-                    "a row count whose 512-wide rows are addressable",
-                    format!("{b} x {s} x {h}"),
-                )
-            })?;
+        let rows = crate::validate::addressable_rows(b, s, h, "batch * s_q * heads")?;
         let or = if a.outs_rank_stride == 0 {
             rows * D_V
         } else {

@@ -286,18 +286,7 @@ impl ContextParallel {
         self.live()?;
         let [b, s, h, d] = local_out.shape;
         // An overflow of the caller's shape is a typed error (the views below use it).
-        let rows = s
-            .checked_mul(h)
-            .filter(|sh| sh.checked_mul(D_V).is_some())
-            .and_then(|sh| b.checked_mul(sh))
-            .filter(|r| r.checked_mul(D_V).is_some())
-            .ok_or_else(|| {
-                MlaError::shape(
-                    "local_out.shape",
-                    "a row count whose 512-wide rows are addressable",
-                    format!("{b} x {s} x {h}"),
-                )
-            })?;
+        let rows = crate::validate::addressable_rows(b, s, h, "local_out.shape")?;
         // The merge checks the gathered views and the outputs; the local views are checked
         // here (contiguous rows of the gathered element type, matching shapes).
         let dtype = local_out.dtype;

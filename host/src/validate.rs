@@ -102,6 +102,23 @@ impl Paged {
 /// Checks the lengths a step is scheduled from (`DecodePlan::schedule_step`): `[batch]`
 /// i32, contiguous, non-null and aligned, by the rules a decode's `seq_lens` follows.
 /// Returns the batch.
+/// `b * s * h` rows of `D_V` values, from a caller's fields: a count whose rows are not
+/// addressable (an overflow, also of `s * h * D_V` when `b` is 0) is an `InvalidShape` of
+/// `field`, never a panic.
+pub fn addressable_rows(b: usize, s: usize, h: usize, field: &'static str) -> Result<usize> {
+    s.checked_mul(h)
+        .filter(|sh| sh.checked_mul(D_V).is_some())
+        .and_then(|sh| b.checked_mul(sh))
+        .filter(|r| r.checked_mul(D_V).is_some())
+        .ok_or_else(|| {
+            MlaError::shape(
+                field,
+                "a row count whose 512-wide rows are addressable",
+                format!("{b} x {s} x {h}"),
+            )
+        })
+}
+
 pub fn validate_seq_lens(seq_lens: &TensorView<1>) -> Result<usize> {
     let batch = dim_in(SEQ_LENS.shape[0], seq_lens.shape[0], 1..=U32_LIMIT)?;
     dtype_in(SEQ_LENS.tensor, seq_lens.dtype, &[ElemType::I32])?;

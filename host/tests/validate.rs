@@ -1504,3 +1504,16 @@ fn split_layouts_are_checked() {
     };
     assert!(validate_decode_parts(&fused_q, &only_kv, &off).is_ok());
 }
+
+#[test]
+fn row_counts_from_caller_fields_never_overflow() {
+    assert_eq!(addressable_rows(4, 2, 16, "f").unwrap(), 128);
+    assert_eq!(addressable_rows(0, 8, 128, "f").unwrap(), 0);
+    let big = u32::MAX as usize;
+    for (b, s, h) in [(big, big, big), (0, big, big), (1, usize::MAX / 2, 3)] {
+        invalid_shape(
+            addressable_rows(b, s, h, "batch * s_q * heads"),
+            "batch * s_q * heads",
+        );
+    }
+}
