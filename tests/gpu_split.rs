@@ -175,6 +175,19 @@ fn plan(
         .expect("plan")
 }
 
+/// The runs of a case: the default plan, every tile the image runs for `d` (the 16-row
+/// tile up to 32 rows), and the reference backend.
+fn runs_for(rt: &Runtime, d: DecodeDtypes, rows: usize) -> Vec<(Option<Tile>, Option<Backend>)> {
+    let mut runs = vec![(None, None)];
+    for tile in Tile::ALL {
+        if tile.check(rt.backend(), d).is_ok() && (rows <= 32 || tile != Tile::M16N64) {
+            runs.push((Some(tile), None));
+        }
+    }
+    runs.push((None, Some(Backend::Reference)));
+    runs
+}
+
 #[test]
 fn split_layouts_match_the_oracle() {
     let Some((rt, stream)) = common::gpu("split_layouts_match_the_oracle") else {
@@ -200,14 +213,7 @@ fn split_layouts_match_the_oracle() {
             let refs = h.references();
             let sp = upload_split(&stream, &h, n % 3);
             let mut dev = DeviceCase::upload(&stream, &h).unwrap();
-            let rows = s_q * heads;
-            let mut runs: Vec<(Option<Tile>, Option<Backend>)> = vec![(None, None)];
-            for tile in Tile::ALL {
-                if tile.check(rt.backend(), d).is_ok() && (rows <= 32 || tile != Tile::M16N64) {
-                    runs.push((Some(tile), None));
-                }
-            }
-            runs.push((None, Some(Backend::Reference)));
+            let runs = runs_for(&rt, d, s_q * heads);
             for (i, &(tile, backend)) in runs.iter().enumerate() {
                 let split_q = (i + n) % 2 == 0;
                 let pl = plan(&rt, &stream, &h, tile, backend);
@@ -488,15 +494,7 @@ fn strided_q_and_out_views_match_the_oracle() {
             let q_dev = stream.clone_htod(&q_pad).unwrap();
             let mut o_dev = stream.clone_htod(&o_init).unwrap();
             let mut dev = DeviceCase::upload(&stream, &h).unwrap();
-            let mut runs: Vec<(Option<Tile>, Option<Backend>)> = vec![(None, None)];
-            for tile in Tile::ALL {
-                if tile.check(rt.backend(), d).is_ok()
-                    && (s_q * heads <= 32 || tile != Tile::M16N64)
-                {
-                    runs.push((Some(tile), None));
-                }
-            }
-            runs.push((None, Some(Backend::Reference)));
+            let runs = runs_for(&rt, d, s_q * heads);
             for &(tile, backend) in &runs {
                 let pl = plan(&rt, &stream, &h, tile, backend);
                 dev.poison_outputs(&stream).unwrap();
