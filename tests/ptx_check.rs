@@ -239,8 +239,9 @@ const SYNC_SITES: &[(&str, SyncSites)] = &[
 ];
 
 /// The rows of [`SYNC_SITES`] that differ in a build with the software fp8 decode
-/// (`MLA_HW_FP8=0`, set for both the build and this test's run): the 16-row fp8 kernels take
-/// the `mma.sync` body and its conversion pass.
+/// (`MLA_HW_FP8=0`): the 16-row fp8 kernels take the `mma.sync` body and its conversion pass.
+/// Told apart by the image itself (the hardware build's 16-row fp8 kernel converts with
+/// `cvt.rn.f16x2.e4m3x2`), not by the environment of this run.
 const SW_FP8_SYNC_SITES: &[(&str, SyncSites)] = &[
     ("mla_decode_mma16_fp8", (0, &[(0, 7)], &[])),
     ("mla_decode_mma16_fp8kv_bf16q", (0, &[(0, 7)], &[])),
@@ -248,7 +249,8 @@ const SW_FP8_SYNC_SITES: &[(&str, SyncSites)] = &[
 
 /// [`SYNC_SITES`] for this build.
 fn sync_sites() -> Vec<(&'static str, SyncSites)> {
-    let sw_fp8 = std::env::var("MLA_HW_FP8").as_deref() == Ok("0");
+    let sw_fp8 = !ptx_body(images::PTX_SM_90A, "mla_decode_mma16_fp8")
+        .is_some_and(|b| b.contains("cvt.rn.f16x2.e4m3x2"));
     SYNC_SITES
         .iter()
         .map(|&(name, sites)| {
