@@ -199,8 +199,8 @@ fn nvdisasm_beside(ptxas: &str) -> Option<std::path::PathBuf> {
 }
 
 /// How many times each warp- or warpgroup-synchronising instruction appears in the sm_90a
-/// body of the decode and schedule kernels: one per source call site. A compiler may copy an instruction that follows a branch on the lane
-/// (`if issuer { .. }`) into both arms; a `.aligned` instruction (`wgmma.wait_group`,
+/// body of the decode and schedule kernels: one per source call site. A compiler may copy an
+/// instruction that follows a branch on the lane (`if issuer { .. }`) into both arms; a `.aligned` instruction (`wgmma.wait_group`,
 /// `bar.sync`, `bar.arrive`) then runs as two copies in one warp, which is undefined and
 /// was seen to hang the TMA decode on the H200. Changing a kernel's sites means updating
 /// its row. Per kernel: (`wgmma.wait_group` count, `bar.sync` (id, count), `bar.arrive`
@@ -254,11 +254,8 @@ fn sync_sites() -> Vec<(&'static str, SyncSites)> {
     SYNC_SITES
         .iter()
         .map(|&(name, sites)| {
-            let sw = SW_FP8_SYNC_SITES.iter().find(|r| r.0 == name);
-            match sw {
-                Some(&(_, s)) if sw_fp8 => (name, s),
-                _ => (name, sites),
-            }
+            let sw = SW_FP8_SYNC_SITES.iter().find(|r| sw_fp8 && r.0 == name);
+            (name, sw.map_or(sites, |r| r.1))
         })
         .collect()
 }

@@ -99,9 +99,6 @@ impl Paged {
     }
 }
 
-/// Checks the lengths a step is scheduled from (`DecodePlan::schedule_step`): `[batch]`
-/// i32, contiguous, non-null and aligned, by the rules a decode's `seq_lens` follows.
-/// Returns the batch.
 /// `b * s * h` rows of `D_V` values, from a caller's fields: a count whose rows are not
 /// addressable (an overflow, also of `s * h * D_V` when `b` is 0) is an `InvalidShape` of
 /// `field`, never a panic.
@@ -119,6 +116,9 @@ pub fn addressable_rows(b: usize, s: usize, h: usize, field: &'static str) -> Re
         })
 }
 
+/// Checks the lengths a step is scheduled from (`DecodePlan::schedule_step`): `[batch]`
+/// i32, contiguous, non-null and aligned, by the rules a decode's `seq_lens` follows.
+/// Returns the batch.
 pub fn validate_seq_lens(seq_lens: &TensorView<1>) -> Result<usize> {
     let batch = dim_in(SEQ_LENS.shape[0], seq_lens.shape[0], 1..=U32_LIMIT)?;
     dtype_in(SEQ_LENS.tensor, seq_lens.dtype, &[ElemType::I32])?;
@@ -908,7 +908,8 @@ fn host_mirror(
             // Row starts ascend with `b`; `next` skips entries an earlier row checked.
             let mut next = 0;
             for b in 0..paged.batch {
-                // Lengths were checked above: non-negative and within the table's capacity.
+                // Lengths were checked above: within the table's capacity; a decode's
+                // padding (<= 0) uses no entry.
                 let used = host.seq_lens.map_or(paged.max_pages, |lens| {
                     (shard.local_len(lens[b]).max(0) as usize).div_ceil(paged.page_size)
                 });
