@@ -685,7 +685,8 @@ unsafe fn decode_c(
 /// `batch` sequences whose lengths are at `seq_lens` (`[batch]` int32, device), computed on
 /// the device into the plan's workspace in stream order on `stream` (capturable); lengths
 /// are cut at `max_pages * page_size`, as the decode cuts them. Every
-/// `mla_decode_run_layer` after it on the same stream reuses them.
+/// `mla_decode_run_layer` after it on the same stream reuses them until the next
+/// `mla_schedule_step`; `mla_decode_run` keeps counts of its own.
 ///
 /// # Safety
 /// `rt` and `plan` are live handles (the plan made from `rt`), `seq_lens` a device pointer

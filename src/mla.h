@@ -125,8 +125,9 @@ int mla_decode_run(const MlaRuntime *rt, const MlaPlan *plan, const MlaDecodeArg
  * lengths are at `seq_lens` ([batch] int32, device), computed on the device into the plan's
  * workspace in stream order (capturable); lengths are cut at max_pages * page_size
  * (max_pages >= 1: the layers' page-table columns). Each
- * mla_decode_run_layer after it on the same stream reuses them; an mla_decode_run of the
- * plan in between (eager or replayed) replaces them: schedule the step again after it. */
+ * mla_decode_run_layer after it on the same stream reuses them until the next
+ * mla_schedule_step; runs of the plan (mla_decode_run, eager or replayed) keep counts of
+ * their own and leave the step's as they are. */
 int mla_schedule_step(const MlaRuntime *rt, const MlaPlan *plan, uint64_t seq_lens, uint32_t batch,
                       uint32_t max_pages, void *stream);
 /* One layer of a scheduled step: mla_decode_run without the schedule; args->batch and the

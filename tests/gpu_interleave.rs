@@ -14,8 +14,8 @@ mod common;
 
 use std::sync::Arc;
 
-use cudarc::driver::CudaStream;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaStream, DevicePtr};
 use mla::gate::Backend;
 use mla::tactic::{Tactic, Tile};
 use mla::{DecodeConfig, DecodeDtypes, DecodeFault, DecodePlan, Runtime};
@@ -482,6 +482,9 @@ fn lengths_below_s_q_give_zero_rows() {
 /// layers (each its own cache and page order, the lengths shared), eager and inside one
 /// captured graph of the whole step (schedule + every layer), every layer against the
 /// oracle; for every kernel case, and 61 layers (a DeepSeek-V3 model's) on the TMA decode.
+/// Between the schedule and the layers an eager `run` of the same plan on an all-padding
+/// batch (every length 0: its schedule writes 0 splits, which would make the layers skip
+/// every sequence if they shared the run's counts).
 #[test]
 fn one_schedule_serves_every_layer_of_a_step() {
     let test = "step_layers";
@@ -531,6 +534,16 @@ fn one_schedule_serves_every_layer_of_a_step() {
             .collect();
         let lens = reqs[0].seq_lens;
         let cap = max_pages * case.page;
+        let batch = hosts[0].spec.lens.len();
+        let zero_lens = stream.alloc_zeros::<i32>(batch).unwrap();
+        let padding = mla::DecodeRequest {
+            seq_lens: mla::TensorView::contiguous(
+                zero_lens.device_ptr(&stream).0,
+                mla::abi::ElemType::I32,
+                [batch],
+            ),
+            ..reqs[0]
+        };
         let check_all = |devs: &[DeviceCase], what: &str, failures: &mut Vec<String>| {
             for (l, (p, d)) in prepared.iter().zip(devs).enumerate() {
                 let got = d.download(&stream, p.0.spec.dtypes.out()).unwrap();
@@ -550,16 +563,28 @@ fn one_schedule_serves_every_layer_of_a_step() {
             d.poison_outputs(&stream).unwrap();
         }
         plan.schedule_step(&rt, &stream, &lens, cap).unwrap();
+        plan.run(&rt, &stream, &padding).unwrap();
         for r in &reqs {
             plan.run_layer(&rt, &stream, r).unwrap();
         }
         stream.synchronize().unwrap();
         check_all(&devs, "eager step", &mut failures);
+        if !case.backend.is_some_and(|b| b == Backend::Reference) {
+            let step = plan.read_step_splits(&stream, batch).unwrap();
+            let runs = plan.read_splits(&stream, batch).unwrap();
+            if step.iter().any(|&n| n < 1) || runs.iter().any(|&n| n != 0) {
+                failures.push(format!(
+                    "{}: step counts {step:?} (want >= 1), run counts {runs:?} (want 0)",
+                    case.label()
+                ));
+            }
+        }
         // The whole step in one graph, replayed twice.
         stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .unwrap();
         plan.schedule_step(&rt, &stream, &lens, cap).unwrap();
+        plan.run(&rt, &stream, &padding).unwrap();
         for r in &reqs {
             plan.run_layer(&rt, &stream, r).unwrap();
         }

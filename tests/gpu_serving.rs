@@ -57,7 +57,10 @@ fn run_plan_as(
     plan.run_layer(rt, stream, &req).unwrap();
     stream.synchronize().unwrap();
     let got = d.download(stream, h.spec.dtypes.out()).unwrap();
-    (got, plan.read_splits(stream, h.spec.lens.len()).unwrap())
+    (
+        got,
+        plan.read_step_splits(stream, h.spec.lens.len()).unwrap(),
+    )
 }
 
 /// The split counts `plan`'s schedule gives `h`'s lengths, on the CPU (the lengths clamped
@@ -268,9 +271,10 @@ fn paired_decodes_take_two_block_splits() {
     common::assert_no_failures(test, seed, &failures);
 }
 
-/// A padding slot (device length 0, as a batch bucket larger than the live batch has) is
-/// skipped: the schedule gives it 0 splits and its output rows stay untouched, while the
-/// other sequences are exact.
+/// A padding slot (device length 0 or negative, as a batch bucket larger than the live
+/// batch has) is skipped: the schedule gives it 0 splits and its output rows stay
+/// untouched, while the other sequences are exact; on the tensor-core and the reference
+/// backend.
 #[test]
 fn zero_length_padding_is_skipped() {
     let test = "padding";
@@ -284,39 +288,54 @@ fn zero_length_padding_is_skipped() {
         &mut rng,
     );
     let refs = h.references();
-    let plan = rt
-        .plan_decode(&stream, config(&h, 3), Tactic::default())
-        .unwrap();
-    let mut dc = DeviceCase::upload(&stream, &h).unwrap();
-    stream.memcpy_htod(&[700i32, 0, 333], &mut dc.lens).unwrap();
-    dc.poison_outputs(&stream).unwrap();
-    let mut req = dc.request(&stream, &h);
-    req.host = mla::HostMirror::default();
-    plan.run(&rt, &stream, &req).unwrap();
-    stream.synchronize().unwrap();
-    let splits = plan.read_splits(&stream, 3).unwrap();
-    assert_eq!(splits[1], 0, "splits {splits:?}");
-    let (out, lse) = dc.download(&stream, DecodeDtypes::Bf16.out()).unwrap();
-    let rows = 16 * mla::abi::D_V;
-    assert!(
-        out[rows..2 * rows].iter().all(|v| v.is_nan()),
-        "the skipped sequence was written"
-    );
-    assert!(
-        lse[16..32].iter().all(|v| v.is_nan()),
-        "the skipped sequence's lse was written"
-    );
-    for s in [0usize, 2] {
-        let r = s * rows..(s + 1) * rows;
-        let c = mla_dev::oracle::compare(
-            &out[r.clone()],
-            &refs.0.out[r.clone()],
-            &refs.1.out[r],
-            harness::OUT_ATOL,
-        );
-        assert!(c.ok, "sequence {s}: {c}");
+    let mut failures = Vec::new();
+    let backends = [None, Some(mla::gate::Backend::Reference)];
+    for (backend, pad) in backends.into_iter().flat_map(|b| [(b, 0i32), (b, -4)]) {
+        let what = format!("backend {backend:?}, padding length {pad}");
+        let plan = rt
+            .plan_decode_on(&stream, config(&h, 3), Tactic::default(), backend)
+            .unwrap();
+        let mut dc = DeviceCase::upload(&stream, &h).unwrap();
+        stream
+            .memcpy_htod(&[700i32, pad, 333], &mut dc.lens)
+            .unwrap();
+        dc.poison_outputs(&stream).unwrap();
+        let mut req = dc.request(&stream, &h);
+        req.host = mla::HostMirror::default();
+        plan.run(&rt, &stream, &req).unwrap();
+        stream.synchronize().unwrap();
+        if backend.is_none() {
+            let splits = plan.read_splits(&stream, 3).unwrap();
+            if splits[1] != 0 {
+                failures.push(format!("{what}: splits {splits:?}, want 0 for the padding"));
+            }
+        }
+        let (out, lse) = dc.download(&stream, DecodeDtypes::Bf16.out()).unwrap();
+        let rows = 16 * mla::abi::D_V;
+        if !out[rows..2 * rows].iter().all(|v| v.is_nan()) {
+            failures.push(format!("{what}: the skipped sequence's out was written"));
+        }
+        if !lse[16..32].iter().all(|v| v.is_nan()) {
+            failures.push(format!("{what}: the skipped sequence's lse was written"));
+        }
+        for s in [0usize, 2] {
+            let r = s * rows..(s + 1) * rows;
+            let c = mla_dev::oracle::compare(
+                &out[r.clone()],
+                &refs.0.out[r.clone()],
+                &refs.1.out[r],
+                harness::OUT_ATOL,
+            );
+            if !c.ok {
+                failures.push(format!("{what}: sequence {s}: {c}"));
+            }
+        }
     }
-    eprintln!("[{test}] splits {splits:?}: padding skipped, others exact (seed {seed})");
+    eprintln!(
+        "[{test}] 2 backends x lengths 0 and -4: {} failed",
+        failures.len()
+    );
+    common::assert_no_failures(test, seed, &failures);
 }
 
 /// The reference backend (one CTA per row, f32, serial over tokens) against the oracle,

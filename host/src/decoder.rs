@@ -503,7 +503,13 @@ impl DecodePlan {
     /// The split counts the last run's schedule wrote for its first `n` sequences (waits
     /// for `stream`; for tests and inspection).
     pub fn read_splits(&self, stream: &Arc<CudaStream>, n: usize) -> Result<Vec<i32>> {
-        self.ws.read_splits(stream, n)
+        self.ws.read_splits(stream, n, false)
+    }
+
+    /// The split counts the last [`DecodePlan::schedule_step`] wrote for its first `n`
+    /// sequences (waits for `stream`; for tests and inspection).
+    pub fn read_step_splits(&self, stream: &Arc<CudaStream>, n: usize) -> Result<Vec<i32>> {
+        self.ws.read_splits(stream, n, true)
     }
 
     /// One decode step on `stream` (see the module docs for what it does and does not do).
@@ -539,9 +545,9 @@ impl DecodePlan {
     /// (capturable). Each [`DecodePlan::run_layer`] after it on the same stream reuses
     /// them, for every layer whose request has the same batch and the same `seq_lens`
     /// contents (the lengths the schedule read); as with any library's scheduling metadata,
-    /// other lengths are not detected. The counts live in the plan: a [`DecodePlan::run`]
-    /// of the plan (eager or replayed) in between replaces them, so schedule the step again
-    /// before its next `run_layer`. `max_seq_len` is the page table's capacity in tokens
+    /// other lengths are not detected. The counts live in the plan, apart from the counts
+    /// of its runs: a [`DecodePlan::run`] of the plan (eager or replayed) in between leaves
+    /// them as they are; the next `schedule_step` replaces them. `max_seq_len` is the page table's capacity in tokens
     /// (`max_pages * page_size` of the layers' requests): lengths are clamped there, as the
     /// decode clamps them.
     pub fn schedule_step(
@@ -598,8 +604,8 @@ impl DecodePlan {
             dtypes: self.config.dtypes,
         };
         // SAFETY: checked above: `batch` i32 at a 4-byte aligned non-null address;
-        // num_splits holds max_batch >= batch entries.
-        unsafe { self.launch_schedule(rt, stream, seq_lens.ptr, &shape) }
+        // the step's num_splits holds max_batch >= batch entries.
+        unsafe { self.launch_schedule(rt, stream, seq_lens.ptr, &shape, true) }
     }
 
     /// One layer of a scheduled step: validation, then the decode and combine only, with
@@ -671,7 +677,7 @@ impl DecodePlan {
         let fold = if scheduled {
             mla_abi::SchedFold::default()
         } else if self.kernels.folds(shape.batch) {
-            let p = self.schedule_params(req.seq_lens.ptr, &shape);
+            let p = self.schedule_params(req.seq_lens.ptr, &shape, false);
             mla_abi::SchedFold {
                 tiles: p.tiles.max(1),
                 target_ctas: p.target_ctas,
@@ -680,7 +686,7 @@ impl DecodePlan {
             }
         } else {
             // SAFETY: seq_lens holds `batch` i32 (validated); num_splits `max_batch`.
-            unsafe { self.launch_schedule(rt, stream, req.seq_lens.ptr, &shape)? };
+            unsafe { self.launch_schedule(rt, stream, req.seq_lens.ptr, &shape, false)? };
             mla_abi::SchedFold::default()
         };
         // SAFETY: the decode reads split counts in 1..=grid_splits, which the schedule
@@ -694,17 +700,21 @@ impl DecodePlan {
                 &self.kernels,
                 self.tactic.tile,
                 fold,
+                scheduled,
                 stream,
             )?;
         }
         Ok(shape)
     }
 
-    /// The schedule kernel's params for `shape`'s batch with lengths at `seq_lens`.
-    fn schedule_params(&self, seq_lens: u64, shape: &DecodeShape) -> ScheduleParams {
+    /// The schedule kernel's params for `shape`'s batch with lengths at `seq_lens`, writing
+    /// the scheduled step's counts (`step`) or the runs'.
+    fn schedule_params(&self, seq_lens: u64, shape: &DecodeShape, step: bool) -> ScheduleParams {
+        let w = self.ws.ptrs();
+        let num_splits = if step { w.step_splits } else { w.num_splits };
         ScheduleParams {
             seq_lens: mla_abi::DevPtr::from_addr(seq_lens),
-            num_splits: mla_abi::DevPtr::from_addr(self.ws.ptrs().num_splits),
+            num_splits: mla_abi::DevPtr::from_addr(num_splits),
             batch: shape.batch as u32,
             tiles: self.schedule.tiles as u32,
             target_ctas: self.schedule.target_ctas.min(u32::MAX as usize) as u32,
@@ -725,8 +735,9 @@ impl DecodePlan {
         stream: CUstream,
         seq_lens: u64,
         shape: &DecodeShape,
+        step: bool,
     ) -> Result<()> {
-        let p = self.schedule_params(seq_lens, shape);
+        let p = self.schedule_params(seq_lens, shape, step);
         let k = crate::choice::spec(names::SCHEDULE);
         let grid = LaunchShape {
             grid: (1, 1, 1),

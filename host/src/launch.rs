@@ -29,8 +29,10 @@ use crate::validate::{
 /// Largest grid y / z dimension.
 pub(crate) const MAX_GRID_YZ: usize = 65535;
 
-/// Split-KV workspace of a decode: partial outputs and LSE for up to `capacity`, plus the
-/// device array of per-sequence split counts. Allocated once (outside any graph capture);
+/// Split-KV workspace of a decode: partial outputs and LSE for up to `capacity`, plus two
+/// device arrays of per-sequence split counts: `[0, batch)` for runs, `[batch, 2 batch)` for
+/// a scheduled step (`schedule_step` and its `run_layer`s), so an eager run between a step's
+/// schedule and its layers does not replace the step's counts. Allocated once (outside any graph capture);
 /// sized by capacity, not by the live batch, so it can be reused as batches change.
 pub struct DecodeWorkspace {
     _partial_o: CudaSlice<f32>,
@@ -83,8 +85,8 @@ impl DecodeWorkspace {
             .alloc_zeros(pl_len)
             .map_err(|e| alloc_err("workspace partial_lse", pl_len, e))?;
         let ns = stream
-            .alloc_zeros(capacity.batch)
-            .map_err(|e| alloc_err("workspace num_splits", capacity.batch, e))?;
+            .alloc_zeros(2 * capacity.batch)
+            .map_err(|e| alloc_err("workspace num_splits", 2 * capacity.batch, e))?;
         let fault = stream
             .alloc_zeros::<i32>(mla_abi::fault::WORDS)
             .map_err(|e| alloc_err("workspace fault record", mla_abi::fault::WORDS, e))?;
@@ -92,6 +94,7 @@ impl DecodeWorkspace {
             partial_o: addr(&po, stream),
             partial_lse: addr(&pl, stream),
             num_splits: addr(&ns, stream),
+            step_splits: addr(&ns, stream) + 4 * capacity.batch as u64,
             fault: addr(&fault, stream),
         };
         // The addresses are used without cudarc from here on: let the zero-fill land first.
@@ -147,6 +150,8 @@ pub(crate) struct WorkspacePtrs {
     pub(crate) partial_o: u64,
     pub(crate) partial_lse: u64,
     pub(crate) num_splits: u64,
+    /// The scheduled step's counts: `num_splits + 4 * batch` bytes.
+    pub(crate) step_splits: u64,
     pub(crate) fault: u64,
 }
 
@@ -177,12 +182,14 @@ impl DecodeWorkspace {
         self.ptrs
     }
 
-    /// The first `n` split counts as the device holds them now (waits for `stream`; for
-    /// tests and inspection, never in a serving step).
-    pub fn read_splits(&self, stream: &Arc<CudaStream>, n: usize) -> Result<Vec<i32>> {
+    /// The first `n` split counts of the runs' array (`step` false) or the scheduled
+    /// step's (`step` true) as the device holds them now (waits for `stream`; for tests and
+    /// inspection, never in a serving step).
+    pub fn read_splits(&self, stream: &Arc<CudaStream>, n: usize, step: bool) -> Result<Vec<i32>> {
         let n = n.min(self.capacity.batch);
         let all: Vec<i32> = stream.clone_dtoh(&self._num_splits)?;
-        Ok(all[..n].to_vec())
+        let base = if step { self.capacity.batch } else { 0 };
+        Ok(all[base..base + n].to_vec())
     }
 }
 
@@ -191,7 +198,7 @@ impl DecodeWorkspace {
     pub fn device_bytes(&self) -> usize {
         4 * (self.capacity.partial_o_len()
             + self.capacity.partial_lse_len()
-            + self.capacity.batch
+            + 2 * self.capacity.batch
             + mla_abi::fault::WORDS)
     }
 
@@ -537,6 +544,7 @@ impl Runtime {
                 &kernels,
                 tile,
                 mla_abi::SchedFold::default(),
+                false,
                 stream.cu_stream(),
             )?
         };
@@ -544,7 +552,8 @@ impl Runtime {
     }
 
     /// The decode kernel (grid z = `kernels.grid_splits`) and, when that is above 1, the
-    /// combine; `fold` on: the decode computes the split counts itself.
+    /// combine; `fold` on: the decode computes the split counts itself. `step`: the split
+    /// counts are the scheduled step's array, else the runs' array.
     ///
     /// # Safety
     /// `req` passed [`validate_decode`] giving `shape`, the workspace holds `shape`, and its
@@ -560,11 +569,15 @@ impl Runtime {
         kernels: &DecodeKernels,
         tile: Tile,
         fold: mla_abi::SchedFold,
+        step: bool,
         stream: CUstream,
     ) -> Result<()> {
         let rows = shape.rows();
         let mut p = decode_params(req, parts, shape, ws);
         p.fold = fold;
+        if step {
+            p.num_splits = dev(ws.ptrs().step_splits);
+        }
         let kernel = kernels.decode_for_parts(req, parts, shape);
         // Split-major (the kernels read tile, sequence, split from x, y, z): the graph-safe
         // grid's CTAs past a sequence's split count (most of them at large batch) launch

@@ -5,7 +5,8 @@
 //! - Grid: `(s_q * heads, batch)`. Block: `ref_tile::THREADS` (128). Thread `t` holds q dims
 //!   `t + 128 k` and accumulates output dims `4t .. 4t + 4`.
 //! - Shared memory: 2 x 4 f32 (per-warp partial dot products, double-buffered by token).
-//! - Reads [`DecodeParams`] (the workspace fields are unused); writes `out` and `lse`.
+//! - Reads [`DecodeParams`] (the workspace fields are unused); writes `out` and `lse`,
+//!   except for padding sequences (length <= 0), whose rows are left as they are.
 
 use crate::arch::{self, cvt, smem, sync};
 use crate::decode::DecodeKind;
@@ -46,6 +47,10 @@ pub unsafe fn decode_reference<K: DecodeKind>(p: DecodeParams) {
     let (t, h) = (row / p.heads, row % p.heads);
     // SAFETY: b < batch entries.
     let glen_raw = unsafe { *p.seq_lens.ptr().add(b as usize) };
+    if glen_raw <= 0 {
+        // A padding slot, as the split decodes skip it: its rows are not written.
+        return;
+    }
     let len_raw = p.shard.local_len(glen_raw);
     let len = mla_abi::clamp_len(len_raw, p.max_pages.saturating_mul(p.page_size));
     if !p.fault.is_null() && row == 0 {
