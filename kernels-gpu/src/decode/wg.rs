@@ -23,6 +23,7 @@
 use crate::arch::{self, cp_async, cvt, smem, sync, wgmma};
 use crate::decode::{self, DecodeKind, M64};
 use crate::elem::Bf16;
+use core::marker::PhantomData;
 use mla_abi::DecodeParams;
 use mla_abi::decode_tile as T;
 
@@ -142,120 +143,203 @@ unsafe fn convert_fp8_stage<K: DecodeKind<Mma = Bf16>>(raw: u32, tile: u32) {
     });
 }
 
-/// The kernel body (see the module docs).
-///
-/// # Safety
-/// Launched with the grid, block and shared memory above on params the host validated
-/// (bf16 Q, a bf16 or (`K::KV_FP8`) fp8 e4m3 cache, shapes, strides, workspace capacity).
-#[inline(always)]
-pub unsafe fn decode_wg<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
-    let (tile, b, split) = decode::cta_coords();
-    let Some(decode::CtaWork {
-        len,
-        glen,
-        nsplit,
-        kb0,
-        kb1,
-    }) = decode::cta_work(&p, split, b)
-    else {
-        return;
-    };
-    let row0 = tile * 64;
+/// One CTA of [`decode_wg`]: its work, where its rows, KV row and shared regions are, and
+/// the registers that live through the block loop (accumulators, row statistics, the
+/// page-table entry loaded a block ahead, the stage).
+struct Cta<'a, K: DecodeKind<Mma = Bf16>> {
+    p: &'a DecodeParams,
+    b: u32,
+    split: u32,
+    w: decode::CtaWork,
+    /// The tile's first query row.
+    row0: u32,
+    /// This thread's warpgroup, quad column `c`, and first row in the tile (`r_loc`: row
+    /// g of its warp's 16; the other is `r_loc + 8`).
+    wg: u32,
+    c: u32,
+    r_loc: u32,
+    /// The KV row this thread copies (4 threads per row, 18 chunks each).
+    kv_r: u32,
+    row: KvRow,
+    base: u32,
+    /// Causal visibility of this thread's two rows.
+    vis_r: [u32; 2],
+    scale_log2: f32,
+    /// This thread's page-table entry in the next block to issue.
+    next_entry: i32,
+    /// The stage of the current block.
+    stage: u32,
+    o: [[f32; 4]; 32],
+    m_run: [f32; 2],
+    l_run: [f32; 2],
+    _kind: PhantomData<K>,
+}
 
-    let tid = arch::thread_idx_x();
-    let warp = tid / 32;
-    let lane = tid % 32;
-    let wg = warp / 4;
-    let wq = warp % 4;
-    let g = lane / 4;
-    let c = lane % 4;
-    let base = aligned_base();
-    let q_s = base;
-    // KV: two bf16 stages, or (fp8 cache) the converted tile and two raw stages.
-    let kv_s = |s: u32| base + SLAB_TILE + s * SLAB_TILE;
-    let raw_s = |s: u32| base + T::WG_SMEM_FP8_RAW as u32 + s * T::FP8_STAGE_BYTES as u32;
-    let p_s = base + T::WG_SMEM_P as u32;
-    let red_s = base + T::WG_SMEM_RED as u32;
+impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
+    #[inline(always)]
+    fn new(p: &'a DecodeParams, w: decode::CtaWork, tile: u32, b: u32, split: u32) -> Self {
+        let tid = arch::thread_idx_x();
+        let warp = tid / 32;
+        let lane = tid % 32;
+        let row0 = tile * 64;
+        let r_loc = 16 * (warp % 4) + lane / 4;
+        let row_a = row0 + r_loc;
+        let kv_r = tid / 4;
+        let vis_r = [
+            decode::visible(p, w.len, w.glen, row_a),
+            decode::visible(p, w.len, w.glen, row_a + 8),
+        ];
+        Self {
+            p,
+            b,
+            split,
+            w,
+            row0,
+            wg: warp / 4,
+            c: lane % 4,
+            r_loc,
+            kv_r,
+            row: KvRow::new(kv_r, tid % 4),
+            base: aligned_base(),
+            vis_r,
+            scale_log2: p.softmax_scale * core::f32::consts::LOG2_E,
+            next_entry: -1,
+            stage: 0,
+            o: [[0.0; 4]; 32],
+            m_run: [f32::NEG_INFINITY; 2],
+            l_run: [0.0; 2],
+            _kind: PhantomData,
+        }
+    }
 
-    // The KV row this thread copies (4 threads per row, 18 chunks each) and its page-table
-    // entry, loaded a block ahead and checked at the issue.
-    let kv_r = tid / 4;
-    let entry_of = |kb: u32| decode::kv_row_page_entry(&p, b, kb * BLOCK_N + kv_r, len);
-    let row = KvRow::new(kv_r, tid % 4);
-    let issue = |entry: i32, kb: u32, stage: u32| {
+    /// KV: two bf16 stages, or (fp8 cache) the converted tile (stage 0's).
+    #[inline(always)]
+    fn kv_s(&self, s: u32) -> u32 {
+        self.base + SLAB_TILE + s * SLAB_TILE
+    }
+
+    /// The fp8 cache's raw stage `s`.
+    #[inline(always)]
+    fn raw_s(&self, s: u32) -> u32 {
+        self.base + T::WG_SMEM_FP8_RAW as u32 + s * T::FP8_STAGE_BYTES as u32
+    }
+
+    #[inline(always)]
+    fn p_s(&self) -> u32 {
+        self.base + T::WG_SMEM_P as u32
+    }
+
+    /// The row exchange: row maxima per warpgroup, then (after the loop) row sums.
+    #[inline(always)]
+    fn red_max(&self, w: u32, r: u32) -> u32 {
+        self.base + T::WG_SMEM_RED as u32 + (w * 64 + r) * 4
+    }
+
+    #[inline(always)]
+    fn red_sum(&self, w: u32, r: u32) -> u32 {
+        self.base + T::WG_SMEM_RED as u32 + 512 + (w * 64 + r) * 4
+    }
+
+    /// This thread's page-table entry in block `kb`, checked at the issue.
+    #[inline(always)]
+    fn entry_of(&self, kb: u32) -> i32 {
+        decode::kv_row_page_entry(self.p, self.b, kb * BLOCK_N + self.kv_r, self.w.len)
+    }
+
+    /// Issues this thread's copies of block `kb` (page-table entry `entry`) into stage
+    /// `stage`.
+    #[inline(always)]
+    fn issue(&self, entry: i32, kb: u32, stage: u32) {
+        let j = kb * BLOCK_N + self.kv_r;
         // SAFETY: the stage holds BLOCK_N slab-layout rows, or BLOCK_N raw fp8 rows.
         unsafe {
             if K::KV_FP8 {
-                row.issue_fp8(&p, entry, kb * BLOCK_N + kv_r, raw_s(stage))
+                self.row.issue_fp8(self.p, entry, j, self.raw_s(stage))
             } else {
-                row.issue(&p, entry, kb * BLOCK_N + kv_r, kv_s(stage))
+                self.row.issue(self.p, entry, j, self.kv_s(stage))
             }
         }
-    };
-
-    // Q rows (zeros past the last row) and the chunk's first block.
-    // SAFETY: the Q tile holds 64 slab-layout rows of a validated q.
-    unsafe { decode::load_q_tile::<K, M64>(&p, b, row0, q_s, slab_off) };
-    if kb0 < kb1 {
-        issue(entry_of(kb0), kb0, 0);
     }
-    cp_async::cp_async_commit_group();
-    let mut next_entry = if kb0 + 1 < kb1 { entry_of(kb0 + 1) } else { -1 };
 
-    // This thread's two rows (g and g + 8 of its warp's 16) and their causal visibility.
-    let r_loc = 16 * wq + g;
-    let row_a = row0 + r_loc;
-    let vis_r = [
-        decode::visible(&p, len, glen, row_a),
-        decode::visible(&p, len, glen, row_a + 8),
-    ];
-    let scale_log2 = p.softmax_scale * core::f32::consts::LOG2_E;
-    // The row exchange: row maxima per warpgroup, then (after the loop) row sums.
-    let red_max = |w: u32, r: u32| red_s + (w * 64 + r) * 4;
-    let red_sum = |w: u32, r: u32| red_s + 512 + (w * 64 + r) * 4;
-    let other = 1 - wg;
+    /// Issues block `kb + 1` (if the chunk has it) into the other stage as one commit
+    /// group, and loads the entry of the block after it.
+    #[inline(always)]
+    fn issue_next(&mut self, kb: u32) {
+        let kb1 = self.w.kb1;
+        if kb + 1 < kb1 {
+            self.issue(self.next_entry, kb + 1, self.stage ^ 1);
+            if kb + 2 < kb1 {
+                self.next_entry = self.entry_of(kb + 2);
+            }
+        }
+        cp_async::cp_async_commit_group();
+    }
 
-    let mut o = [[0.0f32; 4]; 32];
-    let mut m_run = [f32::NEG_INFINITY; 2];
-    let mut l_run = [0.0f32; 2];
-    let mut stage = 0u32;
-    let mut kb = kb0;
-    while kb < kb1 {
+    /// Loads the Q rows (zeros past the last row) and issues the chunk's first block (one
+    /// commit group), then loads the next block's entry.
+    ///
+    /// # Safety
+    /// All threads of the CTA, once, first.
+    #[inline(always)]
+    unsafe fn prologue(&mut self) {
+        let (kb0, kb1) = (self.w.kb0, self.w.kb1);
+        // SAFETY: the Q tile holds 64 slab-layout rows of a validated q.
+        unsafe { decode::load_q_tile::<K, M64>(self.p, self.b, self.row0, self.base, slab_off) };
+        if kb0 < kb1 {
+            self.issue(self.entry_of(kb0), kb0, 0);
+        }
+        cp_async::cp_async_commit_group();
+        self.next_entry = if kb0 + 1 < kb1 {
+            self.entry_of(kb0 + 1)
+        } else {
+            -1
+        };
+    }
+
+    /// Waits until block `kb` has landed; with an fp8 cache issues the next raw block and
+    /// converts this one into the bf16 tile. Returns the block's slab tile.
+    ///
+    /// # Safety
+    /// All threads of the CTA, once per block in order (CTA barriers inside).
+    #[inline(always)]
+    unsafe fn land(&mut self, kb: u32) -> u32 {
         // The only group in flight is this block's (with Q for the first).
         cp_async::cp_async_wait_group::<0>();
         // cp.async wrote through the generic proxy; wgmma reads through the async one.
         wgmma::fence_proxy_async_shared();
-        // SAFETY: every thread reaches the barrier (loop bounds are CTA-uniform).
+        // SAFETY: forwarded from the caller.
         unsafe { sync::bar_sync() };
         // Past this barrier every thread has finished the previous block's P.V (its
         // wgmma_wait_group) and exchange reads, so the other stage (fp8: the converted
         // tile), P and the row exchange are free for this block.
-        let kv = if K::KV_FP8 {
+        if K::KV_FP8 {
             // The next raw block goes out first, then this one becomes the bf16 tile (a
             // second barrier: every thread converts rows others copied and wgmma reads).
-            if kb + 1 < kb1 {
-                issue(next_entry, kb + 1, stage ^ 1);
-                if kb + 2 < kb1 {
-                    next_entry = entry_of(kb + 2);
-                }
-            }
-            cp_async::cp_async_commit_group();
+            self.issue_next(kb);
             // SAFETY: the raw stage landed (waited above, barrier); the tile is free.
             unsafe {
-                convert_fp8_stage::<K>(raw_s(stage), kv_s(0));
+                convert_fp8_stage::<K>(self.raw_s(self.stage), self.kv_s(0));
                 wgmma::fence_proxy_async_shared();
                 sync::bar_sync();
             }
-            kv_s(0)
+            self.kv_s(0)
         } else {
-            kv_s(stage)
-        };
-        // SAFETY: the descriptors address the Q tile, this stage and P; each warpgroup
-        // runs the wgmma sequences converged; both warpgroups reach both named barriers
-        // once per block.
+            self.kv_s(self.stage)
+        }
+    }
+
+    /// S[:, 32 wg .. 32 wg + 32] = Q K^T for this warpgroup's half of block `kb`'s tokens
+    /// (in the tile `kv`); the next bf16 block's copies go out while the tensor cores run.
+    ///
+    /// # Safety
+    /// All threads of the CTA after [`Cta::land`]; converged warpgroups.
+    #[inline(always)]
+    unsafe fn qk(&mut self, kb: u32, kv: u32) -> [f32; 16] {
+        let mut s = [0.0f32; 16];
+        let (q_s, wg) = (self.base, self.wg);
+        // SAFETY: forwarded from the caller; the descriptors address the Q tile and the
+        // stage.
         unsafe {
-            // S[:, 32 wg .. 32 wg + 32] = Q K^T for this warpgroup's half of the tokens.
-            let mut s = [0.0f32; 16];
             wgmma::wgmma_fence();
             for ks in 0..36u32 {
                 let off = (ks / 4) * SLAB + (ks % 4) * 32;
@@ -264,54 +348,65 @@ pub unsafe fn decode_wg<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
                 wgmma::wgmma_m64n32k16_bf16(&mut s, da, db, ks > 0);
             }
             wgmma::wgmma_commit_group();
-            // The next block's copies (bf16) go out while the tensor cores run QK^T.
             if !K::KV_FP8 {
-                if kb + 1 < kb1 {
-                    issue(next_entry, kb + 1, stage ^ 1);
-                    if kb + 2 < kb1 {
-                        next_entry = entry_of(kb + 2);
-                    }
-                }
-                cp_async::cp_async_commit_group();
+                self.issue_next(kb);
             }
             wgmma::wgmma_wait_group::<0>();
+        }
+        s
+    }
 
-            // Mask, scale, row max over this half (the quad holds its 32 columns of two
-            // rows), then over both halves through shared memory.
-            let mut m_loc = [f32::NEG_INFINITY; 2];
-            unroll!(j in [0, 1, 2, 3] {
-                unroll!(e in [0, 1, 2, 3] {
-                    let tok = kb * BLOCK_N + 32 * wg + 8 * j as u32 + 2 * c + (e % 2) as u32;
-                    let x = if tok < vis_r[e / 2] { s[4 * j + e] * scale_log2 } else { f32::NEG_INFINITY };
-                    s[4 * j + e] = x;
-                    m_loc[e / 2] = sync::fmax(m_loc[e / 2], x);
-                });
+    /// The online softmax of block `kb`'s S: mask, scale, row max over this half (the quad
+    /// holds its 32 columns of two rows), then over both halves through shared memory
+    /// (named barrier [`BAR_MAX`]); the new probabilities' row sums, P's half as A
+    /// fragments (k-steps `2 wg`, `2 wg + 1` of the block's four), also stored to the P
+    /// slab for the other warpgroup; the accumulators rescaled.
+    ///
+    /// # Safety
+    /// Both warpgroups, once per block (a named barrier inside); converged warps; the
+    /// previous block's P and exchange readers are past the block's first barrier.
+    #[inline(always)]
+    unsafe fn softmax(&mut self, kb: u32, mut s: [f32; 16]) -> [[u32; 4]; 2] {
+        let (wg, c, r_loc) = (self.wg, self.c, self.r_loc);
+        let other = 1 - wg;
+        let mut m_loc = [f32::NEG_INFINITY; 2];
+        unroll!(j in [0, 1, 2, 3] {
+            unroll!(e in [0, 1, 2, 3] {
+                let tok = kb * BLOCK_N + 32 * wg + 8 * j as u32 + 2 * c + (e % 2) as u32;
+                let x = if tok < self.vis_r[e / 2] { s[4 * j + e] * self.scale_log2 } else { f32::NEG_INFINITY };
+                s[4 * j + e] = x;
+                m_loc[e / 2] = sync::fmax(m_loc[e / 2], x);
             });
+        });
+        let mut frags = [[0u32; 4]; 2];
+        // SAFETY: forwarded from the caller; rows < 64 of the exchange and the P slab.
+        unsafe {
             let m_half = [decode::quad_max(m_loc[0]), decode::quad_max(m_loc[1])];
-            smem::st_shared_f32_if(red_max(wg, r_loc), m_half[0], (c == 0) as u32);
-            smem::st_shared_f32_if(red_max(wg, r_loc + 8), m_half[1], (c == 0) as u32);
+            smem::st_shared_f32_if(self.red_max(wg, r_loc), m_half[0], (c == 0) as u32);
+            smem::st_shared_f32_if(self.red_max(wg, r_loc + 8), m_half[1], (c == 0) as u32);
             sync::bar_sync_named::<BAR_MAX, 256>();
             let m_new = [
                 sync::fmax(
-                    m_run[0],
-                    sync::fmax(m_half[0], smem::ld_shared_f32(red_max(other, r_loc))),
+                    self.m_run[0],
+                    sync::fmax(m_half[0], smem::ld_shared_f32(self.red_max(other, r_loc))),
                 ),
                 sync::fmax(
-                    m_run[1],
-                    sync::fmax(m_half[1], smem::ld_shared_f32(red_max(other, r_loc + 8))),
+                    self.m_run[1],
+                    sync::fmax(
+                        m_half[1],
+                        smem::ld_shared_f32(self.red_max(other, r_loc + 8)),
+                    ),
                 ),
             ];
-            let (m_ref, alpha) = decode::rescale_rows(&mut m_run, &mut l_run, m_new);
+            let (m_ref, alpha) = decode::rescale_rows(&mut self.m_run, &mut self.l_run, m_new);
             unroll!(j in [0, 1, 2, 3] {
                 unroll!(e in [0, 1, 2, 3] {
                     let pe = sync::ex2(s[4 * j + e] - m_ref[e / 2]);
-                    l_run[e / 2] += pe;
+                    self.l_run[e / 2] += pe;
                     s[4 * j + e] = pe;
                 });
             });
-            // P's half as A fragments (k-steps 2 wg, 2 wg + 1 of the block's four), also
-            // stored to the P slab for the other warpgroup: row r, token chunk 4 wg + j.
-            let mut frags = [[0u32; 4]; 2];
+            let p_s = self.p_s();
             unroll!(kk in [0, 1] {
                 let t0 = 4 * (2 * kk);
                 let t1 = 4 * (2 * kk + 1);
@@ -321,6 +416,7 @@ pub unsafe fn decode_wg<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
                     cvt::pack_bf16x2(s[t1], s[t1 + 1]),
                     cvt::pack_bf16x2(s[t1 + 2], s[t1 + 3]),
                 ];
+                // Row r, token chunk 4 wg + j.
                 let ch0 = 4 * wg + 2 * kk as u32;
                 let at = |r: u32, ch: u32| p_s + r * 128 + ((ch ^ (r % 8)) << 4) + 4 * c;
                 smem::st_shared_u32(at(r_loc, ch0), frags[kk][0]);
@@ -332,6 +428,7 @@ pub unsafe fn decode_wg<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
             // Once the running max settles most blocks leave it unchanged: skip the 128
             // multiplies by one (per thread; no collective op inside).
             if alpha[0] != 1.0 || alpha[1] != 1.0 {
+                let o = &mut self.o;
                 unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
                     o[j][0] *= alpha[0];
                     o[j][1] *= alpha[0];
@@ -339,50 +436,117 @@ pub unsafe fn decode_wg<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
                     o[j][3] *= alpha[1];
                 });
             }
-            // O[:, this warpgroup's 256 dims] += P . V over the block's four 16-token
-            // k-steps: this half's two from registers, then (past the barrier that says
-            // the other half is stored) the other's two from the P slab. V's k-step t is
-            // 16 token rows of slabs 4 wg .. 4 wg + 4.
-            let v_desc = |t: u32| {
-                wgmma::smem_desc(
-                    kv + 4 * wg * SLAB + t * 16 * 128,
-                    SLAB,
-                    1024,
-                    wgmma::Swizzle::B128,
-                )
-            };
+        }
+        frags
+    }
+
+    /// O[:, this warpgroup's 256 dims] += P . V over the block's four 16-token k-steps:
+    /// this half's two from registers (`frags`), then (past the barrier [`BAR_P`] that says
+    /// the other half is stored) the other's two from the P slab. V's k-step t is 16 token
+    /// rows of slabs `4 wg .. 4 wg + 4` of the tile `kv`.
+    ///
+    /// # Safety
+    /// Both warpgroups, once per block after [`Cta::softmax`] (a named barrier inside).
+    #[inline(always)]
+    unsafe fn pv(&mut self, kv: u32, frags: [[u32; 4]; 2]) {
+        let wg = self.wg;
+        let other = 1 - wg;
+        let p_s = self.p_s();
+        let v_desc = |t: u32| {
+            wgmma::smem_desc(
+                kv + 4 * wg * SLAB + t * 16 * 128,
+                SLAB,
+                1024,
+                wgmma::Swizzle::B128,
+            )
+        };
+        // SAFETY: forwarded from the caller; the descriptors address this stage and P.
+        unsafe {
             wgmma::wgmma_fence();
             unroll!(kk in [0, 1] {
-                wgmma::wgmma_m64n256k16_rs_bf16::<1>(&mut o, frags[kk], v_desc(2 * wg + kk as u32), true);
+                wgmma::wgmma_m64n256k16_rs_bf16::<1>(&mut self.o, frags[kk], v_desc(2 * wg + kk as u32), true);
             });
             sync::bar_sync_named::<BAR_P, 256>();
             unroll!(kk in [0, 1] {
                 let t = 2 * other + kk as u32;
                 let da = wgmma::smem_desc(p_s + 32 * t, 16, 1024, wgmma::Swizzle::B128);
-                wgmma::wgmma_m64n256k16_ss_bf16::<1>(&mut o, da, v_desc(t), true);
+                wgmma::wgmma_m64n256k16_ss_bf16::<1>(&mut self.o, da, v_desc(t), true);
             });
             wgmma::wgmma_commit_group();
             wgmma::wgmma_wait_group::<0>();
         }
-        stage ^= 1;
-        kb += 1;
+        self.stage ^= 1;
     }
-    cp_async::cp_async_wait_group::<0>();
 
-    // Each warpgroup summed its half of the tokens (against the same running max): the
-    // row sum is both halves'. Warpgroup `wg` holds output dims 256 wg .. 256 wg + 256,
-    // the 64-row tile's column split `wg`.
-    // SAFETY: converged warps, both warpgroups reach the barrier; the host sized out/lse
-    // and the workspace (validated).
+    /// Drains the copies; each warpgroup summed its half of the tokens (against the same
+    /// running max), so the row sum is both halves': it crosses shared memory once. Then
+    /// stores this thread's rows (warpgroup `wg` holds output dims `256 wg .. +256`, the
+    /// 64-row tile's column split `wg`).
+    ///
+    /// # Safety
+    /// All threads of the CTA, once, last (a named barrier inside); the host sized out,
+    /// lse and the workspace (validated).
+    #[inline(always)]
+    unsafe fn epilogue(self) {
+        cp_async::cp_async_wait_group::<0>();
+        let (wg, c, r_loc) = (self.wg, self.c, self.r_loc);
+        let other = 1 - wg;
+        // SAFETY: forwarded from the caller; converged warps.
+        unsafe {
+            let l_half = [
+                decode::quad_sum(self.l_run[0]),
+                decode::quad_sum(self.l_run[1]),
+            ];
+            smem::st_shared_f32_if(self.red_sum(wg, r_loc), l_half[0], (c == 0) as u32);
+            smem::st_shared_f32_if(self.red_sum(wg, r_loc + 8), l_half[1], (c == 0) as u32);
+            sync::bar_sync_named::<BAR_MAX, 256>();
+            let l_tot = [
+                l_half[0] + smem::ld_shared_f32(self.red_sum(other, r_loc)),
+                l_half[1] + smem::ld_shared_f32(self.red_sum(other, r_loc + 8)),
+            ];
+            let row_a = self.row0 + r_loc;
+            decode::write_rows::<K, M64>(
+                self.p,
+                &self.o,
+                l_tot,
+                self.m_run,
+                self.b,
+                row_a,
+                self.split,
+                self.w.nsplit,
+                wg,
+                c,
+            );
+        }
+    }
+}
+
+/// The kernel body (see the module docs): the prologue (Q, the first block), per block of
+/// the split's chunk its landing, S, the softmax and P.V, the epilogue (row sums, stores).
+///
+/// # Safety
+/// Launched with the grid, block and shared memory above on params the host validated
+/// (bf16 Q, a bf16 or (`K::KV_FP8`) fp8 e4m3 cache, shapes, strides, workspace capacity).
+#[inline(always)]
+pub unsafe fn decode_wg<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
+    let (tile, b, split) = decode::cta_coords();
+    let Some(work) = decode::cta_work(&p, split, b) else {
+        return;
+    };
+    let (kb0, kb1) = (work.kb0, work.kb1);
+    let mut cta = Cta::<K>::new(&p, work, tile, b, split);
+    // SAFETY: every thread runs every phase (loop bounds are CTA-uniform), so all reach
+    // the CTA and named barriers; each warpgroup runs its wgmma sequences converged.
     unsafe {
-        let l_half = [decode::quad_sum(l_run[0]), decode::quad_sum(l_run[1])];
-        smem::st_shared_f32_if(red_sum(wg, r_loc), l_half[0], (c == 0) as u32);
-        smem::st_shared_f32_if(red_sum(wg, r_loc + 8), l_half[1], (c == 0) as u32);
-        sync::bar_sync_named::<BAR_MAX, 256>();
-        let l_tot = [
-            l_half[0] + smem::ld_shared_f32(red_sum(other, r_loc)),
-            l_half[1] + smem::ld_shared_f32(red_sum(other, r_loc + 8)),
-        ];
-        decode::write_rows::<K, M64>(&p, &o, l_tot, m_run, b, row_a, split, nsplit, wg, c);
+        cta.prologue();
+        let mut kb = kb0;
+        while kb < kb1 {
+            let kv = cta.land(kb);
+            let s = cta.qk(kb, kv);
+            let frags = cta.softmax(kb, s);
+            cta.pv(kv, frags);
+            kb += 1;
+        }
+        cta.epilogue();
     }
 }
