@@ -4,7 +4,7 @@
 //! symbol of [`mla_abi::names`], each taking its params struct by value and forwarding to
 //! the generic body in its role's module. Instructions live in [`arch`].
 #![no_std]
-#![feature(abi_ptx, asm_experimental_arch, stdarch_nvptx, stmt_expr_attributes)]
+#![feature(abi_ptx, asm_experimental_arch, stdarch_nvptx)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![allow(clippy::missing_safety_doc)]
 

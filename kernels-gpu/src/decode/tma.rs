@@ -29,12 +29,13 @@
 //! - Named barriers (one warpgroup arrives, the other waits; 0 is the CTA barrier):
 //!   [`BAR_SCALE0`], [`BAR_SCALE1`], [`BAR_P0`], [`BAR_P1`]; each warpgroup passes its
 //!   arrivals in an order that keeps every shared buffer's reader ahead of its next
-//!   writer (see the loop).
+//!   writer (see `Cta::step_a` and `Cta::step_b`).
 
 use crate::arch::{self, bulk, cp_async, cvt, smem, sync, wgmma};
 use crate::decode::wg::{SLAB, SLAB_TILE, aligned_base, slab_off};
 use crate::decode::{self, DecodeKind, M64};
 use crate::elem::Bf16;
+use core::marker::PhantomData;
 use mla_abi::DecodeParams;
 use mla_abi::decode_tile as T;
 
@@ -147,102 +148,184 @@ unsafe fn issue_half(
     }
 }
 
-/// The kernel body (see the module docs).
-///
-/// # Safety
-/// Launched with the grid and block of [`crate::decode::wg`] and `TMA_SMEM_BYTES` of
-/// dynamic shared memory on params the host validated (bf16 Q and cache, pages of at
-/// least `TMA_MIN_PAGE` tokens); `tmap` is the generic address of the cache's map as
-/// `decode_tile` describes it, in the kernel's parameter space.
-#[inline(always)]
-pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *const u8) {
-    let (tile, b, split) = decode::cta_coords();
-    let Some(decode::CtaWork {
-        len,
-        glen,
-        nsplit,
-        kb0,
-        kb1,
-    }) = decode::cta_work(&p, split, b)
-    else {
-        return;
-    };
-    let row0 = tile * 64;
-    // Broadcast from lane 0 so that ptxas sees warp-uniform values: a `wgmma` behind a
-    // branch it cannot prove uniform is serialized.
-    // SAFETY: converged warps.
-    let uniform = |x: u32| unsafe { sync::shfl_idx_f32(f32::from_bits(x), 0) }.to_bits();
-    let (len, kb0, kb1) = (uniform(len), uniform(kb0), uniform(kb1));
+/// One CTA of [`decode_tma`]: its work (broadcast from lane 0, so that ptxas sees
+/// warp-uniform values: a `wgmma` behind a branch it cannot prove uniform is serialized),
+/// where its rows and shared regions are, and the registers that live through the pair
+/// loop (accumulators, row statistics).
+struct Cta<'a, K: DecodeKind<Mma = Bf16>> {
+    p: &'a DecodeParams,
+    tmap: *const u8,
+    b: u32,
+    split: u32,
+    nsplit: u32,
+    len: u32,
+    kb0: u32,
+    kb1: u32,
+    /// The tile's first query row.
+    row0: u32,
+    /// This thread's warpgroup, quad row `g` and column `c`, and first row in the tile
+    /// (`r_loc`: row g of its warp's 16; the other is `r_loc + 8`).
+    wg: u32,
+    g: u32,
+    c: u32,
+    r_loc: u32,
+    base: u32,
+    /// The thread that issues this warpgroup's halves (warpgroup 0: slabs 0-3 and 8,
+    /// warpgroup 1: slabs 4-7, of both stages).
+    issuer: bool,
+    /// Causal visibility of this thread's two rows.
+    vis_r: [u32; 2],
+    scale_log2: f32,
+    o: [[f32; 4]; 32],
+    m_run: [f32; 2],
+    l_run: [f32; 2],
+    _kind: PhantomData<K>,
+}
 
-    let tid = arch::thread_idx_x();
-    let warp = tid / 32;
-    let lane = tid % 32;
-    let wg = uniform(warp / 4);
-    let wq = warp % 4;
-    let g = lane / 4;
-    let c = lane % 4;
-    let base = aligned_base();
-    let q_s = base;
-    let kv_s = |st: u32| base + SLAB_TILE + st * SLAB_TILE;
-    // P of block A (warpgroup 0's) in its own slab; P of block B in stage 1's slab 8,
-    // free once S of B is done (K's last 64 dims are not part of V).
-    let p_s = [base + T::TMA_SMEM_P0 as u32, kv_s(1) + 8 * SLAB];
-    // The exchange: [m0, scale0, m1, scale1, l0, l1] x 64 rows.
-    let red = |k: u32, r: u32| arch::opaque(base + T::TMA_SMEM_RED as u32 + r * 4) + k * 256;
-    // Stage `st`'s mbarriers, one per slab (slab `s` at `+ 8 s`).
-    let bars = |st: u32| base + T::TMA_SMEM_BARS as u32 + 72 * st;
-    // The issuer's page entries of the next pair's two blocks.
-    let pages_s = |which: u32| base + T::TMA_SMEM_PAGES as u32 + 32 * wg + 16 * which;
-    // The thread that issues this warpgroup's halves (warpgroup 0: slabs 0-3 and 8,
-    // warpgroup 1: slabs 4-7, of both stages).
-    let issuer = tid.is_multiple_of(128);
-
-    // SAFETY: thread 0 initialises the mbarriers before any copy; every thread passes the
-    // CTA barriers; the Q tile holds 64 slab-layout rows of a validated q.
-    unsafe {
-        if issuer {
-            bulk::prefetch_tensormap(tmap);
+impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
+    #[inline(always)]
+    fn new(
+        p: &'a DecodeParams,
+        tmap: *const u8,
+        w: decode::CtaWork,
+        tile: u32,
+        b: u32,
+        split: u32,
+    ) -> Self {
+        // SAFETY: converged warps.
+        let uniform = |x: u32| unsafe { sync::shfl_idx_f32(f32::from_bits(x), 0) }.to_bits();
+        let (len, kb0, kb1) = (uniform(w.len), uniform(w.kb0), uniform(w.kb1));
+        let tid = arch::thread_idx_x();
+        let warp = tid / 32;
+        let lane = tid % 32;
+        let g = lane / 4;
+        let row0 = tile * 64;
+        let r_loc = 16 * (warp % 4) + g;
+        let row_a = row0 + r_loc;
+        Self {
+            p,
+            tmap,
+            b,
+            split,
+            nsplit: w.nsplit,
+            len,
+            kb0,
+            kb1,
+            row0,
+            wg: uniform(warp / 4),
+            g,
+            c: lane % 4,
+            r_loc,
+            base: aligned_base(),
+            issuer: tid.is_multiple_of(128),
+            vis_r: [
+                decode::visible(p, len, w.glen, row_a),
+                decode::visible(p, len, w.glen, row_a + 8),
+            ],
+            scale_log2: p.softmax_scale * core::f32::consts::LOG2_E,
+            o: [[0.0; 4]; 32],
+            m_run: [f32::NEG_INFINITY; 2],
+            l_run: [0.0; 2],
+            _kind: PhantomData,
         }
-        if tid == 0 {
-            for k in 0..18 {
-                bulk::mbarrier_init(bars(0) + 8 * k, 1);
-            }
-            bulk::fence_mbarrier_init();
-        }
-        decode::load_q_tile::<K, M64>(&p, b, row0, q_s, slab_off);
-        cp_async::cp_async_commit_group();
-        if tid == 0 {
-            // The first pair, both halves (the mbarriers' phase 0).
-            let mut blk = kb0;
-            while blk < kb1 && blk < kb0 + 2 {
-                let st = blk - kb0;
-                let pages = block_pages(&p, b, blk, len);
-                issue_half(&p, tmap, pages, blk, kv_s(st), 0, bars(st));
-                issue_half(&p, tmap, pages, blk, kv_s(st), 1, bars(st));
-                blk += 1;
-            }
-        }
-        cp_async::cp_async_wait_group::<0>();
-        wgmma::fence_proxy_async_shared();
-        sync::bar_sync();
     }
-    // This thread's two rows (g and g + 8 of its warp's 16) and their causal visibility.
-    let r_loc = 16 * wq + g;
-    let row_a = row0 + r_loc;
-    let vis_r = [
-        decode::visible(&p, len, glen, row_a),
-        decode::visible(&p, len, glen, row_a + 8),
-    ];
-    let scale_log2 = p.softmax_scale * core::f32::consts::LOG2_E;
 
-    // S of the block in stage `st` (mbarrier phase `parity`): this warpgroup's first half
-    // (warpgroup 0: slabs 0-3 and 8, whose copy goes out first) then the other, each slab
-    // after its own mbarrier. `mid` runs once this warpgroup's first half is issued and
-    // committed (its own group), before the second.
-    let qk = #[inline(always)]
-    |s: &mut [f32; 32], st: u32, parity: u32, mid: &dyn Fn()| {
-        let kv = arch::opaque(kv_s(st));
-        let q_s = arch::opaque(q_s);
+    #[inline(always)]
+    fn kv_s(&self, st: u32) -> u32 {
+        self.base + SLAB_TILE + st * SLAB_TILE
+    }
+
+    /// P of block A (warpgroup 0's) in its own slab; P of block B in stage 1's slab 8,
+    /// free once S of B is done (K's last 64 dims are not part of V).
+    #[inline(always)]
+    fn p_s(&self, st: u32) -> u32 {
+        if st == 0 {
+            self.base + T::TMA_SMEM_P0 as u32
+        } else {
+            self.kv_s(1) + 8 * SLAB
+        }
+    }
+
+    /// The exchange: `[m0, scale0, m1, scale1, l0, l1] x 64` rows.
+    #[inline(always)]
+    fn red(&self, k: u32, r: u32) -> u32 {
+        arch::opaque(self.base + T::TMA_SMEM_RED as u32 + r * 4) + k * 256
+    }
+
+    /// Stage `st`'s mbarriers, one per slab (slab `s` at `+ 8 s`).
+    #[inline(always)]
+    fn bars(&self, st: u32) -> u32 {
+        self.base + T::TMA_SMEM_BARS as u32 + 72 * st
+    }
+
+    /// The issuer's page entries of the next pair's two blocks.
+    #[inline(always)]
+    fn pages_s(&self, which: u32) -> u32 {
+        self.base + T::TMA_SMEM_PAGES as u32 + 32 * self.wg + 16 * which
+    }
+
+    /// Initialises the mbarriers, loads Q, issues the first pair (both halves, the
+    /// mbarriers' phase 0), then S of this warpgroup's block of the first pair (warpgroup 1
+    /// has none if the split has one block) into `s`.
+    ///
+    /// # Safety
+    /// All threads of the CTA, once, first (a CTA barrier inside).
+    #[inline(always)]
+    unsafe fn prologue(&mut self, s: &mut [f32; 32]) {
+        let (p, tmap, b, len) = (self.p, self.tmap, self.b, self.len);
+        let (kb0, kb1) = (self.kb0, self.kb1);
+        let tid = arch::thread_idx_x();
+        // SAFETY: thread 0 initialises the mbarriers before any copy; every thread passes
+        // the CTA barriers; the Q tile holds 64 slab-layout rows of a validated q.
+        unsafe {
+            if self.issuer {
+                bulk::prefetch_tensormap(tmap);
+            }
+            if tid == 0 {
+                for k in 0..18 {
+                    bulk::mbarrier_init(self.bars(0) + 8 * k, 1);
+                }
+                bulk::fence_mbarrier_init();
+            }
+            decode::load_q_tile::<K, M64>(p, b, self.row0, self.base, slab_off);
+            cp_async::cp_async_commit_group();
+            if tid == 0 {
+                let mut blk = kb0;
+                while blk < kb1 && blk < kb0 + 2 {
+                    let st = blk - kb0;
+                    let pages = block_pages(p, b, blk, len);
+                    issue_half(p, tmap, pages, blk, self.kv_s(st), 0, self.bars(st));
+                    issue_half(p, tmap, pages, blk, self.kv_s(st), 1, self.bars(st));
+                    blk += 1;
+                }
+            }
+            cp_async::cp_async_wait_group::<0>();
+            wgmma::fence_proxy_async_shared();
+            sync::bar_sync();
+        }
+        let own0 = kb0 + self.wg;
+        if own0 < kb1 {
+            // SAFETY: converged warpgroup; the first pair's copies are issued.
+            unsafe {
+                self.qk(s, self.wg, 0, &|| {});
+                wgmma::wgmma_wait_group::<0>();
+                self.zero_tail(self.wg, own0);
+            }
+        }
+    }
+
+    /// S of the block in stage `st` (mbarrier phase `parity`): this warpgroup's first half
+    /// (warpgroup 0: slabs 0-3 and 8, whose copy goes out first) then the other, each slab
+    /// after its own mbarrier. `mid` runs once this warpgroup's first half is issued and
+    /// committed (its own group), before the second.
+    ///
+    /// # Safety
+    /// Converged warpgroup; the block's copies are issued on the stage's mbarriers.
+    #[inline(always)]
+    unsafe fn qk(&self, s: &mut [f32; 32], st: u32, parity: u32, mid: &dyn Fn()) {
+        let kv = arch::opaque(self.kv_s(st));
+        let q_s = arch::opaque(self.base);
+        let wg = self.wg;
         // Half 0 is slabs 0-3 and 8, half 1 slabs 4-7. Warpgroup 0 takes 0-3, 8, then 4-7;
         // warpgroup 1 4-7, then 0-3, 8. Straight-line code (the polls leave their loops
         // uniformly): ptxas serializes wgmmas around branches and loop joins it cannot
@@ -255,8 +338,8 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *cons
             (_, 8) => 8,
             (_, _) => j - 4,
         };
-        // SAFETY: converged warpgroup; each slab is read only once its mbarrier says it
-        // landed; the descriptors address Q and the stage.
+        // SAFETY: forwarded from the caller; each slab is read only once its mbarrier says
+        // it landed; the descriptors address Q and the stage.
         unsafe {
             wgmma::wgmma_fence();
             unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
@@ -265,7 +348,7 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *cons
                     mid();
                 }
                 let slab = order(j as u32);
-                bulk::mbarrier_wait_parity_warp(bars(st) + 8 * slab, parity);
+                bulk::mbarrier_wait_parity_warp(self.bars(st) + 8 * slab, parity);
                 let da = wgmma::smem_desc(q_s + slab * SLAB, 16, 1024, wgmma::Swizzle::B128);
                 let db = wgmma::smem_desc(kv + slab * SLAB, 16, 1024, wgmma::Swizzle::B128);
                 // k-step kk of the slab: 32 bytes on, 2 in the descriptors' address field.
@@ -276,96 +359,115 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *cons
             });
             wgmma::wgmma_commit_group();
         }
-    };
-    // After S of block `blk` (stage `st`) landed in this warpgroup: V rows past the
-    // sequence end (inside a page that was read) become zeros, before any P.V reads them.
-    let zero_tail = |st: u32, blk: u32| {
-        let valid = len.saturating_sub(blk * BLOCK_N);
+    }
+
+    /// After S of block `blk` (stage `st`) landed in this warpgroup: V rows past the
+    /// sequence end (inside a page that was read) become zeros, before any P.V reads them.
+    ///
+    /// # Safety
+    /// The whole warpgroup calls it (a warpgroup barrier inside, behind a uniform branch).
+    #[inline(always)]
+    unsafe fn zero_tail(&self, st: u32, blk: u32) {
+        let valid = self.len.saturating_sub(blk * BLOCK_N);
         if valid < BLOCK_N {
-            let mut i = tid % 128;
+            let mut i = arch::thread_idx_x() % 128;
             while i < (BLOCK_N - valid) * 64 {
                 // SAFETY: row valid + i / 64 < 64, chunk i % 64 < 64: inside slabs 0-7.
-                unsafe { smem::st_shared_v4(kv_s(st) + slab_off(valid + i / 64, i % 64), [0; 4]) };
+                unsafe {
+                    smem::st_shared_v4(self.kv_s(st) + slab_off(valid + i / 64, i % 64), [0; 4])
+                };
                 i += 128;
             }
             wgmma::fence_proxy_async_shared();
             // SAFETY: the whole warpgroup takes this branch (uniform condition).
             unsafe {
-                if wg == 0 {
+                if self.wg == 0 {
                     sync::bar_sync_named::<{ BAR_WG[0] }, 128>();
                 } else {
                     sync::bar_sync_named::<{ BAR_WG[1] }, 128>();
                 }
             }
         }
-    };
-    // V's k-step t (16 tokens) of this warpgroup's 256 output dims, stage `st`.
-    let v_desc = |st: u32, t: u32| {
+    }
+
+    /// The issuer fetches the next pair's page entries (blocks `blk_a + 2` and, if the
+    /// split has it, `blk_a + 3`); it reads them after a P.V.
+    ///
+    /// # Safety
+    /// Once per pair, before the pair's [`Cta::reissue`]s.
+    #[inline(always)]
+    unsafe fn fetch_next_pages(&self, blk_a: u32) {
+        let kb1 = self.kb1;
+        if self.issuer && blk_a + 2 < kb1 {
+            // SAFETY: this issuer's own slots.
+            unsafe {
+                fetch_pages(self.p, self.b, blk_a + 2, self.len, self.pages_s(0));
+                if blk_a + 3 < kb1 {
+                    fetch_pages(self.p, self.b, blk_a + 3, self.len, self.pages_s(1));
+                }
+            }
+        }
+    }
+
+    /// With `next` (the next pair has the block), the issuer reloads half `h` of stage
+    /// `st` with block `blk` from the pages it fetched.
+    ///
+    /// # Safety
+    /// The half's last reader (a P.V, or S) has completed (its `wgmma_wait_group`
+    /// returned); the pages were fetched ([`Cta::fetch_next_pages`]).
+    #[inline(always)]
+    unsafe fn reissue(&self, next: bool, blk: u32, st: u32, h: u32) {
+        if self.issuer && next {
+            // SAFETY: forwarded from the caller.
+            unsafe {
+                issue_half(
+                    self.p,
+                    self.tmap,
+                    read_pages(self.pages_s(st)),
+                    blk,
+                    self.kv_s(st),
+                    h,
+                    self.bars(st),
+                )
+            };
+        }
+    }
+
+    /// V's k-step t (16 tokens) of this warpgroup's 256 output dims, stage `st`.
+    #[inline(always)]
+    fn v_desc(&self, st: u32, t: u32) -> u64 {
         wgmma::smem_desc(
-            arch::opaque(kv_s(st) + 4 * wg * SLAB) + t * 16 * 128,
+            arch::opaque(self.kv_s(st) + 4 * self.wg * SLAB) + t * 16 * 128,
             SLAB,
             1024,
             wgmma::Swizzle::B128,
         )
-    };
-    // Masked, scaled S of block `blk` and its row maxima (this thread's two rows).
-    let mask_max = |s: &mut [f32; 32], blk: u32| {
+    }
+
+    /// Masked, scaled S of block `blk` and its row maxima (this thread's two rows).
+    #[inline(always)]
+    fn mask_max(&self, s: &mut [f32; 32], blk: u32) -> [f32; 2] {
         let mut m = [f32::NEG_INFINITY; 2];
         unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7] {
             unroll!(e in [0, 1, 2, 3] {
-                let tok = blk * BLOCK_N + 8 * j as u32 + 2 * c + (e % 2) as u32;
-                let x = if tok < vis_r[e / 2] { s[4 * j + e] * scale_log2 } else { f32::NEG_INFINITY };
+                let tok = blk * BLOCK_N + 8 * j as u32 + 2 * self.c + (e % 2) as u32;
+                let x = if tok < self.vis_r[e / 2] { s[4 * j + e] * self.scale_log2 } else { f32::NEG_INFINITY };
                 s[4 * j + e] = x;
                 m[e / 2] = sync::fmax(m[e / 2], x);
             });
         });
         // SAFETY: converged warp.
         unsafe { [decode::quad_max(m[0]), decode::quad_max(m[1])] }
-    };
-    // exp2(S - m_ref) in place; returns this thread's part of the row sums.
-    let exp_rows = |s: &mut [f32; 32], m_ref: [f32; 2]| {
-        let mut l = [0.0f32; 2];
-        unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7] {
-            unroll!(e in [0, 1, 2, 3] {
-                let pe = sync::ex2(s[4 * j + e] - m_ref[e / 2]);
-                l[e / 2] += pe;
-                s[4 * j + e] = pe;
-            });
-        });
-        l
-    };
-    // P as the A fragments of the block's four k-steps.
-    let frags_of = |s: &[f32; 32]| {
-        let mut a = [[0u32; 4]; 4];
-        unroll!(kk in [0, 1, 2, 3] {
-            let t0 = 8 * kk;
-            let t1 = 8 * kk + 4;
-            a[kk] = [
-                cvt::pack_bf16x2(s[t0], s[t0 + 1]),
-                cvt::pack_bf16x2(s[t0 + 2], s[t0 + 3]),
-                cvt::pack_bf16x2(s[t1], s[t1 + 1]),
-                cvt::pack_bf16x2(s[t1 + 2], s[t1 + 3]),
-            ];
-        });
-        a
-    };
-    // Fragments times a per-row factor (rows g: words 0 and 2, g + 8: words 1 and 3).
-    let scaled = |a: &[[u32; 4]; 4], f: [f32; 2]| {
-        let mut out = [[0u32; 4]; 4];
-        unroll!(kk in [0, 1, 2, 3] {
-            unroll!(w in [0, 1, 2, 3] {
-                let x = a[kk][w];
-                let (lo, hi) = (f32::from_bits(x << 16), f32::from_bits(x & 0xffff_0000));
-                out[kk][w] = cvt::pack_bf16x2(lo * f[w % 2], hi * f[w % 2]);
-            });
-        });
-        out
-    };
-    // Stores P's fragments to the P slab at `ps` (row r, token chunk ch, 128-byte swizzle).
-    let store_p = |a: &[[u32; 4]; 4], ps: u32| {
+    }
+
+    /// Stores P's fragments to the P slab at `ps` (row r, token chunk ch, 128-byte
+    /// swizzle).
+    #[inline(always)]
+    fn store_p(&self, a: &[[u32; 4]; 4], ps: u32) {
+        let r_loc = self.r_loc;
         // Rows r_loc and r_loc + 8 share r % 8 = g: chunk ch of either is its row's
         // chunk-0 address with (ch << 4) XORed in.
-        let row = arch::opaque(ps + r_loc * 128 + (g << 4) + 4 * c);
+        let row = arch::opaque(ps + r_loc * 128 + (self.g << 4) + 4 * self.c);
         let at = |r: u32, ch: u32| (row + (r - r_loc) * 128) ^ (ch << 4);
         unroll!(kk in [0, 1, 2, 3] {
             let ch = 2 * kk as u32;
@@ -378,24 +480,51 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *cons
             }
         });
         wgmma::fence_proxy_async_shared();
-    };
-    // O += P.V for the block in stage `st`, P from its slab (the other warpgroup's block),
-    // as one committed group.
-    let pv_shared = #[inline(always)]
-    |o: &mut [[f32; 4]; 32], st: u32| {
-        // SAFETY: converged warpgroup; the P slab and the stage's V half are in place
-        // (named barrier and mbarriers above the call).
+    }
+
+    /// O += P.V for the block in stage `st`, P from its slab (the other warpgroup's
+    /// block), as one committed group.
+    ///
+    /// # Safety
+    /// Converged warpgroup; the P slab and the stage's V half are in place (named barrier
+    /// and mbarriers before the call).
+    #[inline(always)]
+    unsafe fn pv_shared(&mut self, st: u32) {
+        // SAFETY: forwarded from the caller.
         unsafe {
             wgmma::wgmma_fence();
             unroll!(kk in [0, 1, 2, 3] {
-                let da = wgmma::smem_desc(arch::opaque(p_s[st as usize]) + 32 * kk as u32, 16, 1024, wgmma::Swizzle::B128);
-                wgmma::wgmma_m64n256k16_ss_bf16::<1>(o, da, v_desc(st, kk as u32), true);
+                let da = wgmma::smem_desc(arch::opaque(self.p_s(st)) + 32 * kk as u32, 16, 1024, wgmma::Swizzle::B128);
+                let db = self.v_desc(st, kk as u32);
+                wgmma::wgmma_m64n256k16_ss_bf16::<1>(&mut self.o, da, db, true);
             });
             wgmma::wgmma_commit_group();
         }
-    };
-    let rescale = |o: &mut [[f32; 4]; 32], f: [f32; 2]| {
+    }
+
+    /// O += P.V for the block in stage `st`, P from this warpgroup's registers (`a`), as
+    /// one committed group.
+    ///
+    /// # Safety
+    /// Converged warpgroup; the stage's V half is in place.
+    #[inline(always)]
+    unsafe fn pv_regs(&mut self, a: &[[u32; 4]; 4], st: u32) {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            wgmma::wgmma_fence();
+            unroll!(kk in [0, 1, 2, 3] {
+                let db = self.v_desc(st, kk as u32);
+                wgmma::wgmma_m64n256k16_rs_bf16::<1>(&mut self.o, a[kk], db, true);
+            });
+            wgmma::wgmma_commit_group();
+        }
+    }
+
+    /// The accumulators times a per-row factor (skipped when both are one).
+    #[inline(always)]
+    fn rescale(&mut self, f: [f32; 2]) {
         if f[0] != 1.0 || f[1] != 1.0 {
+            let o = &mut self.o;
             unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
                 o[j][0] *= f[0];
                 o[j][1] *= f[0];
@@ -403,229 +532,294 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *cons
                 o[j][3] *= f[1];
             });
         }
-    };
-    let ld_rows = |k: u32| {
+    }
+
+    /// This thread's two rows of exchange entry `k`.
+    #[inline(always)]
+    fn ld_rows(&self, k: u32) -> [f32; 2] {
         // SAFETY: rows < 64 of the exchange.
         unsafe {
             [
-                smem::ld_shared_f32(red(k, r_loc)),
-                smem::ld_shared_f32(red(k, r_loc + 8)),
+                smem::ld_shared_f32(self.red(k, self.r_loc)),
+                smem::ld_shared_f32(self.red(k, self.r_loc + 8)),
             ]
         }
-    };
-    let st_rows = |k: u32, v: [f32; 2]| {
-        // SAFETY: rows < 64 of the exchange; lane c == 0 of each quad writes.
-        unsafe {
-            smem::st_shared_f32_if(red(k, r_loc), v[0], (c == 0) as u32);
-            smem::st_shared_f32_if(red(k, r_loc + 8), v[1], (c == 0) as u32);
-        }
-    };
-    let m_ref_of = |m: [f32; 2]| m.map(|x| if x == f32::NEG_INFINITY { 0.0 } else { x });
-
-    let mut o = [[0.0f32; 4]; 32];
-    let mut m_run = [f32::NEG_INFINITY; 2];
-    let mut l_run = [0.0f32; 2];
-    let mut s = [0.0f32; 32];
-    // This warpgroup's block of the first pair (warpgroup 1 has none if the split has
-    // one block).
-    let own0 = kb0 + wg;
-    if own0 < kb1 {
-        qk(&mut s, wg, 0, &|| {});
-        // SAFETY: converged warpgroup.
-        unsafe { wgmma::wgmma_wait_group::<0>() };
-        zero_tail(wg, own0);
     }
-    let mut pair = 0u32;
-    let mut blk_a = kb0;
-    while blk_a < kb1 {
+
+    /// Stores this quad's two rows of exchange entry `k` (lane `c == 0` of each quad).
+    #[inline(always)]
+    fn st_rows(&self, k: u32, v: [f32; 2]) {
+        let leader = (self.c == 0) as u32;
+        // SAFETY: rows < 64 of the exchange.
+        unsafe {
+            smem::st_shared_f32_if(self.red(k, self.r_loc), v[0], leader);
+            smem::st_shared_f32_if(self.red(k, self.r_loc + 8), v[1], leader);
+        }
+    }
+
+    /// Warpgroup 0's half of pair `(blk_a, blk_a + 1)` (`parity`: the pair's mbarrier
+    /// phase): block A's max against the running max, shared first; A's P.V; B's final max
+    /// and scale from warpgroup 1, A's P with it to warpgroup 1; B's P.V from shared
+    /// memory; S of the next pair's A into `s`. Reloads slabs 0-3 and 8 of both stages.
+    ///
+    /// # Safety
+    /// Warpgroup 0, once per pair, with warpgroup 1 in [`Cta::step_b`] (named barriers in
+    /// the order of the module docs).
+    #[inline(always)]
+    unsafe fn step_a(&mut self, s: &mut [f32; 32], blk_a: u32, parity: u32) {
         let blk_b = blk_a + 1;
-        let has_b = blk_b < kb1;
-        let next_a = blk_a + 2 < kb1;
-        let next_b = blk_b + 2 < kb1;
-        let parity = pair & 1;
-        // The issuer fetches the next pair's page entries now; it reads them after a P.V.
-        if issuer && next_a {
-            // SAFETY: this issuer's own slots.
-            unsafe {
-                fetch_pages(&p, b, blk_a + 2, len, pages_s(0));
-                if next_b {
-                    fetch_pages(&p, b, blk_b + 2, len, pages_s(1));
-                }
-            }
-        }
-        // SAFETY: converged warpgroups; both reach the named barriers in the order the
-        // module docs give (has_b and the next-block flags are CTA-uniform); the wgmma
-        // descriptors address Q, the stages and the P slabs; copies go out only for halves
-        // whose last reader's wgmma_wait_group has returned.
+        let has_b = blk_b < self.kb1;
+        let next_a = blk_a + 2 < self.kb1;
+        let next_b = blk_b + 2 < self.kb1;
+        let m_run = self.m_run;
+        // SAFETY: forwarded from the caller; copies go out only for halves whose last
+        // reader's wgmma_wait_group has returned.
         unsafe {
-            if wg == 0 {
-                // Block A: max against the running max, shared first.
-                let m_a = mask_max(&mut s, blk_a);
-                let m0 = [sync::fmax(m_run[0], m_a[0]), sync::fmax(m_run[1], m_a[1])];
-                let m0_ref = m_ref_of(m0);
-                let scale0 = [
-                    sync::ex2(m_run[0] - m0_ref[0]),
-                    sync::ex2(m_run[1] - m0_ref[1]),
-                ];
-                st_rows(0, m0);
-                st_rows(1, scale0);
-                sync::bar_arrive_named::<BAR_SCALE0, 256>();
-                let l_a = exp_rows(&mut s, m0_ref);
-                rescale(&mut o, scale0);
-                l_run = [l_run[0] * scale0[0] + l_a[0], l_run[1] * scale0[1] + l_a[1]];
-                let a = frags_of(&s);
-                wgmma::wgmma_fence();
-                unroll!(kk in [0, 1, 2, 3] {
-                    wgmma::wgmma_m64n256k16_rs_bf16::<1>(&mut o, a[kk], v_desc(0, kk as u32), true);
-                });
-                wgmma::wgmma_commit_group();
-                // Warpgroup 1's final max and scale; A's P with that scale to warpgroup 1.
-                sync::bar_sync_named::<BAR_SCALE1, 256>();
-                m_run = ld_rows(2);
-                let scale1 = ld_rows(3);
-                store_p(&scaled(&a, scale1), p_s[0]);
-                sync::bar_arrive_named::<BAR_P0, 256>();
-                wgmma::wgmma_wait_group::<0>();
-                // Slabs 0-3 and 8 of stage 0: last read by the P.V above (and S of A).
-                if issuer && next_a {
-                    issue_half(
-                        &p,
-                        tmap,
-                        read_pages(pages_s(0)),
-                        blk_a + 2,
-                        kv_s(0),
-                        0,
-                        bars(0),
-                    );
-                }
-                rescale(&mut o, scale1);
-                l_run = [l_run[0] * scale1[0], l_run[1] * scale1[1]];
+            let m_a = self.mask_max(s, blk_a);
+            let m0 = [sync::fmax(m_run[0], m_a[0]), sync::fmax(m_run[1], m_a[1])];
+            let m0_ref = m_ref_of(m0);
+            let scale0 = [
+                sync::ex2(m_run[0] - m0_ref[0]),
+                sync::ex2(m_run[1] - m0_ref[1]),
+            ];
+            self.st_rows(0, m0);
+            self.st_rows(1, scale0);
+            sync::bar_arrive_named::<BAR_SCALE0, 256>();
+            let l_a = exp_rows(s, m0_ref);
+            self.rescale(scale0);
+            self.l_run = [
+                self.l_run[0] * scale0[0] + l_a[0],
+                self.l_run[1] * scale0[1] + l_a[1],
+            ];
+            let a = frags_of(s);
+            self.pv_regs(&a, 0);
+            // Warpgroup 1's final max and scale; A's P with that scale to warpgroup 1.
+            sync::bar_sync_named::<BAR_SCALE1, 256>();
+            self.m_run = self.ld_rows(2);
+            let scale1 = self.ld_rows(3);
+            self.store_p(&scaled(&a, scale1), self.p_s(0));
+            sync::bar_arrive_named::<BAR_P0, 256>();
+            wgmma::wgmma_wait_group::<0>();
+            // Slabs 0-3 and 8 of stage 0: last read by the P.V above (and S of A).
+            self.reissue(next_a, blk_a + 2, 0, 0);
+            self.rescale(scale1);
+            self.l_run = [self.l_run[0] * scale1[0], self.l_run[1] * scale1[1]];
+            if has_b {
+                sync::bar_sync_named::<BAR_P1, 256>();
+                self.pv_shared(1);
+            }
+            // Slabs 0-3 and 8 (B's P) of stage 1: last read by the P.V above, which
+            // completes while A''s S is issued (before its second half's wait, so this
+            // copy does not queue behind warpgroup 1's).
+            // `in_qk`: A''s first half is the one group issued after the P.V.
+            let free_b = |in_qk: bool| {
                 if has_b {
-                    sync::bar_sync_named::<BAR_P1, 256>();
-                    pv_shared(&mut o, 1);
-                }
-                // Slabs 0-3 and 8 (B's P) of stage 1: last read by the P.V above, which
-                // completes while A''s S is issued (before its second half's wait, so this
-                // copy does not queue behind warpgroup 1's).
-                // `in_qk`: A''s first half is the one group issued after the P.V.
-                let free_b = |in_qk: bool| {
-                    if has_b {
-                        if in_qk {
-                            wgmma::wgmma_wait_group::<1>();
-                        } else {
-                            wgmma::wgmma_wait_group::<0>();
-                        }
-                        if issuer && next_b {
-                            issue_half(
-                                &p,
-                                tmap,
-                                read_pages(pages_s(1)),
-                                blk_b + 2,
-                                kv_s(1),
-                                0,
-                                bars(1),
-                            );
-                        }
+                    if in_qk {
+                        wgmma::wgmma_wait_group::<1>();
+                    } else {
+                        wgmma::wgmma_wait_group::<0>();
                     }
-                };
-                if next_a {
-                    qk(&mut s, 0, parity ^ 1, &|| free_b(true));
-                } else {
-                    free_b(false);
+                    self.reissue(next_b, blk_b + 2, 1, 0);
                 }
-                wgmma::wgmma_wait_group::<0>();
-                if next_a {
-                    zero_tail(0, blk_a + 2);
-                }
+            };
+            if next_a {
+                self.qk(s, 0, parity ^ 1, &|| free_b(true));
             } else {
-                // Block B (if any): max against warpgroup 0's.
-                let m_b = if has_b {
-                    mask_max(&mut s, blk_b)
-                } else {
-                    [f32::NEG_INFINITY; 2]
-                };
-                sync::bar_sync_named::<BAR_SCALE0, 256>();
-                let m0 = ld_rows(0);
-                let scale0 = ld_rows(1);
-                let m1 = [sync::fmax(m0[0], m_b[0]), sync::fmax(m0[1], m_b[1])];
-                let m1_ref = m_ref_of(m1);
-                let scale1 = [sync::ex2(m0[0] - m1_ref[0]), sync::ex2(m0[1] - m1_ref[1])];
-                st_rows(2, m1);
-                st_rows(3, scale1);
-                sync::bar_arrive_named::<BAR_SCALE1, 256>();
-                m_run = m1;
-                let f = [scale0[0] * scale1[0], scale0[1] * scale1[1]];
-                rescale(&mut o, f);
-                l_run = [l_run[0] * f[0], l_run[1] * f[1]];
-                // B's P to its slab and the P.V of A's P first: it frees stage 0's slabs
-                // 4-7, which A''s S needs half a step before B''s S needs stage 1.
-                // Without a block B, s holds no S: P is computed but not summed, and the
-                // P.V below multiplies zeros by A's (finite) V, so that no wgmma sits behind
-                // a branch.
-                let l_b = exp_rows(&mut s, m1_ref);
-                if has_b {
-                    l_run = [l_run[0] + l_b[0], l_run[1] + l_b[1]];
-                }
-                let a = frags_of(&s).map(|f| f.map(|w| if has_b { w } else { 0 }));
-                if has_b {
-                    store_p(&a, p_s[1]);
-                    sync::bar_arrive_named::<BAR_P1, 256>();
-                }
-                sync::bar_sync_named::<BAR_P0, 256>();
-                pv_shared(&mut o, 0);
-                let st_b = has_b as u32;
-                wgmma::wgmma_fence();
-                unroll!(kk in [0, 1, 2, 3] {
-                    wgmma::wgmma_m64n256k16_rs_bf16::<1>(&mut o, a[kk], v_desc(st_b, kk as u32), true);
-                });
-                wgmma::wgmma_commit_group();
-                wgmma::wgmma_wait_group::<1>();
-                // Slabs 4-7 of stage 0: last read by A's P.V above.
-                if issuer && next_a {
-                    issue_half(
-                        &p,
-                        tmap,
-                        read_pages(pages_s(0)),
-                        blk_a + 2,
-                        kv_s(0),
-                        1,
-                        bars(0),
-                    );
-                }
-                wgmma::wgmma_wait_group::<0>();
-                // Slabs 4-7 of stage 1: last read by B's P.V.
-                if issuer && next_b {
-                    issue_half(
-                        &p,
-                        tmap,
-                        read_pages(pages_s(1)),
-                        blk_b + 2,
-                        kv_s(1),
-                        1,
-                        bars(1),
-                    );
-                }
-                if next_b {
-                    qk(&mut s, 1, parity ^ 1, &|| {});
-                    wgmma::wgmma_wait_group::<0>();
-                    zero_tail(1, blk_b + 2);
-                }
+                free_b(false);
+            }
+            wgmma::wgmma_wait_group::<0>();
+            if next_a {
+                self.zero_tail(0, blk_a + 2);
             }
         }
-        pair += 1;
-        blk_a += 2;
     }
 
-    // Each warpgroup summed its own blocks' P against the same final max: the row sum is
-    // both. Warpgroup `wg` holds output dims 256 wg .. 256 wg + 256.
-    // SAFETY: converged warps, every thread reaches the barrier; the host sized out/lse
-    // and the workspace (validated).
+    /// Warpgroup 1's half of pair `(blk_a, blk_a + 1)`: block B's max (if any) against
+    /// warpgroup 0's, the pair's final max and scale to warpgroup 0; B's P to its slab, A's
+    /// P.V from shared memory, B's P.V from registers; S of the next pair's B into `s`.
+    /// Reloads slabs 4-7 of both stages.
+    ///
+    /// # Safety
+    /// Warpgroup 1, once per pair, with warpgroup 0 in [`Cta::step_a`].
+    #[inline(always)]
+    unsafe fn step_b(&mut self, s: &mut [f32; 32], blk_a: u32, parity: u32) {
+        let blk_b = blk_a + 1;
+        let has_b = blk_b < self.kb1;
+        let next_a = blk_a + 2 < self.kb1;
+        let next_b = blk_b + 2 < self.kb1;
+        // SAFETY: forwarded from the caller; copies go out only for halves whose last
+        // reader's wgmma_wait_group has returned.
+        unsafe {
+            let m_b = if has_b {
+                self.mask_max(s, blk_b)
+            } else {
+                [f32::NEG_INFINITY; 2]
+            };
+            sync::bar_sync_named::<BAR_SCALE0, 256>();
+            let m0 = self.ld_rows(0);
+            let scale0 = self.ld_rows(1);
+            let m1 = [sync::fmax(m0[0], m_b[0]), sync::fmax(m0[1], m_b[1])];
+            let m1_ref = m_ref_of(m1);
+            let scale1 = [sync::ex2(m0[0] - m1_ref[0]), sync::ex2(m0[1] - m1_ref[1])];
+            self.st_rows(2, m1);
+            self.st_rows(3, scale1);
+            sync::bar_arrive_named::<BAR_SCALE1, 256>();
+            self.m_run = m1;
+            let f = [scale0[0] * scale1[0], scale0[1] * scale1[1]];
+            self.rescale(f);
+            self.l_run = [self.l_run[0] * f[0], self.l_run[1] * f[1]];
+            // B's P to its slab and the P.V of A's P first: it frees stage 0's slabs
+            // 4-7, which A''s S needs half a step before B''s S needs stage 1.
+            // Without a block B, s holds no S: P is computed but not summed, and the
+            // P.V below multiplies zeros by A's (finite) V, so that no wgmma sits behind
+            // a branch.
+            let l_b = exp_rows(s, m1_ref);
+            if has_b {
+                self.l_run = [self.l_run[0] + l_b[0], self.l_run[1] + l_b[1]];
+            }
+            let a = frags_of(s).map(|f| f.map(|w| if has_b { w } else { 0 }));
+            if has_b {
+                self.store_p(&a, self.p_s(1));
+                sync::bar_arrive_named::<BAR_P1, 256>();
+            }
+            sync::bar_sync_named::<BAR_P0, 256>();
+            self.pv_shared(0);
+            self.pv_regs(&a, has_b as u32);
+            wgmma::wgmma_wait_group::<1>();
+            // Slabs 4-7 of stage 0: last read by A's P.V above.
+            self.reissue(next_a, blk_a + 2, 0, 1);
+            wgmma::wgmma_wait_group::<0>();
+            // Slabs 4-7 of stage 1: last read by B's P.V.
+            self.reissue(next_b, blk_b + 2, 1, 1);
+            if next_b {
+                self.qk(s, 1, parity ^ 1, &|| {});
+                wgmma::wgmma_wait_group::<0>();
+                self.zero_tail(1, blk_b + 2);
+            }
+        }
+    }
+
+    /// Each warpgroup summed its own blocks' P against the same final max: the row sum is
+    /// both. Stores this thread's rows (warpgroup `wg` holds output dims `256 wg .. +256`).
+    ///
+    /// # Safety
+    /// All threads of the CTA, once, last (a CTA barrier inside); the host sized out, lse
+    /// and the workspace (validated).
+    #[inline(always)]
+    unsafe fn epilogue(self) {
+        let wg = self.wg;
+        // SAFETY: forwarded from the caller; converged warps.
+        unsafe {
+            let l_own = [
+                decode::quad_sum(self.l_run[0]),
+                decode::quad_sum(self.l_run[1]),
+            ];
+            self.st_rows(4 + wg, l_own);
+            sync::bar_sync();
+            let l_other = self.ld_rows(5 - wg);
+            let l_tot = [l_own[0] + l_other[0], l_own[1] + l_other[1]];
+            let row_a = self.row0 + self.r_loc;
+            decode::write_rows::<K, M64>(
+                self.p,
+                &self.o,
+                l_tot,
+                self.m_run,
+                self.b,
+                row_a,
+                self.split,
+                self.nsplit,
+                wg,
+                self.c,
+            );
+        }
+    }
+}
+
+/// A row's exponent reference: its max, or 0 for a row with nothing visible yet.
+#[inline(always)]
+fn m_ref_of(m: [f32; 2]) -> [f32; 2] {
+    m.map(|x| if x == f32::NEG_INFINITY { 0.0 } else { x })
+}
+
+/// exp2(S - m_ref) in place; returns this thread's part of the row sums.
+#[inline(always)]
+fn exp_rows(s: &mut [f32; 32], m_ref: [f32; 2]) -> [f32; 2] {
+    let mut l = [0.0f32; 2];
+    unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7] {
+        unroll!(e in [0, 1, 2, 3] {
+            let pe = sync::ex2(s[4 * j + e] - m_ref[e / 2]);
+            l[e / 2] += pe;
+            s[4 * j + e] = pe;
+        });
+    });
+    l
+}
+
+/// P as the A fragments of the block's four k-steps.
+#[inline(always)]
+fn frags_of(s: &[f32; 32]) -> [[u32; 4]; 4] {
+    let mut a = [[0u32; 4]; 4];
+    unroll!(kk in [0, 1, 2, 3] {
+        let t0 = 8 * kk;
+        let t1 = 8 * kk + 4;
+        a[kk] = [
+            cvt::pack_bf16x2(s[t0], s[t0 + 1]),
+            cvt::pack_bf16x2(s[t0 + 2], s[t0 + 3]),
+            cvt::pack_bf16x2(s[t1], s[t1 + 1]),
+            cvt::pack_bf16x2(s[t1 + 2], s[t1 + 3]),
+        ];
+    });
+    a
+}
+
+/// Fragments times a per-row factor (rows g: words 0 and 2, g + 8: words 1 and 3).
+#[inline(always)]
+fn scaled(a: &[[u32; 4]; 4], f: [f32; 2]) -> [[u32; 4]; 4] {
+    let mut out = [[0u32; 4]; 4];
+    unroll!(kk in [0, 1, 2, 3] {
+        unroll!(w in [0, 1, 2, 3] {
+            let x = a[kk][w];
+            let (lo, hi) = (f32::from_bits(x << 16), f32::from_bits(x & 0xffff_0000));
+            out[kk][w] = cvt::pack_bf16x2(lo * f[w % 2], hi * f[w % 2]);
+        });
+    });
+    out
+}
+
+/// The kernel body (see the module docs): the prologue (barriers, Q, the first pair's
+/// copies and S), per pair of blocks the page fetch and each warpgroup's step, the
+/// epilogue (row sums, stores).
+///
+/// # Safety
+/// Launched with the grid and block of [`crate::decode::wg`] and `TMA_SMEM_BYTES` of
+/// dynamic shared memory on params the host validated (bf16 Q and cache, pages of at
+/// least `TMA_MIN_PAGE` tokens); `tmap` is the generic address of the cache's map as
+/// `decode_tile` describes it, in the kernel's parameter space.
+#[inline(always)]
+pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *const u8) {
+    let (tile, b, split) = decode::cta_coords();
+    let Some(work) = decode::cta_work(&p, split, b) else {
+        return;
+    };
+    let mut cta = Cta::<K>::new(&p, tmap, work, tile, b, split);
+    let mut s = [0.0f32; 32];
+    // SAFETY: every thread runs every phase (loop bounds and has_b / next flags are
+    // CTA-uniform), so both warpgroups reach the named barriers in the order the module
+    // docs give; each warpgroup runs its wgmma sequences converged.
     unsafe {
-        let l_own = [decode::quad_sum(l_run[0]), decode::quad_sum(l_run[1])];
-        st_rows(4 + wg, l_own);
-        sync::bar_sync();
-        let l_other = ld_rows(5 - wg);
-        let l_tot = [l_own[0] + l_other[0], l_own[1] + l_other[1]];
-        decode::write_rows::<K, M64>(&p, &o, l_tot, m_run, b, row_a, split, nsplit, wg, c);
+        cta.prologue(&mut s);
+        let mut pair = 0u32;
+        let mut blk_a = cta.kb0;
+        while blk_a < cta.kb1 {
+            cta.fetch_next_pages(blk_a);
+            if cta.wg == 0 {
+                cta.step_a(&mut s, blk_a, pair & 1);
+            } else {
+                cta.step_b(&mut s, blk_a, pair & 1);
+            }
+            pair += 1;
+            blk_a += 2;
+        }
+        cta.epilogue();
     }
 }
