@@ -200,6 +200,61 @@ fn long_sequences_take_more_splits() {
     common::assert_no_failures(test, seed, &failures);
 }
 
+/// Every query-token count the API admits (`s_q` 1..=8, the odd ones too: two, four and
+/// six draft tokens), on head counts that fill no tile evenly, every dtype and several page
+/// sizes, through the plan's default tactic (the kernels the library picks): `run` and
+/// `schedule_step` + `run_layer`, against the oracle.
+#[test]
+fn every_query_token_count_matches_the_oracle() {
+    let test = "every_s_q";
+    let seed = common::seed(test);
+    let Some((rt, stream)) = common::gpu(test) else {
+        return;
+    };
+    let mut rng = SplitMix64::new(seed);
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for s_q in 1..=8usize {
+        for (j, heads) in [5usize, 16, 20, 128].into_iter().enumerate() {
+            let k = s_q * 4 + j;
+            let d = DecodeDtypes::ALL[k % DecodeDtypes::ALL.len()];
+            let page = [1, 16, 64, 256][k % 4];
+            // The f64 oracle's time grows with rows x tokens: fewer sequences for many rows.
+            let b = if s_q * heads > 128 {
+                1 + k % 2
+            } else {
+                [1, 3, 9][k % 3]
+            };
+            let lens: Vec<usize> = (0..b).map(|_| rng.range(s_q, 2500)).collect();
+            let h = HostCase::random(&CaseSpec::new(d, page, heads, s_q, lens), &mut rng);
+            let refs = h.references();
+            let cfg = config(&h, b);
+            let tactic = rt.default_tactic(&cfg);
+            let plan = rt.plan_decode(&stream, cfg, tactic).unwrap();
+            let mut dc = DeviceCase::upload(&stream, &h).unwrap();
+            for stepped in [false, true] {
+                let (got, _) = run_plan_as(&rt, &stream, &plan, &h, &mut dc, stepped);
+                let c = harness::check(&got, &refs);
+                checked += 1;
+                if !c.ok() {
+                    failures.push(format!(
+                        "{} H={heads} S_q={s_q} page {page} B={b} tactic {tactic}{}: {} | {}",
+                        d.name(),
+                        if stepped { " (schedule_step)" } else { "" },
+                        c.out,
+                        c.lse
+                    ));
+                }
+            }
+        }
+    }
+    eprintln!(
+        "[{test}] {checked} decodes checked, {} failed",
+        failures.len()
+    );
+    common::assert_no_failures(test, seed, &failures);
+}
+
 /// The fp8-cache 16- and 32-row decodes compute blocks in pairs, so the schedule cuts a
 /// sequence into splits of two blocks at least (`Tile::step_log2`): the fold (`run` at up
 /// to 8 sequences), the schedule kernel (`run` above 8) and `schedule_step` + `run_layer`
