@@ -156,7 +156,8 @@ if [[ -n "${MLA_NCU:-}" ]]; then
   done
   save
 fi
-# MLA_NSYS="bf16 wg64n64 B64 L4096 H128 S1": Nsight Systems over `mla bench` on that
+# MLA_NSYS="bf16 wg64n64 B64 L4096 H128 S1" (the H200 machine had no nsys when last tried; MLA_NCU
+# works there): Nsight Systems over `mla bench` on that
 # shape through the serving path (MLA_BENCH_PLAN=1: schedule or fold, decode,
 # combine), the per-kernel GPU trace (start, duration, gaps) as nsys-trace.csv: where the
 # plan path's time over the decode goes. Needs nsys on the GPU machine.

@@ -39,6 +39,13 @@ for ex in examples/*.rs; do
 done
 strip stage/bin/* stage/lib/* 2>/dev/null || true
 out_dir=$(dirname "$(ls -t target/release/build/mla-*/out/mla_sm_90a.ptx | head -1)")
+# The hardware fp8 decode is the default image; cargo has been seen to keep a stale
+# MLA_HW_FP8=0 build of the kernels, which would stage the software conversion unnoticed.
+if [[ "${MLA_HW_FP8:-}" != 0 ]] && ! awk '/\.entry /{f=($0 ~ /mla_decode_mma16_fp8\(/)}
+    f && /cvt\.rn\.f16x2\.e4m3x2/ {print "hw"; exit}' "$out_dir/mla_sm_90a.ptx" | grep -q hw; then
+  echo "stage.sh: the sm_90a image has the software fp8 decode; touch build.rs and rerun" >&2
+  exit 1
+fi
 cp "$out_dir"/*.ptx "$out_dir"/*.cubin stage/ptx/ 2>/dev/null || true
 if [[ $with_peers == 1 ]]; then
   cp -r ../shared/peers stage/peers
