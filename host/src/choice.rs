@@ -20,14 +20,14 @@
 //!    more 64-token blocks, the TMA decode `mla_decode_tma_bf16` instead (`decode_for`;
 //!    `crate::tmap` says why each condition holds).
 //! 4. Schedule: folded into the decode up to [`mla_abi::SCHED_FOLD_MAX_BATCH`] sequences,
-//!    the `mla_schedule` kernel above.
+//!    the `mla_schedule` kernel above (always the kernel with the tactic's `fold=off`).
 //! 5. Combine: when the plan's grid has more than one split, the narrow or wide combine by
 //!    chunk count and rows (`mla_abi::names::combine`).
 //! 6. Programmatic dependent launch for the decode and combine on the sm_90a and sm_100a
-//!    images.
+//!    images (not with `pdl=off`; the TMA decode not with `tma=off`).
 //!
-//! [`Overrides`] are the environment's switches for A/B measurements; they are read here
-//! and nowhere else.
+//! The switches are the tactic's ([`Switches`]); [`Overrides`], the environment's A/B
+//! switches, are read here and nowhere else, and a plan folds them into its tactic.
 
 use mla_abi::kernels::{self, Kernel};
 use mla_abi::{ElemType, names};
@@ -35,13 +35,15 @@ use mla_abi::{ElemType, names};
 use crate::gate::Backend;
 use crate::module::Variant;
 use crate::request::{DecodeDtypes, DecodeRequest, DecodeShape, SplitParts};
-use crate::tactic::Tile;
+use crate::tactic::{Switches, Tile};
 
-/// Environment overrides of the kernel choice, for A/B measurements: each is on unless
-/// its variable is `0`. Read once per process.
-/// - `MLA_PDL=0`: launch the decode and combine without programmatic dependent launch.
-/// - `MLA_WG_TMA=0`: keep the `cp.async` `wgmma` decode where the TMA decode would run.
-/// - `MLA_SCHED_FOLD=0`: launch the schedule kernel at every batch size.
+/// Environment overrides of the tactic's launch switches ([`Switches`]), for A/B
+/// measurements of builds that take no tactic string: each is on unless its variable is
+/// `0`, and an override only turns a switch off. Read once per process, here only, and
+/// applied when a plan is made (so the plan's tactic string names the launch).
+/// - `MLA_PDL=0`: `pdl=off` (the decode and combine without programmatic dependent launch).
+/// - `MLA_WG_TMA=0`: `tma=off` (the `cp.async` `wgmma` decode where the TMA decode would run).
+/// - `MLA_SCHED_FOLD=0`: `fold=off` (the schedule kernel at every batch size).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Overrides {
     pub pdl: bool,
@@ -61,6 +63,15 @@ impl Overrides {
                 fold: on("MLA_SCHED_FOLD"),
             }
         })
+    }
+
+    /// `switches` with every switch this override turns off, off.
+    pub fn apply(self, switches: Switches) -> Switches {
+        Switches {
+            pdl: switches.pdl && self.pdl,
+            tma: switches.tma && self.tma,
+            fold: switches.fold && self.fold,
+        }
     }
 }
 
@@ -128,17 +139,19 @@ pub struct DecodeKernels {
 }
 
 impl DecodeKernels {
-    /// The kernels for `tile` on `backend` (whose image `variant` is loaded), `dtypes`,
-    /// pages of `page_size` tokens and a grid of `grid_splits` splits.
+    /// The kernels for `tile` with the launch `switches` on `backend` (whose image
+    /// `variant` is loaded), `dtypes`, pages of `page_size` tokens and a grid of
+    /// `grid_splits` splits.
     pub fn new(
         backend: Backend,
         variant: Variant,
         tile: Tile,
+        switches: Switches,
         dtypes: DecodeDtypes,
         page_size: usize,
         grid_splits: usize,
     ) -> DecodeKernels {
-        let o = Overrides::get();
+        let o = switches;
         let reference = backend == Backend::Reference;
         let decode = if reference {
             reference_kernel(dtypes)

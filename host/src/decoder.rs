@@ -217,6 +217,12 @@ impl Runtime {
     ) -> Result<DecodePlan> {
         config.validate()?;
         tactic.validate()?;
+        // The environment's A/B overrides turn switches off here, in the plan's tactic, so
+        // that the plan's canonical string names the launch it runs.
+        let tactic = Tactic {
+            switches: crate::choice::Overrides::get().apply(tactic.switches),
+            ..tactic
+        };
         // Lengths are i32: a longer hint (such as u32::MAX for "unknown") plans as the
         // longest length there is.
         let config = DecodeConfig {
@@ -284,6 +290,7 @@ impl Runtime {
             backend,
             self.variant(),
             tactic.tile,
+            tactic.switches,
             config.dtypes,
             config.page_size,
             grid_splits,

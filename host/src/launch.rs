@@ -529,6 +529,7 @@ impl Runtime {
             self.backend(),
             self.variant(),
             tile,
+            crate::choice::Overrides::get().apply(crate::tactic::Switches::ON),
             shape.dtypes,
             shape.page_size,
             ws.grid_splits.max(1),

@@ -64,5 +64,5 @@ pub use request::{
     AppendRequest, DecodeDtypes, DecodeRequest, DecodeShape, GatherRequest, HostMirror,
     MergeRequest, MergeShape, PagedShape, Scales, SplitParts,
 };
-pub use tactic::{Tactic, Tile};
+pub use tactic::{Switches, Tactic, Tile};
 pub use tensor::TensorView;

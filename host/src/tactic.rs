@@ -1,9 +1,11 @@
 //! The launch choices the decode kernels expose, as one value with one canonical string.
 //!
-//! A [`Tactic`] names a tile and the split-KV schedule knobs. Its `Display` form
-//! (`tile=m64n64,waves=1,splits<=64`) is the only spelling used anywhere: logs, bench ids
-//! and the autotune cache all print and parse exactly that string, so a cached winner can
-//! always be matched back to the launch it describes.
+//! A [`Tactic`] names a tile, the split-KV schedule knobs and the launch switches
+//! ([`Switches`]: programmatic dependent launch, the TMA decode, the folded schedule). Its
+//! `Display` form (`tile=m64n64,waves=1,splits<=64`, then `,pdl=off`, `,tma=off`,
+//! `,fold=off` for a switch that is off) is the only spelling used anywhere: logs, bench ids,
+//! plan info and the autotune cache all print and parse exactly that string, so a string
+//! names the launch it describes.
 
 use crate::DecodeDtypes;
 use crate::error::MlaError;
@@ -45,9 +47,44 @@ const _: () = assert!(
 fn canonical_form() -> String {
     let tiles: Vec<&str> = Tile::ALL.iter().map(|t| t.name()).collect();
     format!(
-        "tile={},waves=<1..={MAX_WAVES}>,splits<=<1..={MAX_SPLITS}>",
+        "tile={},waves=<1..={MAX_WAVES}>,splits<=<1..={MAX_SPLITS}>[,pdl=off][,tma=off][,fold=off]",
         tiles.join("|")
     )
+}
+
+/// The launch switches of a [`Tactic`], each on unless turned off (for A/B measurements;
+/// the results are the same either way):
+/// - `pdl`: the decode and combine launch with programmatic dependent launch (on the images
+///   whose kernels wait for their predecessor: sm_90a and sm_100a);
+/// - `tma`: the bf16 `wgmma` tile runs the TMA-fed decode where a request suits it
+///   (`DecodeKernels::decode_for`);
+/// - `fold`: batches of up to `mla_abi::SCHED_FOLD_MAX_BATCH` sequences compute the split
+///   schedule inside the decode instead of launching the schedule kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Switches {
+    pub pdl: bool,
+    pub tma: bool,
+    pub fold: bool,
+}
+
+impl Switches {
+    /// Every switch on: the default launch.
+    pub const ON: Switches = Switches {
+        pdl: true,
+        tma: true,
+        fold: true,
+    };
+
+    /// The switches in canonical order with their names.
+    fn named(self) -> [(&'static str, bool); 3] {
+        [("pdl", self.pdl), ("tma", self.tma), ("fold", self.fold)]
+    }
+}
+
+impl Default for Switches {
+    fn default() -> Self {
+        Switches::ON
+    }
 }
 
 /// The decode tile.
@@ -247,6 +284,8 @@ pub struct Tactic {
     pub waves: u32,
     /// Most chunks one sequence is cut into, `1..=MAX_SPLITS`; 1 turns split-KV off.
     pub max_splits: u32,
+    /// The launch switches ([`Switches::ON`] unless measuring without one).
+    pub switches: Switches,
 }
 
 impl Default for Tactic {
@@ -257,6 +296,7 @@ impl Default for Tactic {
             tile: Tile::M64N64,
             waves: 1,
             max_splits: MAX_SPLITS,
+            switches: Switches::ON,
         }
     }
 }
@@ -356,6 +396,7 @@ impl Tactic {
                         tile,
                         waves,
                         max_splits,
+                        switches: Switches::ON,
                     });
                 }
             }
@@ -363,6 +404,7 @@ impl Tactic {
                 tile,
                 waves: 1,
                 max_splits: 1,
+                switches: Switches::ON,
             });
         }
         out
@@ -427,7 +469,13 @@ impl fmt::Display for Tactic {
             f,
             "tile={},waves={},splits<={}",
             self.tile, self.waves, self.max_splits
-        )
+        )?;
+        for (name, on) in self.switches.named() {
+            if !on {
+                write!(f, ",{name}=off")?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -435,15 +483,23 @@ impl FromStr for Tactic {
     type Err = MlaError;
 
     /// Accepts exactly the canonical form: fields in order, no spaces, no signs or leading
-    /// zeros, every value in range.
+    /// zeros, every value in range, a switch named only when off.
     fn from_str(s: &str) -> Result<Self, MlaError> {
         let bad = || MlaError::shape("tactic", canonical_form(), format!("{s:?}"));
         let mut fields = s.split(',');
-        let (Some(tile), Some(waves), Some(splits), None) =
-            (fields.next(), fields.next(), fields.next(), fields.next())
+        let (Some(tile), Some(waves), Some(splits)) = (fields.next(), fields.next(), fields.next())
         else {
             return Err(bad());
         };
+        let mut switches = Switches::ON;
+        for field in fields {
+            match field {
+                "pdl=off" => switches.pdl = false,
+                "tma=off" => switches.tma = false,
+                "fold=off" => switches.fold = false,
+                _ => return Err(bad()),
+            }
+        }
         let tile = tile
             .strip_prefix("tile=")
             .and_then(Tile::from_name)
@@ -460,11 +516,13 @@ impl FromStr for Tactic {
             tile,
             waves,
             max_splits,
+            switches,
         };
         tactic
             .validate()
             .map_err(|e| MlaError::shape("tactic", canonical_form(), format!("{s:?} ({e})")))?;
-        // `u32::from_str` also takes "+1" and "01"; only the one spelling is canonical.
+        // `u32::from_str` also takes "+1" and "01", and the switches could repeat or come out
+        // of order; only the one spelling is canonical.
         if tactic.to_string() != s {
             return Err(bad());
         }

@@ -3,7 +3,7 @@
 
 use mla_abi::MAX_SPLITS;
 use mla_host::autotune::{Autotuner, DeviceKey, ShapeKey, TuneCache, TuneMode, bucket};
-use mla_host::tactic::{M32_MIN_BATCH, MAX_WAVES, Tactic, Tile};
+use mla_host::tactic::{M32_MIN_BATCH, MAX_WAVES, Switches, Tactic, Tile};
 use mla_host::{DecodeDtypes, DeviceInfo, MlaError};
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -38,6 +38,7 @@ fn tactic(waves: u32, max_splits: u32) -> Tactic {
         tile: Tile::M64N64,
         waves,
         max_splits,
+        ..Tactic::default()
     }
 }
 
@@ -137,12 +138,53 @@ fn canonical_strings_round_trip() {
     all.push(Tactic::default());
     all.push(tactic(MAX_WAVES, 1));
     all.push(tactic(3, 7));
+    // Every combination of the launch switches.
+    for bits in 0..8u32 {
+        all.push(Tactic {
+            switches: Switches {
+                pdl: bits & 1 != 0,
+                tma: bits & 2 != 0,
+                fold: bits & 4 != 0,
+            },
+            ..tactic(2, 16)
+        });
+    }
     for t in all {
         let s = t.to_string();
         let back: Tactic = s.parse().unwrap_or_else(|e| panic!("{s}: {e}"));
         assert_eq!(back, t, "{s}");
         assert_eq!(back.to_string(), s);
     }
+}
+
+#[test]
+fn switches_are_named_only_when_off() {
+    assert_eq!(
+        Tactic::default().to_string(),
+        format!("tile=m64n64,waves=1,splits<={MAX_SPLITS}")
+    );
+    let t: Tactic = "tile=wg64n64,waves=2,splits<=16,pdl=off,fold=off"
+        .parse()
+        .unwrap();
+    assert_eq!(
+        t.switches,
+        Switches {
+            pdl: false,
+            tma: true,
+            fold: false
+        }
+    );
+    assert_eq!((t.tile, t.waves, t.max_splits), (Tile::Wg64N64, 2, 16));
+    // The longest string fits the C ABI's 64-byte tactic field with its NUL.
+    let longest = Tactic {
+        switches: Switches {
+            pdl: false,
+            tma: false,
+            fold: false,
+        },
+        ..tactic(MAX_WAVES, MAX_SPLITS)
+    };
+    assert!(longest.to_string().len() < 64, "{longest}");
 }
 
 #[test]
@@ -168,6 +210,13 @@ fn parse_rejects_everything_but_the_canonical_form() {
         "tile=m64n64,waves=1,splits=64",
         "tile=m64n64;waves=1;splits<=64",
         "tile=m64n64,waves=99999999999,splits<=64",
+        // Switches: named only when off, each once, in the order pdl, tma, fold.
+        "tile=m64n64,waves=1,splits<=64,pdl=on",
+        "tile=m64n64,waves=1,splits<=64,pdl=0",
+        "tile=m64n64,waves=1,splits<=64,tma=off,pdl=off",
+        "tile=m64n64,waves=1,splits<=64,fold=off,fold=off",
+        "tile=m64n64,waves=1,splits<=64,pdl=off,",
+        "tile=m64n64,waves=1,pdl=off,splits<=64",
     ];
     for s in bad {
         let e = s.parse::<Tactic>().expect_err(s);

@@ -7,7 +7,7 @@ use mla_abi::{D_QK, D_V, ElemType, names};
 use mla_host::choice::{DecodeKernels, tile_kernel};
 use mla_host::gate::Backend;
 use mla_host::request::*;
-use mla_host::tactic::Tile;
+use mla_host::tactic::{Switches, Tile};
 use mla_host::tensor::TensorView;
 use mla_host::{DecodeFault, Variant};
 
@@ -22,7 +22,7 @@ fn kernels(
         Backend::Sm90a => Variant::Sm90a,
         _ => Variant::Portable,
     };
-    DecodeKernels::new(backend, variant, tile, d, page, splits)
+    DecodeKernels::new(backend, variant, tile, Switches::ON, d, page, splits)
 }
 
 fn request(
@@ -94,6 +94,34 @@ fn small_pages_other_dtypes_and_other_backends_take_no_tma() {
     assert_eq!(k.decode.symbol, names::DECODE_REF_FP8);
     assert_eq!(k.all(4, 16, 132), vec![names::DECODE_REF_FP8]);
     assert_eq!(k.combine_for(64, 132), None);
+}
+
+/// The tactic's switches turn PDL, the TMA decode and the fold off, one at a time.
+#[test]
+fn switches_turn_pdl_tma_and_fold_off() {
+    let on = Switches::ON;
+    let with = |switches| {
+        DecodeKernels::new(
+            Backend::Sm90a,
+            Variant::Sm90a,
+            Tile::Wg64N64,
+            switches,
+            DecodeDtypes::Bf16,
+            64,
+            32,
+        )
+    };
+    let all = with(on);
+    assert!(all.pdl && all.tma.is_some() && all.folds(1));
+    let k = with(Switches { pdl: false, ..on });
+    assert!(!k.pdl && k.tma.is_some() && k.folds(1));
+    let k = with(Switches { tma: false, ..on });
+    assert!(k.pdl && k.tma.is_none() && k.folds(1));
+    let (req, shape) = request(DecodeDtypes::Bf16, 64, 256);
+    assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_WG_BF16);
+    let k = with(Switches { fold: false, ..on });
+    assert!(k.pdl && k.tma.is_some() && !k.folds(1));
+    assert_eq!(k.all(1, 128, 132)[0], names::SCHEDULE);
 }
 
 #[test]
