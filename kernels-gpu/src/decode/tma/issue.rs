@@ -1,0 +1,182 @@
+//! The TMA decode's copy issue: the page entries of a block's boxes (read now, or fetched
+//! into shared memory ahead with `cp.async`), the `cp.async.bulk.tensor` boxes of a stage
+//! half on its mbarriers, the issuer's per-pair fetch and reissue, and the zeroing of V rows
+//! past the sequence end once a block has landed.
+
+use super::{BAR_WG, BLOCK_N, Cta};
+use crate::arch::{self, bulk, cp_async, smem, sync, wgmma};
+use crate::decode::wg::{SLAB, slab_off};
+use crate::decode::{self, DecodeKind};
+use crate::elem::Bf16;
+use mla_abi::DecodeParams;
+
+/// Page (or out-of-bounds coordinate) of box `q` of block `blk`: box `q` holds the
+/// `min(page, 64)` tokens from `64 blk + q min(page, 64)`; `None` for boxes a block does
+/// not have (pages of more than 16 tokens).
+#[inline(always)]
+pub(super) fn box_token(p: &DecodeParams, blk: u32, q: u32) -> Option<u32> {
+    let rows = p.page_size.min(BLOCK_N);
+    (q * rows < BLOCK_N).then_some(blk * BLOCK_N + q * rows)
+}
+
+/// Block `blk`'s box pages, read now (prologue).
+#[inline(always)]
+pub(super) fn block_pages(p: &DecodeParams, b: u32, blk: u32, len: u32) -> [i32; 4] {
+    let mut pages = [p.num_pages as i32; 4];
+    unroll!(q in [0, 1, 2, 3] {
+        if let Some(t) = box_token(p, blk, q as u32) {
+            // t < len keeps the entry inside row b of the page table.
+            pages[q] = decode::kv_row_page_entry(p, b, t, len);
+        }
+    });
+    pages
+}
+
+/// Block `blk`'s box pages fetched into the four words at `dst` (16-byte aligned) with
+/// `cp.async`, so the issuing thread holds no register for them until it issues; boxes
+/// past the end get `num_pages` (out of bounds: zeros).
+///
+/// # Safety
+/// One thread; `dst` is its own 16 bytes of shared memory; it waits for its `cp.async`
+/// groups before reading them.
+#[inline(always)]
+pub(super) unsafe fn fetch_pages(p: &DecodeParams, b: u32, blk: u32, len: u32, dst: u32) {
+    unroll!(q in [0, 1, 2, 3] {
+        let slot = dst + 4 * q as u32;
+        // SAFETY: the slot is the caller's; a table entry is read only for a token < len
+        // (inside row b, as in decode::kv_row_page_entry).
+        unsafe {
+            match box_token(p, blk, q as u32) {
+                Some(t) if t < len => {
+                    cp_async::cp_async_ca_4(slot, decode::page_entry_ptr(p, b, t) as *const u8);
+                }
+                _ => smem::st_shared_u32(slot, p.num_pages),
+            }
+        }
+    });
+    cp_async::cp_async_commit_group();
+}
+
+/// The pages [`fetch_pages`] put at `src`.
+///
+/// # Safety
+/// The thread that fetched them.
+#[inline(always)]
+pub(super) unsafe fn read_pages(src: u32) -> [i32; 4] {
+    cp_async::cp_async_wait_group::<0>();
+    // SAFETY: forwarded from the caller; 16 bytes of shared memory.
+    unsafe { smem::ld_shared_v4(src) }.map(|w| w as i32)
+}
+
+/// Issues half `h` (slabs 0-3 and 8, or 4-7) of block `blk` into the stage at `dst`,
+/// slab `s` completed on the mbarrier at `bars + 8 s`.
+///
+/// # Safety
+/// One thread; the half's mbarriers initialised with no copy pending on them; nothing
+/// reads a slab until its mbarrier completes.
+#[inline(always)]
+pub(super) unsafe fn issue_half(
+    p: &DecodeParams,
+    tmap: *const u8,
+    pages: [i32; 4],
+    blk: u32,
+    dst: u32,
+    h: u32,
+    bars: u32,
+) {
+    let rows = p.page_size.min(BLOCK_N);
+    let row_in_page = (blk * BLOCK_N) & (p.page_size - 1);
+    // SAFETY: each box lands inside its slab (rows * (64 / rows) rows of 128 bytes), at a
+    // multiple of 1024 bytes (rows >= 8); the map is valid (host).
+    unsafe {
+        for i in 0..5 - h {
+            let s = if h == 0 {
+                if i < 4 { i } else { 8 }
+            } else {
+                4 + i
+            };
+            let bar = bars + 8 * s;
+            bulk::mbarrier_arrive_expect_tx(bar, SLAB);
+            unroll!(q in [0, 1, 2, 3] {
+                if (q as u32) * rows < BLOCK_N {
+                    let c = [(64 * s) as i32, row_in_page as i32, pages[q]];
+                    bulk::tma_load_3d(dst + s * SLAB + q as u32 * rows * 128, tmap, c, bar);
+                }
+            });
+        }
+    }
+}
+
+impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
+    /// After S of block `blk` (stage `st`) landed in this warpgroup: V rows past the
+    /// sequence end (inside a page that was read) become zeros, before any P.V reads them.
+    ///
+    /// # Safety
+    /// The whole warpgroup calls it (a warpgroup barrier inside, behind a uniform branch).
+    #[inline(always)]
+    pub(super) unsafe fn zero_tail(&self, st: u32, blk: u32) {
+        let valid = self.len.saturating_sub(blk * BLOCK_N);
+        if valid < BLOCK_N {
+            let mut i = arch::thread_idx_x() % 128;
+            while i < (BLOCK_N - valid) * 64 {
+                // SAFETY: row valid + i / 64 < 64, chunk i % 64 < 64: inside slabs 0-7.
+                unsafe {
+                    smem::st_shared_v4(self.kv_s(st) + slab_off(valid + i / 64, i % 64), [0; 4])
+                };
+                i += 128;
+            }
+            wgmma::fence_proxy_async_shared();
+            // SAFETY: the whole warpgroup takes this branch (uniform condition).
+            unsafe {
+                if self.wg == 0 {
+                    sync::bar_sync_named::<{ BAR_WG[0] }, 128>();
+                } else {
+                    sync::bar_sync_named::<{ BAR_WG[1] }, 128>();
+                }
+            }
+        }
+    }
+
+    /// The issuer fetches the next pair's page entries (blocks `blk_a + 2` and, if the
+    /// split has it, `blk_a + 3`); it reads them after a P.V.
+    ///
+    /// # Safety
+    /// Once per pair, before the pair's [`Cta::reissue`]s.
+    #[inline(always)]
+    pub(super) unsafe fn fetch_next_pages(&self, blk_a: u32) {
+        let kb1 = self.kb1;
+        if self.issuer && blk_a + 2 < kb1 {
+            // SAFETY: this issuer's own slots.
+            unsafe {
+                fetch_pages(self.p, self.b, blk_a + 2, self.len, self.pages_s(0));
+                if blk_a + 3 < kb1 {
+                    fetch_pages(self.p, self.b, blk_a + 3, self.len, self.pages_s(1));
+                }
+            }
+        }
+    }
+
+    /// With `next` (the next pair has the block), the issuer reloads half `h` of stage
+    /// `st` with block `blk` from the pages it fetched.
+    ///
+    /// # Safety
+    /// The half's last reader (a P.V, or S) has completed (its `wgmma_wait_group`
+    /// returned); the pages were fetched ([`Cta::fetch_next_pages`]).
+    #[inline(always)]
+    pub(super) unsafe fn reissue(&self, next: bool, blk: u32, st: u32, h: u32) {
+        if self.issuer && next {
+            // SAFETY: forwarded from the caller.
+            unsafe {
+                issue_half(
+                    self.p,
+                    self.tmap,
+                    read_pages(self.pages_s(st)),
+                    blk,
+                    self.kv_s(st),
+                    h,
+                    self.bars(st),
+                )
+            };
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! A decode CTA's work: its grid coordinates, the causal visibility of a row, the sequence
+//! length, split count and blocks it takes (running the folded schedule where the params
+//! ask for it), and the checked mode's page-table and length checks.
+
+use super::BLOCK_N;
+use crate::arch::{self, sync};
+use mla_abi::{DecodeParams, chunk_blocks};
+
+/// Causal visibility of query row `gr` (`t * heads + h`) over a KV length `len`: the keys
+/// `0..visible` it attends to (query token `t` sits at position `len - s_q + t`). Rows past
+/// the last take the last token's count (their outputs are never stored). Sharded
+/// ([`mla_abi::Shard`]): `len` is the local length and `glen` the global one, and the keys
+/// are this rank's first `visible` (local positions ascend with global ones).
+#[inline(always)]
+pub(crate) fn visible(p: &DecodeParams, len: u32, glen: u32, gr: u32) -> u32 {
+    let t = if gr < p.s_q * p.heads {
+        gr / p.heads
+    } else {
+        p.s_q - 1
+    };
+    if p.shard.is_on() {
+        p.shard.visible(glen, len, t, p.s_q)
+    } else {
+        (len + t + 1).saturating_sub(p.s_q)
+    }
+}
+
+/// This CTA's `(row tile, sequence, split)` in a decode grid (every decode kernel's).
+/// The grid is `(row tiles, batch, splits)`: split-major, so every split-0 CTA (all of the
+/// work at large batch) launches before any CTA of a split a sequence may not have.
+#[inline(always)]
+pub(crate) fn cta_coords() -> (u32, u32, u32) {
+    (
+        arch::block_idx_x(),
+        arch::block_idx_y(),
+        arch::block_idx_z(),
+    )
+}
+
+/// What CTA `(_, b, split)` of a decode grid (64- or 16-row tile, `mma.sync` or `wgmma`)
+/// works on.
+pub(crate) struct CtaWork {
+    /// The sequence's KV length in this cache (this rank's share when sharded), cut to
+    /// what its page table can address.
+    pub len: u32,
+    /// The global length (sharded: what the causal rule counts from; else `len`).
+    pub glen: u32,
+    /// Its split count, `1..=max_splits`.
+    pub nsplit: u32,
+    /// This split's 64-token blocks `kb0..kb1` ([`chunk_blocks`]).
+    pub kb0: u32,
+    pub kb1: u32,
+}
+
+/// The work of CTA `(_, b, split)`, or `None` when it has none: `b` past the batch, a
+/// sequence the schedule skipped (0 splits: nothing is computed or written), or a split
+/// past the sequence's count.
+#[inline(always)]
+pub(crate) fn cta_work(p: &DecodeParams, split: u32, b: u32) -> Option<CtaWork> {
+    // The folded schedule (the warp sums over the whole batch) runs before the range check,
+    // in converged code: every lane of every warp takes part.
+    let batch_blocks = if p.fold.tiles != 0 {
+        // SAFETY: converged warps; i < batch entries of seq_lens.
+        Some(unsafe { warp_batch_blocks(p) })
+    } else {
+        None
+    };
+    if b >= p.batch {
+        return None;
+    }
+    // SAFETY: b < batch entries of seq_lens and num_splits.
+    let glen_raw = unsafe { *p.seq_lens.ptr().add(b as usize) };
+    let len_raw = p.shard.local_len(glen_raw);
+    let nsplit_raw = match batch_blocks {
+        Some(total) => {
+            let s = mla_abi::schedule_splits(
+                p.shard.schedule_blocks(glen_raw, p.fold.max_len),
+                total * p.fold.tiles as u64,
+                p.fold.target_ctas as u64,
+                p.max_splits as u64,
+                p.fold.tiles as u64,
+                p.fold.step_log2,
+            ) as i32;
+            if split == 0 && arch::block_idx_x() == 0 && arch::thread_idx_x() == 0 {
+                // SAFETY: b < batch entries; one writer per sequence, read by the combine
+                // after this grid completes.
+                unsafe { *p.num_splits.ptr().add(b as usize) = s };
+            }
+            s
+        }
+        // SAFETY: as above.
+        None => unsafe { *p.num_splits.ptr().add(b as usize) },
+    };
+    if nsplit_raw <= 0 {
+        return None;
+    }
+    let nsplit = (nsplit_raw as u32).min(p.max_splits);
+    if split >= nsplit {
+        return None;
+    }
+    let len = mla_abi::clamp_len(len_raw, p.max_pages.saturating_mul(p.page_size));
+    let (glen, blocks) = if p.shard.is_on() {
+        // A rank with none of a live sequence's keys still runs one (empty) block, so
+        // that its rows are written: zeros with LSE -inf, which the rank merge skips.
+        (
+            mla_abi::clamp_len(glen_raw, u32::MAX),
+            len.div_ceil(BLOCK_N).max(1),
+        )
+    } else {
+        (len, len.div_ceil(BLOCK_N))
+    };
+    let (kb0, kb1) = chunk_blocks(blocks, nsplit, split);
+    if !p.fault.is_null() && arch::block_idx_x() == 0 {
+        // SAFETY: b < batch; the tokens are this split's, below the clamped length.
+        unsafe {
+            check_faults(
+                p,
+                b,
+                len_raw,
+                split == 0,
+                kb0 * BLOCK_N,
+                (kb1 * BLOCK_N).min(len),
+            )
+        };
+    }
+    Some(CtaWork {
+        len,
+        glen,
+        nsplit,
+        kb0,
+        kb1,
+    })
+}
+
+/// Checked mode (`p.fault` non-null): the CTA's threads look at the page-table entries of
+/// sequence `b`'s tokens `t0..t1` (the ones this CTA's decode reads) and, with
+/// `check_len`, at its length; the first fault the grid meets claims the record.
+///
+/// # Safety
+/// `p.fault` is the workspace's record, `b < batch`, and `t1 <= max_pages * page_size`.
+#[inline(always)]
+pub(crate) unsafe fn check_faults(
+    p: &DecodeParams,
+    b: u32,
+    len_raw: i32,
+    check_len: bool,
+    t0: u32,
+    t1: u32,
+) {
+    let tid = arch::thread_idx_x();
+    if check_len
+        && tid == 0
+        && len_raw > 0
+        && len_raw as u32 > p.max_pages.saturating_mul(p.page_size)
+    {
+        // SAFETY: forwarded from the caller.
+        unsafe { record_fault(p, mla_abi::fault::SEQ_LEN, b, -1, len_raw) };
+    }
+    if t0 >= t1 {
+        return;
+    }
+    let mut col = (t0 >> p.page_shift) + tid;
+    let end = ((t1 - 1) >> p.page_shift) + 1;
+    while col < end {
+        let slot = b as usize * p.page_table_stride as usize + col as usize;
+        // SAFETY: col < max_pages columns of row b (t1 <= max_pages * page_size).
+        let entry = unsafe { *p.page_table.ptr().add(slot) };
+        if entry < 0 || entry as u32 >= p.num_pages {
+            // SAFETY: forwarded from the caller.
+            unsafe { record_fault(p, mla_abi::fault::PAGE_ID, b, col as i32, entry) };
+        }
+        col += arch::block_dim_x();
+    }
+}
+
+/// Claims the fault record for this fault if no fault holds it yet.
+///
+/// # Safety
+/// `p.fault` is the workspace's record (`mla_abi::fault::WORDS` i32).
+#[inline(always)]
+unsafe fn record_fault(p: &DecodeParams, kind: i32, b: u32, column: i32, value: i32) {
+    use mla_abi::fault;
+    let rec = p.fault.ptr();
+    // SAFETY: forwarded from the caller; the claiming thread alone writes the other words,
+    // read by the host after the grid completes.
+    unsafe {
+        if arch::atomic_cas_global_i32(rec.add(fault::KIND), fault::NONE, kind) == fault::NONE {
+            *rec.add(fault::SEQUENCE) = b as i32;
+            *rec.add(fault::COLUMN) = column;
+            *rec.add(fault::VALUE) = value;
+        }
+    }
+}
+
+/// The batch's KV blocks (the folded schedule's total before the row tiles), summed by
+/// each warp over all of `seq_lens`: every lane returns the total.
+///
+/// # Safety
+/// All 32 lanes of the warp call it together.
+#[inline(always)]
+unsafe fn warp_batch_blocks(p: &DecodeParams) -> u64 {
+    let lane = arch::thread_idx_x() % 32;
+    let mut sum = 0u64;
+    let mut i = lane;
+    while i < p.batch {
+        // SAFETY: i < batch entries of seq_lens.
+        sum += p
+            .shard
+            .schedule_blocks(unsafe { *p.seq_lens.ptr().add(i as usize) }, p.fold.max_len);
+        i += 32;
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe { sync::warp_sum_u64(sum) }
+}
