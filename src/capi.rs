@@ -722,7 +722,8 @@ pub unsafe extern "C" fn mla_schedule_step(
 
 /// One layer of a scheduled step (`DecodePlan::run_layer`): validation, then the decode
 /// and combine with the split counts of the last `mla_schedule_step` on `stream`; the
-/// args' batch and `seq_lens` contents must be the scheduled ones. Capturable.
+/// args' batch and `seq_lens` contents must be the scheduled ones (a plan with no schedule
+/// yet, or another batch, is `MLA_ERR_INVALID`). Capturable.
 ///
 /// # Safety
 /// As `mla_decode_run`.

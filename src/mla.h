@@ -131,7 +131,9 @@ int mla_decode_run(const MlaRuntime *rt, const MlaPlan *plan, const MlaDecodeArg
 int mla_schedule_step(const MlaRuntime *rt, const MlaPlan *plan, uint64_t seq_lens, uint32_t batch,
                       uint32_t max_pages, void *stream);
 /* One layer of a scheduled step: mla_decode_run without the schedule; args->batch and the
- * contents of args->seq_lens must be the ones mla_schedule_step read. Capturable. */
+ * contents of args->seq_lens must be the ones mla_schedule_step read (MLA_ERR_INVALID when
+ * the plan has no mla_schedule_step yet or args->batch is not its batch; the contents are
+ * not checked). Capturable. */
 int mla_decode_run_layer(const MlaRuntime *rt, const MlaPlan *plan, const MlaDecodeArgs *args,
                          void *stream);
 /* Split layouts: the rope part (dims 512..575) of the cache and/or of q in tensors of their

@@ -255,6 +255,55 @@ fn every_query_token_count_matches_the_oracle() {
     common::assert_no_failures(test, seed, &failures);
 }
 
+/// `run_layer` refuses, with a typed error naming the field, a plan that has no
+/// `schedule_step` yet and a request whose batch is not the scheduled one (its split counts
+/// would be missing or another batch's: output rows silently skipped); with the matching
+/// schedule it runs and matches the oracle.
+#[test]
+fn run_layer_needs_the_scheduled_batch() {
+    let test = "layer_batch";
+    let seed = common::seed(test);
+    let Some((rt, stream)) = common::gpu(test) else {
+        return;
+    };
+    let mut rng = SplitMix64::new(seed);
+    let h = HostCase::random(
+        &CaseSpec::new(DecodeDtypes::Bf16, 64, 16, 1, vec![900, 70, 2000]),
+        &mut rng,
+    );
+    let refs = h.references();
+    let plan = rt
+        .plan_decode(&stream, config(&h, 3), Tactic::default_for(16))
+        .unwrap();
+    let mut dc = DeviceCase::upload(&stream, &h).unwrap();
+    dc.poison_outputs(&stream).unwrap();
+    let req = dc.request(&stream, &h);
+    let field = |e: MlaError| match e {
+        MlaError::InvalidShape { field, .. } => field,
+        other => panic!("[{test}] expected a shape error, got {other}"),
+    };
+    let e = plan
+        .run_layer(&rt, &stream, &req)
+        .expect_err("no schedule_step yet");
+    assert_eq!(field(e), "schedule_step");
+    // Schedule the first two sequences only, then run the three.
+    let two = mla::TensorView::contiguous(req.seq_lens.ptr, mla::abi::ElemType::I32, [2]);
+    let cap = h.max_pages * h.spec.page_size;
+    plan.schedule_step(&rt, &stream, &two, cap).unwrap();
+    let e = plan
+        .run_layer(&rt, &stream, &req)
+        .expect_err("another batch");
+    assert_eq!(field(e), "seq_lens.shape[0] (batch of run_layer)");
+    plan.schedule_step(&rt, &stream, &req.seq_lens, cap)
+        .unwrap();
+    plan.run_layer(&rt, &stream, &req).unwrap();
+    stream.synchronize().unwrap();
+    let got = dc.download(&stream, DecodeDtypes::Bf16.out()).unwrap();
+    let c = harness::check(&got, &refs);
+    assert!(c.ok(), "[{test}] {} | {} (seed {seed})", c.out, c.lse);
+    eprintln!("[{test}] both misuses refused, the scheduled layer exact (seed {seed})");
+}
+
 /// The fp8-cache 16- and 32-row decodes compute blocks in pairs, so the schedule cuts a
 /// sequence into splits of two blocks at least (`Tile::step_log2`): the fold (`run` at up
 /// to 8 sequences), the schedule kernel (`run` above 8) and `schedule_step` + `run_layer`

@@ -10,6 +10,7 @@
 //!   page tables and data change between replays.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use cudarc::driver::CudaStream;
 use cudarc::driver::sys::{CUstream, CUstreamCaptureStatus};
@@ -168,6 +169,9 @@ pub struct DecodePlan {
     /// Every kernel a run may launch, chosen at plan time ([`crate::choice`]).
     kernels: DecodeKernels,
     ws: DecodeWorkspace,
+    /// The batch of the last [`DecodePlan::schedule_step`] (0: none yet), which
+    /// [`DecodePlan::run_layer`] checks its request against.
+    step_batch: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for DecodePlan {
@@ -302,6 +306,7 @@ impl Runtime {
             schedule,
             kernels,
             ws,
+            step_batch: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 }
@@ -599,6 +604,7 @@ impl DecodePlan {
         let capacity = max_seq_len.min(u32::MAX as usize);
         if self.kernels.reference {
             // The reference decode has no splits.
+            self.step_batch.store(batch, Ordering::Relaxed);
             return Ok(());
         }
         let shape = DecodeShape {
@@ -612,12 +618,16 @@ impl DecodePlan {
         };
         // SAFETY: checked above: `batch` i32 at a 4-byte aligned non-null address;
         // the step's num_splits holds max_batch >= batch entries.
-        unsafe { self.launch_schedule(rt, stream, seq_lens.ptr, &shape, true) }
+        unsafe { self.launch_schedule(rt, stream, seq_lens.ptr, &shape, true)? };
+        self.step_batch.store(batch, Ordering::Relaxed);
+        Ok(())
     }
 
     /// One layer of a scheduled step: validation, then the decode and combine only, with
     /// the split counts the last [`DecodePlan::schedule_step`] on `stream` wrote. The request's
-    /// batch and `seq_lens` contents must be the ones scheduled.
+    /// batch and `seq_lens` contents must be the ones scheduled: a plan with no
+    /// `schedule_step` yet, or a request of another batch, is a typed error (the contents
+    /// are on the device and are not checked).
     pub fn run_layer(
         &self,
         rt: &Runtime,
@@ -674,6 +684,25 @@ impl DecodePlan {
         // Every run: validation, then (unless `scheduled`: the counts of `schedule_step`
         // are in the workspace) the schedule or its fold, the decode and the combine.
         let shape = self.check_run(rt, req, parts)?;
+        if scheduled {
+            match self.step_batch.load(Ordering::Relaxed) {
+                0 => {
+                    return Err(MlaError::shape(
+                        "schedule_step",
+                        "a schedule_step of this plan before run_layer",
+                        "none",
+                    ));
+                }
+                b if b != shape.batch => {
+                    return Err(MlaError::shape(
+                        "seq_lens.shape[0] (batch of run_layer)",
+                        format!("{b} (the batch of the last schedule_step)"),
+                        shape.batch,
+                    ));
+                }
+                _ => {}
+            }
+        }
         if self.kernels.reference {
             // SAFETY: forwarded from the caller.
             return unsafe { self.launch_reference(rt, stream, req, parts, shape) };
