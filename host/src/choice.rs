@@ -151,7 +151,6 @@ impl DecodeKernels {
         page_size: usize,
         grid_splits: usize,
     ) -> DecodeKernels {
-        let o = switches;
         let reference = backend == Backend::Reference;
         let decode = if reference {
             reference_kernel(dtypes)
@@ -161,13 +160,13 @@ impl DecodeKernels {
         // The TMA decode: the bf16 `wgmma` tile's kernel, fed by tensor copies; pages of
         // fewer than TMA_MIN_PAGE tokens make boxes too small to pay.
         let tma = (decode.symbol == names::DECODE_WG_BF16
-            && o.tma
+            && switches.tma
             && page_size >= mla_abi::decode_tile::TMA_MIN_PAGE)
             .then(|| spec(names::DECODE_TMA_BF16));
         DecodeKernels {
             decode,
             tma,
-            fold_max_batch: if o.fold && !reference {
+            fold_max_batch: if switches.fold && !reference {
                 mla_abi::SCHED_FOLD_MAX_BATCH
             } else {
                 0
@@ -175,7 +174,7 @@ impl DecodeKernels {
             grid_splits: grid_splits.max(1),
             combine_fp16: dtypes.out() == ElemType::Fp16,
             // The portable (sm_80) image's kernels have no `griddepcontrol.wait`.
-            pdl: o.pdl && variant != Variant::Portable,
+            pdl: switches.pdl && variant != Variant::Portable,
             reference,
         }
     }

@@ -10,7 +10,7 @@
 //!   page tables and data change between replays.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cudarc::driver::CudaStream;
 use cudarc::driver::sys::{CUstream, CUstreamCaptureStatus};
@@ -171,7 +171,7 @@ pub struct DecodePlan {
     ws: DecodeWorkspace,
     /// The batch of the last [`DecodePlan::schedule_step`] (0: none yet), which
     /// [`DecodePlan::run_layer`] checks its request against.
-    step_batch: std::sync::atomic::AtomicUsize,
+    step_batch: AtomicUsize,
 }
 
 impl std::fmt::Debug for DecodePlan {
@@ -306,7 +306,7 @@ impl Runtime {
             schedule,
             kernels,
             ws,
-            step_batch: std::sync::atomic::AtomicUsize::new(0),
+            step_batch: AtomicUsize::new(0),
         })
     }
 }
@@ -559,9 +559,9 @@ impl DecodePlan {
     /// contents (the lengths the schedule read); as with any library's scheduling metadata,
     /// other lengths are not detected. The counts live in the plan, apart from the counts
     /// of its runs: a [`DecodePlan::run`] of the plan (eager or replayed) in between leaves
-    /// them as they are; the next `schedule_step` replaces them. `max_seq_len` is the page table's capacity in tokens
-    /// (`max_pages * page_size` of the layers' requests): lengths are clamped there, as the
-    /// decode clamps them.
+    /// them as they are; the next `schedule_step` replaces them. `max_seq_len` is the page
+    /// table's capacity in tokens (`max_pages * page_size` of the layers' requests):
+    /// lengths are clamped there, as the decode clamps them.
     pub fn schedule_step(
         &self,
         rt: &Runtime,
@@ -746,11 +746,9 @@ impl DecodePlan {
     /// The schedule kernel's params for `shape`'s batch with lengths at `seq_lens`, writing
     /// the scheduled step's counts (`step`) or the runs'.
     fn schedule_params(&self, seq_lens: u64, shape: &DecodeShape, step: bool) -> ScheduleParams {
-        let w = self.ws.ptrs();
-        let num_splits = if step { w.step_splits } else { w.num_splits };
         ScheduleParams {
             seq_lens: mla_abi::DevPtr::from_addr(seq_lens),
-            num_splits: mla_abi::DevPtr::from_addr(num_splits),
+            num_splits: mla_abi::DevPtr::from_addr(self.ws.ptrs().splits(step)),
             batch: shape.batch as u32,
             tiles: self.schedule.tiles as u32,
             target_ctas: self.schedule.target_ctas.min(u32::MAX as usize) as u32,

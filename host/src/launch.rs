@@ -32,8 +32,9 @@ pub(crate) const MAX_GRID_YZ: usize = 65535;
 /// Split-KV workspace of a decode: partial outputs and LSE for up to `capacity`, plus two
 /// device arrays of per-sequence split counts: `[0, batch)` for runs, `[batch, 2 batch)` for
 /// a scheduled step (`schedule_step` and its `run_layer`s), so an eager run between a step's
-/// schedule and its layers does not replace the step's counts. Allocated once (outside any graph capture);
-/// sized by capacity, not by the live batch, so it can be reused as batches change.
+/// schedule and its layers does not replace the step's counts. Allocated once (outside any
+/// graph capture); sized by capacity, not by the live batch, so it can be reused as batches
+/// change.
 pub struct DecodeWorkspace {
     _partial_o: CudaSlice<f32>,
     _partial_lse: CudaSlice<f32>,
@@ -153,6 +154,18 @@ pub(crate) struct WorkspacePtrs {
     /// The scheduled step's counts: `num_splits + 4 * batch` bytes.
     pub(crate) step_splits: u64,
     pub(crate) fault: u64,
+}
+
+impl WorkspacePtrs {
+    /// The split counts a launch reads or writes: the scheduled step's array (`step`) or
+    /// the runs'.
+    pub(crate) fn splits(&self, step: bool) -> u64 {
+        if step {
+            self.step_splits
+        } else {
+            self.num_splits
+        }
+    }
 }
 
 impl std::fmt::Debug for DecodeWorkspace {
@@ -576,9 +589,7 @@ impl Runtime {
         let rows = shape.rows();
         let mut p = decode_params(req, parts, shape, ws);
         p.fold = fold;
-        if step {
-            p.num_splits = dev(ws.ptrs().step_splits);
-        }
+        p.num_splits = dev(ws.ptrs().splits(step));
         let kernel = kernels.decode_for_parts(req, parts, shape);
         // Split-major (the kernels read tile, sequence, split from x, y, z): the graph-safe
         // grid's CTAs past a sequence's split count (most of them at large batch) launch

@@ -136,11 +136,7 @@ impl WorkspaceCapacity {
     /// sequence's splits to `max_splits`, so no partial is written or read). A plan of
     /// 65535 sequences of 1024 rows needs no 128 GiB it would never touch.
     pub fn partial_o_len(&self) -> usize {
-        if self.max_splits <= 1 {
-            0
-        } else {
-            self.max_splits * self.batch * self.rows * D_V
-        }
+        self.partial_lse_len() * D_V
     }
 
     /// f32 elements of the partial LSE `[max_splits, batch, rows]`; none with one split.
