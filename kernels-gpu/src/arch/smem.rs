@@ -157,6 +157,20 @@ pub unsafe fn ld_global_nc_v4(ptr: *const u8) -> [u32; 4] {
     [x, y, z, w]
 }
 
+/// `st.global.v2.b32`: an 8-byte global store (a `[f32; 2]` store through a pointer is
+/// only 4-byte aligned to the compiler, which then splits it in two).
+///
+/// # Safety
+/// `ptr` is a valid, 8-byte aligned global address.
+#[inline(always)]
+pub unsafe fn st_global_v2(ptr: *mut u8, v: [u32; 2]) {
+    // SAFETY: the caller guarantees the address is valid and aligned.
+    unsafe {
+        asm!("st.global.v2.b32 [{p}], {{{x}, {y}}};", p = in(reg64) ptr,
+            x = in(reg32) v[0], y = in(reg32) v[1], options(nostack))
+    }
+}
+
 /// `st.global.v4.b32`: a 16-byte global store.
 ///
 /// # Safety

@@ -160,8 +160,10 @@ pub(crate) unsafe fn write_rows<K: DecodeKind, L: Layout>(
                 unroll!(nt in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
                     if nt < L::O_TILES {
                         let v = [o[nt][2 * half] * scale, o[nt][2 * half + 1] * scale];
-                        // SAFETY: as above; 8-byte aligned pairs.
-                        unsafe { *(dst.add(nt * 8) as *mut [f32; 2]) = v };
+                        // SAFETY: as above; the row's D_V f32 start 2 KB aligned and
+                        // dim0 + 8 nt is even: 8-byte aligned. One 8-byte store, not two
+                        // 4-byte ones (half the store instructions, whole sectors).
+                        unsafe { smem::st_global_v2(dst.add(nt * 8) as *mut u8, v.map(f32::to_bits)) };
                     }
                 });
                 if ch == 0 && c4 == 0 {
