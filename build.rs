@@ -296,14 +296,17 @@ fn compile_kernels(root: &Path, out: &Path, img: &Image, ptx_path: &Path) {
     }
 }
 
-/// Raises the TMA decode's tensor-map parameter (its entry's second, 128 bytes) from the
+/// Raises the TMA decodes' tensor-map parameter (each entry's second, 128 bytes) from the
 /// `.align 16` rustc emits (its nvptx kernel ABI takes no larger alignment) to the 64
-/// bytes a tensor map needs (`mla_abi::TensorMap`). The kernel only takes the
+/// bytes a tensor map needs (`mla_abi::TensorMap`). The kernels only take the
 /// parameter's address, so the declaration is the one place its alignment lives.
-fn align_tensor_map_params(ptx: String) -> String {
-    let from = ".param .align 16 .b8 mla_decode_tma_bf16_param_1[128]";
-    let to = ".param .align 64 .b8 mla_decode_tma_bf16_param_1[128]";
-    ptx.replace(from, to)
+fn align_tensor_map_params(mut ptx: String) -> String {
+    for entry in ["mla_decode_tma_bf16", "mla_decode_tma_fp8kv_bf16q"] {
+        let from = format!(".param .align 16 .b8 {entry}_param_1[128]");
+        let to = format!(".param .align 64 .b8 {entry}_param_1[128]");
+        ptx = ptx.replace(&from, &to);
+    }
+    ptx
 }
 
 /// The PTX must not call into anything the driver cannot resolve: the only `.extern`

@@ -305,10 +305,13 @@ fn repeated_runs_are_bitwise_identical() {
         .max(2);
     let sms = rt.device().sm_count as usize;
     let specs = [
-        // The TMA decode at page 16 with a partial last block (racecheck's case), and at
-        // page 64 over many pairs; the ring and fp8 16-row decodes at H = 16.
+        // The TMA decodes (bf16 and fp8 caches) at page 16 with a partial last block
+        // (racecheck's case), and at page 64 over many pairs; the ring and fp8 16-row
+        // decodes at H = 16.
         CaseSpec::new(DecodeDtypes::Bf16, 16, 32, 2, vec![197, 197, 197]),
         CaseSpec::new(DecodeDtypes::Bf16, 64, 128, 1, vec![1031, 4096, 77]),
+        CaseSpec::new(DecodeDtypes::Fp8KvBf16Q, 16, 32, 2, vec![197, 197, 197]),
+        CaseSpec::new(DecodeDtypes::Fp8KvBf16Q, 64, 128, 1, vec![1031, 4096, 77]),
         CaseSpec::new(DecodeDtypes::Bf16, 64, 16, 1, vec![2049, 300]),
         CaseSpec::new(DecodeDtypes::Fp8KvBf16Q, 64, 16, 2, vec![2049, 300]),
     ];

@@ -215,6 +215,17 @@ const SYNC_SITES: &[(&str, SyncSites)] = &[
             &[(1, 1), (2, 1), (3, 1), (4, 1)],
         ),
     ),
+    // The fp8 cache's conversions: two per S (`convert`), each with two warpgroup
+    // barriers, in the prologue (either warpgroup) and in each warpgroup's pair step;
+    // no `zero_tail`.
+    (
+        "mla_decode_tma_fp8kv_bf16q",
+        (
+            8,
+            &[(0, 2), (1, 1), (2, 1), (3, 1), (4, 1), (5, 8), (6, 8)],
+            &[(1, 1), (2, 1), (3, 1), (4, 1)],
+        ),
+    ),
     ("mla_decode_wg_bf16", (2, &[(0, 1), (1, 2), (2, 1)], &[])),
     (
         "mla_decode_wg_fp8kv_bf16q",

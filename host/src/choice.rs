@@ -157,12 +157,16 @@ impl DecodeKernels {
         } else {
             tile_kernel(tile, dtypes)
         };
-        // The TMA decode: the bf16 `wgmma` tile's kernel, fed by tensor copies; pages of
-        // fewer than TMA_MIN_PAGE tokens make boxes too small to pay.
-        let tma = (decode.symbol == names::DECODE_WG_BF16
-            && switches.tma
-            && page_size >= mla_abi::decode_tile::TMA_MIN_PAGE)
-            .then(|| spec(names::DECODE_TMA_BF16));
+        // The TMA decode: the `wgmma` tile's kernel (bf16 or fp8 cache), fed by tensor
+        // copies; pages of fewer than TMA_MIN_PAGE tokens make boxes too small to pay.
+        let tma_symbol = match decode.symbol {
+            names::DECODE_WG_BF16 => Some(names::DECODE_TMA_BF16),
+            names::DECODE_WG_FP8KV_BF16Q => Some(names::DECODE_TMA_FP8KV_BF16Q),
+            _ => None,
+        };
+        let tma = tma_symbol
+            .filter(|_| switches.tma && page_size >= mla_abi::decode_tile::TMA_MIN_PAGE)
+            .map(spec);
         DecodeKernels {
             decode,
             tma,

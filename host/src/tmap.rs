@@ -1,8 +1,10 @@
-//! The tensor map the TMA decode (`names::DECODE_TMA_BF16`) copies the cache through: a
-//! 3-D view `{576 dims, page_size tokens, num_pages pages}` of a bf16 paged cache with the
-//! cache's own strides, box `{64 dims, min(page_size, 64) tokens, 1 page}` and the 128-byte
-//! swizzle, so one box lands as the rows of one 64-dim slab (`decode_tile::TMA_*`).
-//! Coordinates outside the view (pages past `num_pages`, negative entries) read as zeros.
+//! The tensor map the TMA decodes (`names::DECODE_TMA_BF16`, `DECODE_TMA_FP8KV_BF16Q`) copy
+//! the cache through: a 3-D view `{576 dims, page_size tokens, num_pages pages}` of a paged
+//! cache with the cache's own strides and box `{64 dims, min(page_size, 64) tokens, 1
+//! page}`. A bf16 cache's map has the 128-byte swizzle, so one box lands as the rows of one
+//! 64-dim slab (`decode_tile::TMA_*`); an fp8 cache's has none: its boxes land as raw 64-byte
+//! rows, which the kernel widens. Coordinates outside the view (pages past `num_pages`,
+//! negative entries) read as zeros.
 //!
 //! The map is encoded on the host (`cuTensorMapEncodeTiled`, no device work) at each
 //! launch and passed by value as the kernel's second parameter ([`mla_abi::TensorMap`]):
@@ -21,15 +23,17 @@ use crate::request::{DecodeDtypes, DecodeRequest, DecodeShape};
 /// the `wgmma` decode with `cp.async` copies takes the rest.
 pub fn tma_unsupported(req: &DecodeRequest, shape: &DecodeShape) -> Option<&'static str> {
     let [stride_page, stride_token, _] = req.kv_cache.strides;
-    if shape.dtypes != DecodeDtypes::Bf16 || req.kv_cache.dtype != ElemType::Bf16 {
-        Some("the TMA decode reads bf16 caches only")
+    let bf16 = shape.dtypes == DecodeDtypes::Bf16 && req.kv_cache.dtype == ElemType::Bf16;
+    let fp8 = shape.dtypes == DecodeDtypes::Fp8KvBf16Q && req.kv_cache.dtype == ElemType::Fp8E4m3;
+    if !bf16 && !fp8 {
+        Some("the TMA decode reads bf16 caches, or fp8 caches with bf16 q, only")
     } else if shape.page_size < decode_tile::TMA_MIN_PAGE {
         Some("pages of fewer than 16 tokens (TMA_MIN_PAGE)")
     } else if !req.kv_cache.ptr.is_multiple_of(16) {
         Some("TMA needs a 16-byte aligned cache")
     } else if stride_token != D_QK || stride_page != shape.page_size * D_QK {
         // The map takes any 16-byte strides, but the GPU tests cover contiguous caches
-        // only. Contiguous strides (1152 bytes a row, at most 256 rows a page) are 16-byte
+        // only. Contiguous strides (1152 or 576 bytes a row, at most 256 rows a page) are 16-byte
         // multiples far inside a tensor map's 2^40-byte limit, and validation keeps
         // `num_pages` within u32.
         Some("the TMA decode is checked on contiguous caches only")
@@ -56,6 +60,7 @@ pub fn encode_kv_map(req: &DecodeRequest, shape: &DecodeShape) -> Result<TensorM
     let [stride_page, stride_token, _] = req.kv_cache.strides;
     encode_paged_map(
         req.kv_cache.ptr,
+        req.kv_cache.dtype == ElemType::Fp8E4m3,
         shape.page_size,
         shape.num_pages,
         stride_token,
@@ -63,17 +68,31 @@ pub fn encode_kv_map(req: &DecodeRequest, shape: &DecodeShape) -> Result<TensorM
     )
 }
 
-/// [`encode_kv_map`] from the cache's parts: a bf16 cache at device address `ptr` of
-/// `num_pages` pages of `page_size` token rows of 576 elements, `stride_token` and
-/// `stride_page` elements apart. Also what the TMA primitive's GPU test lands boxes with.
+/// [`encode_kv_map`] from the cache's parts: a bf16 (or, with `fp8`, an fp8 e4m3) cache at
+/// device address `ptr` of `num_pages` pages of `page_size` token rows of 576 elements,
+/// `stride_token` and `stride_page` elements apart. Also what the TMA primitive's GPU test
+/// lands boxes with.
 pub fn encode_paged_map(
     ptr: u64,
+    fp8: bool,
     page_size: usize,
     num_pages: usize,
     stride_token: usize,
     stride_page: usize,
 ) -> Result<TensorMap> {
-    let elem = 2u64;
+    let (elem, data_type, swizzle) = if fp8 {
+        (
+            1u64,
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+        )
+    } else {
+        (
+            2u64,
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+        )
+    };
     let rows = page_size.min(decode_tile::BLOCK_N) as u32;
     let dims: [u64; 3] = [D_QK as u64, page_size as u64, num_pages as u64];
     let strides: [u64; 2] = [stride_token as u64 * elem, stride_page as u64 * elem];
@@ -85,7 +104,7 @@ pub fn encode_paged_map(
     let r = unsafe {
         sys::cuTensorMapEncodeTiled(
             map.as_mut_ptr(),
-            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            data_type,
             3,
             ptr as *mut c_void,
             dims.as_ptr(),
@@ -93,7 +112,7 @@ pub fn encode_paged_map(
             boxes.as_ptr(),
             elem_strides.as_ptr(),
             sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            swizzle,
             sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         )

@@ -72,7 +72,7 @@ fn bf16_h64_sq2_page16_on_sm90a() {
 }
 
 #[test]
-fn small_pages_other_dtypes_and_other_backends_take_no_tma() {
+fn small_pages_and_other_backends_take_no_tma() {
     let k = kernels(Backend::Sm90a, Tile::Wg64N64, DecodeDtypes::Bf16, 8, 32);
     assert_eq!(k.tma, None);
     let k = kernels(
@@ -83,6 +83,14 @@ fn small_pages_other_dtypes_and_other_backends_take_no_tma() {
         32,
     );
     assert_eq!(k.decode.symbol, names::DECODE_WG_FP8KV_BF16Q);
+    assert_eq!(k.tma.map(|t| t.symbol), Some(names::DECODE_TMA_FP8KV_BF16Q));
+    let k = kernels(
+        Backend::Sm90a,
+        Tile::Wg64N64,
+        DecodeDtypes::Fp8KvBf16Q,
+        8,
+        32,
+    );
     assert_eq!(k.tma, None);
     let k = kernels(Backend::Portable, Tile::M64N64, DecodeDtypes::Bf16, 64, 32);
     assert_eq!(
@@ -173,6 +181,7 @@ fn every_tile_and_dtype_names_a_kernel_of_the_table() {
     for symbol in [
         names::SCHEDULE,
         names::DECODE_TMA_BF16,
+        names::DECODE_TMA_FP8KV_BF16Q,
         names::COMBINE_BF16,
         names::COMBINE_FP16,
         names::COMBINE_WIDE_BF16,
@@ -186,7 +195,7 @@ fn every_tile_and_dtype_names_a_kernel_of_the_table() {
     ] {
         assert!(kernels::find(symbol).is_some(), "{symbol}");
     }
-    // Symbols are unique, and only the TMA decode takes a second parameter.
+    // Symbols are unique, and only the TMA decodes take a second parameter.
     for (i, a) in kernels::ALL.iter().enumerate() {
         assert!(
             kernels::ALL[i + 1..].iter().all(|b| b.symbol != a.symbol),
@@ -195,7 +204,7 @@ fn every_tile_and_dtype_names_a_kernel_of_the_table() {
         );
         assert_eq!(
             a.params.second().is_some(),
-            a.symbol == names::DECODE_TMA_BF16,
+            [names::DECODE_TMA_BF16, names::DECODE_TMA_FP8KV_BF16Q].contains(&a.symbol),
             "{}",
             a.symbol
         );

@@ -39,26 +39,33 @@ fn req(d: DecodeDtypes, page: usize) -> (DecodeRequest<'static>, DecodeShape) {
 }
 
 #[test]
-fn bf16_pages_of_16_and_more_are_taken() {
-    for page in [16, 32, 64, 128, 256] {
-        let (r, s) = req(DecodeDtypes::Bf16, page);
-        assert_eq!(tma_unsupported(&r, &s), None, "page {page}");
+fn bf16_and_fp8_kv_pages_of_16_and_more_are_taken() {
+    for d in [DecodeDtypes::Bf16, DecodeDtypes::Fp8KvBf16Q] {
+        for page in [16, 32, 64, 128, 256] {
+            let (r, s) = req(d, page);
+            assert_eq!(tma_unsupported(&r, &s), None, "{d:?} page {page}");
+        }
     }
 }
 
 #[test]
 fn other_dtypes_small_pages_and_unaligned_caches_are_not() {
-    for d in [
-        DecodeDtypes::Fp16,
-        DecodeDtypes::Fp8KvBf16Q,
-        DecodeDtypes::Fp8,
-    ] {
+    for d in [DecodeDtypes::Fp16, DecodeDtypes::Fp8] {
         let (r, s) = req(d, 64);
         assert!(tma_unsupported(&r, &s).is_some(), "{d:?}");
     }
-    for page in [1, 2, 4, 8] {
-        let (r, s) = req(DecodeDtypes::Bf16, page);
-        assert!(tma_unsupported(&r, &s).is_some(), "page {page}");
+    // An fp8-cache request whose cache tensor is not fp8, and the reverse.
+    let (mut r, s) = req(DecodeDtypes::Fp8KvBf16Q, 64);
+    r.kv_cache.dtype = ElemType::Bf16;
+    assert!(tma_unsupported(&r, &s).is_some());
+    let (mut r, s) = req(DecodeDtypes::Bf16, 64);
+    r.kv_cache.dtype = ElemType::Fp8E4m3;
+    assert!(tma_unsupported(&r, &s).is_some());
+    for d in [DecodeDtypes::Bf16, DecodeDtypes::Fp8KvBf16Q] {
+        for page in [1, 2, 4, 8] {
+            let (r, s) = req(d, page);
+            assert!(tma_unsupported(&r, &s).is_some(), "{d:?} page {page}");
+        }
     }
     // A cache 2 bytes off a 16-byte boundary.
     let (mut r, s) = req(DecodeDtypes::Bf16, 64);

@@ -223,29 +223,38 @@ pub unsafe extern "ptx-kernel" fn mla_decode_wg_fp8kv_bf16q(p: DecodeParams) {
     unsafe { decode::wg::decode_wg::<DecodeFp8KvBf16Q>(p) }
 }
 
-/// `mla_decode_tma_bf16`: see [`decode::tma`] (sm_90a image only). `tmap` is the cache's
-/// tensor map by value: the copies are issued from the parameter's own address (generic,
-/// through `cvta.param`), as `__grid_constant__` parameters are in CUDA C++, so the map is
-/// never copied to local or global memory.
-#[cfg(mla_wgmma)]
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn mla_decode_tma_bf16(p: DecodeParams, _tmap: mla_abi::TensorMap) {
-    decode_entry();
-    let tmap: u64;
-    // SAFETY: names this entry's own second parameter (LLVM's `<entry>_param_1`; ptxas
-    // rejects the image if it does not exist) and only takes its address.
-    unsafe {
-        core::arch::asm!(
-            "mov.b64 {a}, mla_decode_tma_bf16_param_1;",
-            "cvta.param.u64 {a}, {a};",
-            a = out(reg64) tmap,
-            options(pure, nomem, nostack),
-        );
-    }
-    // SAFETY: launched by the host with the documented grid on validated params (bf16 Q
-    // and cache, pages of at least TMA_MIN_PAGE tokens) and the cache's tensor map.
-    unsafe { decode::tma::decode_tma::<DecodeBf16>(p, tmap as *const u8) }
+/// A TMA decode entry (`decode::tma`, sm_90a image only) for kind `$kind`. `tmap` is the
+/// cache's tensor map by value: the copies are issued from the parameter's own address
+/// (generic, through `cvta.param`), as `__grid_constant__` parameters are in CUDA C++, so
+/// the map is never copied to local or global memory.
+macro_rules! tma_decode_kernel {
+    ($name:ident, $kind:ty) => {
+        /// A TMA decode entry point: see [`decode::tma`].
+        #[cfg(mla_wgmma)]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: DecodeParams, _tmap: mla_abi::TensorMap) {
+            decode_entry();
+            let tmap: u64;
+            // SAFETY: names this entry's own second parameter (LLVM's `<entry>_param_1`;
+            // ptxas rejects the image if it does not exist) and only takes its address.
+            unsafe {
+                core::arch::asm!(
+                    concat!("mov.b64 {a}, ", stringify!($name), "_param_1;"),
+                    "cvta.param.u64 {a}, {a};",
+                    a = out(reg64) tmap,
+                    options(pure, nomem, nostack),
+                );
+            }
+            // SAFETY: launched by the host with the documented grid on validated params
+            // (bf16 Q; a bf16, or fp8 e4m3, cache with pages of at least TMA_MIN_PAGE
+            // tokens) and the cache's tensor map.
+            unsafe { decode::tma::decode_tma::<$kind>(p, tmap as *const u8) }
+        }
+    };
 }
+
+tma_decode_kernel!(mla_decode_tma_bf16, DecodeBf16);
+tma_decode_kernel!(mla_decode_tma_fp8kv_bf16q, DecodeFp8KvBf16Q);
 
 /// `mla_schedule`: see [`schedule`].
 #[unsafe(no_mangle)]

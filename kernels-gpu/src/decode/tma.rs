@@ -206,8 +206,8 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                 while blk < kb1 && blk < kb0 + 2 {
                     let st = blk - kb0;
                     let pages = block_pages(p, b, blk, len);
-                    issue_half(p, tmap, pages, blk, self.kv_s(st), 0, self.bars(st));
-                    issue_half(p, tmap, pages, blk, self.kv_s(st), 1, self.bars(st));
+                    issue_half(p, tmap, pages, blk, self.kv_s(st), 0, self.bars(st), K::KV_FP8);
+                    issue_half(p, tmap, pages, blk, self.kv_s(st), 1, self.bars(st), K::KV_FP8);
                     blk += 1;
                 }
             }
@@ -219,7 +219,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         if own0 < kb1 {
             // SAFETY: converged warpgroup; the first pair's copies are issued.
             unsafe {
-                self.qk(s, self.wg, 0, &|| {});
+                self.qk(s, self.wg, 0, own0, &|| {});
                 wgmma::wgmma_wait_group::<0>();
                 self.zero_tail(self.wg, own0);
             }
@@ -315,7 +315,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                 }
             };
             if next_a {
-                self.qk(s, 0, parity ^ 1, &|| free_b(true));
+                self.qk(s, 0, parity ^ 1, blk_a + 2, &|| free_b(true));
             } else {
                 free_b(false);
             }
@@ -384,7 +384,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             // Slabs 4-7 of stage 1: last read by B's P.V.
             self.reissue(next_b, blk_b + 2, 1, 1);
             if next_b {
-                self.qk(s, 1, parity ^ 1, &|| {});
+                self.qk(s, 1, parity ^ 1, blk_b + 2, &|| {});
                 wgmma::wgmma_wait_group::<0>();
                 self.zero_tail(1, blk_b + 2);
             }

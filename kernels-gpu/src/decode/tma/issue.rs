@@ -69,7 +69,9 @@ pub(super) unsafe fn read_pages(src: u32) -> [i32; 4] {
 }
 
 /// Issues half `h` (slabs 0-3 and 8, or 4-7) of block `blk` into the stage at `dst`,
-/// slab `s` completed on the mbarrier at `bars + 8 s`.
+/// slab `s` completed on the mbarrier at `bars + 8 s`. A bf16 cache lands as the slab's
+/// swizzled rows; an fp8 cache (`fp8`) as 64 raw 64-byte rows in the slab's upper half,
+/// which [`Cta::convert`] widens in place.
 ///
 /// # Safety
 /// One thread; the half's mbarriers initialised with no copy pending on them; nothing
@@ -83,11 +85,18 @@ pub(super) unsafe fn issue_half(
     dst: u32,
     h: u32,
     bars: u32,
+    fp8: bool,
 ) {
     let rows = p.page_size.min(BLOCK_N);
     let row_in_page = (blk * BLOCK_N) & (p.page_size - 1);
-    // SAFETY: each box lands inside its slab (rows * (64 / rows) rows of 128 bytes), at a
-    // multiple of 1024 bytes (rows >= 8); the map is valid (host).
+    // A slab's bytes, where they start in it, and the bytes of one landed row.
+    let (bytes, at, row_bytes) = if fp8 {
+        (SLAB / 2, SLAB / 2, 64)
+    } else {
+        (SLAB, 0, 128)
+    };
+    // SAFETY: each box lands inside its slab (rows * (64 / rows) rows of `row_bytes`), at
+    // a multiple of 1024 bytes (rows >= 16); the map is valid (host).
     unsafe {
         for i in 0..5 - h {
             let s = if h == 0 {
@@ -96,11 +105,12 @@ pub(super) unsafe fn issue_half(
                 4 + i
             };
             let bar = bars + 8 * s;
-            bulk::mbarrier_arrive_expect_tx(bar, SLAB);
+            bulk::mbarrier_arrive_expect_tx(bar, bytes);
             unroll!(q in [0, 1, 2, 3] {
                 if (q as u32) * rows < BLOCK_N {
                     let c = [(64 * s) as i32, row_in_page as i32, pages[q]];
-                    bulk::tma_load_3d(dst + s * SLAB + q as u32 * rows * 128, tmap, c, bar);
+                    let box_at = dst + s * SLAB + at + q as u32 * rows * row_bytes;
+                    bulk::tma_load_3d(box_at, tmap, c, bar);
                 }
             });
         }
@@ -116,7 +126,8 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     #[inline(always)]
     pub(super) unsafe fn zero_tail(&self, st: u32, blk: u32) {
         let valid = self.len.saturating_sub(blk * BLOCK_N);
-        if valid < BLOCK_N {
+        // An fp8 cache's conversion wrote those rows as zeros already.
+        if valid < BLOCK_N && !K::KV_FP8 {
             let mut i = arch::thread_idx_x() % 128;
             while i < (BLOCK_N - valid) * 64 {
                 // SAFETY: row valid + i / 64 < 64, chunk i % 64 < 64: inside slabs 0-7.
@@ -127,13 +138,83 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             }
             wgmma::fence_proxy_async_shared();
             // SAFETY: the whole warpgroup takes this branch (uniform condition).
-            unsafe {
-                if self.wg == 0 {
-                    sync::bar_sync_named::<{ BAR_WG[0] }, 128>();
-                } else {
-                    sync::bar_sync_named::<{ BAR_WG[1] }, 128>();
-                }
+            unsafe { self.wg_sync() };
+        }
+    }
+
+    /// This warpgroup's own named barrier.
+    ///
+    /// # Safety
+    /// The whole warpgroup, converged.
+    #[inline(always)]
+    unsafe fn wg_sync(&self) {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            if self.wg == 0 {
+                sync::bar_sync_named::<{ BAR_WG[0] }, 128>();
+            } else {
+                sync::bar_sync_named::<{ BAR_WG[1] }, 128>();
             }
+        }
+    }
+
+    /// An fp8 cache: waits for the first `n` of `slabs` of stage `st` (block `blk`,
+    /// mbarrier phase `parity`) and widens them in place from the raw rows in each slab's
+    /// upper 4 KB to the bf16 swizzled rows `wgmma` reads (e4m3 is exact in bf16); rows
+    /// past the sequence end become zeros (their V must not meet P's zeros as NaN).
+    ///
+    /// Thread `t` of the warpgroup takes raw chunks `t` and `t + 128` of each slab (16
+    /// dims of rows `t / 4` and `t / 4 + 32`); eight neighbouring threads store two rows'
+    /// eight distinct chunks, so the stores are free of bank conflicts.
+    ///
+    /// # Safety
+    /// The whole warpgroup, converged; the slabs' copies issued on the stage's mbarriers;
+    /// no other thread reads or writes them until the barrier at the end.
+    #[inline(always)]
+    pub(super) unsafe fn convert(&self, st: u32, parity: u32, blk: u32, slabs: [u32; 5], n: u32) {
+        // Opaque: each conversion computes its addresses where it runs, rather than
+        // holding them in registers through the pair loop.
+        let t = arch::opaque(arch::thread_idx_x() % 128);
+        let kv = arch::opaque(self.kv_s(st));
+        let valid = self.len.saturating_sub(blk * BLOCK_N);
+        let slab = |i: u32| slabs[i as usize];
+        let q = t % 4;
+        // Row r's chunk 2q + h of slab s, widened from raw words v (or zeros).
+        let put = |s: u32, r: u32, v: [u32; 4]| {
+            let keep = r < valid;
+            let lo = if keep { decode::fp8x8_to_half::<Bf16>([v[0], v[1]]) } else { [0; 4] };
+            let hi = if keep { decode::fp8x8_to_half::<Bf16>([v[2], v[3]]) } else { [0; 4] };
+            let row = kv + s * SLAB + r * 128;
+            // SAFETY: row r < 64 of slab s, chunks < 8.
+            unsafe {
+                smem::st_shared_v4(row + (((2 * q) ^ (r % 8)) << 4), lo);
+                smem::st_shared_v4(row + (((2 * q + 1) ^ (r % 8)) << 4), hi);
+            }
+        };
+        let mut upper = [[0u32; 4]; 5];
+        // SAFETY: each slab is read once its mbarrier completed; chunks t, t + 128 < 256
+        // of its upper 4 KB. Rows 0-31 lie in the slab's lower 4 KB, clear of every raw
+        // row: stored at once; rows 32-63 overlay the raw rows: stored after the barrier
+        // that follows every thread's loads.
+        unsafe {
+            unroll!(i in [0, 1, 2, 3, 4] {
+                if (i as u32) < n {
+                    let s = slab(i as u32);
+                    bulk::mbarrier_wait_parity_warp(self.bars(st) + 8 * s, parity);
+                    let src = kv + s * SLAB + SLAB / 2 + 16 * t;
+                    let lower = smem::ld_shared_v4(src);
+                    upper[i] = smem::ld_shared_v4(src + 2048);
+                    put(s, t / 4, lower);
+                }
+            });
+            self.wg_sync();
+            unroll!(i in [0, 1, 2, 3, 4] {
+                if (i as u32) < n {
+                    put(slab(i as u32), t / 4 + 32, upper[i]);
+                }
+            });
+            wgmma::fence_proxy_async_shared();
+            self.wg_sync();
         }
     }
 
@@ -175,6 +256,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                     self.kv_s(st),
                     h,
                     self.bars(st),
+                    K::KV_FP8,
                 )
             };
         }

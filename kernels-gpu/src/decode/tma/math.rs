@@ -9,15 +9,24 @@ use crate::decode::{self, DecodeKind};
 use crate::elem::Bf16;
 
 impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
-    /// S of the block in stage `st` (mbarrier phase `parity`): this warpgroup's first half
-    /// (warpgroup 0: slabs 0-3 and 8, whose copy goes out first) then the other, each slab
-    /// after its own mbarrier. `mid` runs once this warpgroup's first half is issued and
-    /// committed (its own group), before the second.
+    /// S of block `blk` in stage `st` (mbarrier phase `parity`): this warpgroup's first
+    /// half (warpgroup 0: slabs 0-3 and 8, whose copy goes out first) then the other, each
+    /// slab after its own mbarrier (an fp8 cache: each half after its conversion,
+    /// [`Cta::convert`], the second overlapping the first half's `wgmma`s). `mid` runs
+    /// once this warpgroup's first half is issued and committed (its own group), before
+    /// the second.
     ///
     /// # Safety
     /// Converged warpgroup; the block's copies are issued on the stage's mbarriers.
     #[inline(always)]
-    pub(super) unsafe fn qk(&self, s: &mut [f32; 32], st: u32, parity: u32, mid: &dyn Fn()) {
+    pub(super) unsafe fn qk(
+        &self,
+        s: &mut [f32; 32],
+        st: u32,
+        parity: u32,
+        blk: u32,
+        mid: &dyn Fn(),
+    ) {
         let kv = arch::opaque(self.kv_s(st));
         let q_s = arch::opaque(self.base);
         let wg = self.wg;
@@ -42,8 +51,17 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                     wgmma::wgmma_commit_group();
                     mid();
                 }
+                // An fp8 cache: this group's slabs, widened before its first wgmma.
+                if K::KV_FP8 && j == 0 {
+                    self.convert(st, parity, blk, [0, 1, 2, 3, 4].map(order), 5);
+                }
+                if K::KV_FP8 && j == 5 {
+                    self.convert(st, parity, blk, [5, 6, 7, 8, 0].map(order), 4);
+                }
                 let slab = order(j as u32);
-                bulk::mbarrier_wait_parity_warp(self.bars(st) + 8 * slab, parity);
+                if !K::KV_FP8 {
+                    bulk::mbarrier_wait_parity_warp(self.bars(st) + 8 * slab, parity);
+                }
                 let da = wgmma::smem_desc(q_s + slab * SLAB, 16, 1024, wgmma::Swizzle::B128);
                 let db = wgmma::smem_desc(kv + slab * SLAB, 16, 1024, wgmma::Swizzle::B128);
                 // k-step kk of the slab: 32 bytes on, 2 in the descriptors' address field.
