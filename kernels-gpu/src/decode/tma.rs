@@ -57,7 +57,7 @@ const BAR_WG: [u32; 2] = [5, 6];
 mod issue;
 mod math;
 
-use issue::{block_pages, issue_half};
+use issue::block_pages;
 use math::{exp_rows, frags_of, m_ref_of, scaled};
 
 /// One CTA of [`decode_tma`]: its work (broadcast from lane 0, so that ptxas sees
@@ -206,8 +206,8 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                 while blk < kb1 && blk < kb0 + 2 {
                     let st = blk - kb0;
                     let pages = block_pages(p, b, blk, len);
-                    issue_half(p, tmap, pages, blk, self.kv_s(st), 0, self.bars(st), K::KV_FP8);
-                    issue_half(p, tmap, pages, blk, self.kv_s(st), 1, self.bars(st), K::KV_FP8);
+                    self.issue_half(pages, blk, st, 0);
+                    self.issue_half(pages, blk, st, 1);
                     blk += 1;
                 }
             }

@@ -68,56 +68,49 @@ pub(super) unsafe fn read_pages(src: u32) -> [i32; 4] {
     unsafe { smem::ld_shared_v4(src) }.map(|w| w as i32)
 }
 
-/// Issues half `h` (slabs 0-3 and 8, or 4-7) of block `blk` into the stage at `dst`,
-/// slab `s` completed on the mbarrier at `bars + 8 s`. A bf16 cache lands as the slab's
-/// swizzled rows; an fp8 cache (`fp8`) as 64 raw 64-byte rows in the slab's upper half,
-/// which [`Cta::convert`] widens in place.
-///
-/// # Safety
-/// One thread; the half's mbarriers initialised with no copy pending on them; nothing
-/// reads a slab until its mbarrier completes.
-#[inline(always)]
-pub(super) unsafe fn issue_half(
-    p: &DecodeParams,
-    tmap: *const u8,
-    pages: [i32; 4],
-    blk: u32,
-    dst: u32,
-    h: u32,
-    bars: u32,
-    fp8: bool,
-) {
-    let rows = p.page_size.min(BLOCK_N);
-    let row_in_page = (blk * BLOCK_N) & (p.page_size - 1);
-    // A slab's bytes, where they start in it, and the bytes of one landed row.
-    let (bytes, at, row_bytes) = if fp8 {
-        (SLAB / 2, SLAB / 2, 64)
-    } else {
-        (SLAB, 0, 128)
-    };
-    // SAFETY: each box lands inside its slab (rows * (64 / rows) rows of `row_bytes`), at
-    // a multiple of 1024 bytes (rows >= 16); the map is valid (host).
-    unsafe {
-        for i in 0..5 - h {
-            let s = if h == 0 {
-                if i < 4 { i } else { 8 }
-            } else {
-                4 + i
-            };
-            let bar = bars + 8 * s;
-            bulk::mbarrier_arrive_expect_tx(bar, bytes);
-            unroll!(q in [0, 1, 2, 3] {
-                if (q as u32) * rows < BLOCK_N {
-                    let c = [(64 * s) as i32, row_in_page as i32, pages[q]];
-                    let box_at = dst + s * SLAB + at + q as u32 * rows * row_bytes;
-                    bulk::tma_load_3d(box_at, tmap, c, bar);
-                }
-            });
+impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
+    /// Issues half `h` (slabs 0-3 and 8, or 4-7) of block `blk` from its box `pages` into
+    /// stage `st`, slab `s` completed on the stage's mbarrier `s`. A bf16 cache lands as
+    /// the slab's swizzled rows; an fp8 cache as 64 raw 64-byte rows in the slab's upper
+    /// half, which [`Cta::convert`] widens in place.
+    ///
+    /// # Safety
+    /// One thread; the half's mbarriers initialised with no copy pending on them; nothing
+    /// reads a slab until its mbarrier completes.
+    #[inline(always)]
+    pub(super) unsafe fn issue_half(&self, pages: [i32; 4], blk: u32, st: u32, h: u32) {
+        let p = self.p;
+        let (dst, bars) = (self.kv_s(st), self.bars(st));
+        let rows = p.page_size.min(BLOCK_N);
+        let row_in_page = (blk * BLOCK_N) & (p.page_size - 1);
+        // A slab's bytes, where they start in it, and the bytes of one landed row.
+        let (bytes, at, row_bytes) = if K::KV_FP8 {
+            (SLAB / 2, SLAB / 2, 64)
+        } else {
+            (SLAB, 0, 128)
+        };
+        // SAFETY: each box lands inside its slab (rows * (64 / rows) rows of `row_bytes`),
+        // at a multiple of 1024 bytes (rows >= 16); the map is valid (host).
+        unsafe {
+            for i in 0..5 - h {
+                let s = if h == 0 {
+                    if i < 4 { i } else { 8 }
+                } else {
+                    4 + i
+                };
+                let bar = bars + 8 * s;
+                bulk::mbarrier_arrive_expect_tx(bar, bytes);
+                unroll!(q in [0, 1, 2, 3] {
+                    if (q as u32) * rows < BLOCK_N {
+                        let c = [(64 * s) as i32, row_in_page as i32, pages[q]];
+                        let box_at = dst + s * SLAB + at + q as u32 * rows * row_bytes;
+                        bulk::tma_load_3d(box_at, self.tmap, c, bar);
+                    }
+                });
+            }
         }
     }
-}
 
-impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     /// After S of block `blk` (stage `st`) landed in this warpgroup: V rows past the
     /// sequence end (inside a page that was read) become zeros, before any P.V reads them.
     ///
@@ -182,8 +175,16 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         // Row r's chunk 2q + h of slab s, widened from raw words v (or zeros).
         let put = |s: u32, r: u32, v: [u32; 4]| {
             let keep = r < valid;
-            let lo = if keep { decode::fp8x8_to_half::<Bf16>([v[0], v[1]]) } else { [0; 4] };
-            let hi = if keep { decode::fp8x8_to_half::<Bf16>([v[2], v[3]]) } else { [0; 4] };
+            let lo = if keep {
+                decode::fp8x8_to_half::<Bf16>([v[0], v[1]])
+            } else {
+                [0; 4]
+            };
+            let hi = if keep {
+                decode::fp8x8_to_half::<Bf16>([v[2], v[3]])
+            } else {
+                [0; 4]
+            };
             let row = kv + s * SLAB + r * 128;
             // SAFETY: row r < 64 of slab s, chunks < 8.
             unsafe {
@@ -247,18 +248,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     pub(super) unsafe fn reissue(&self, next: bool, blk: u32, st: u32, h: u32) {
         if self.issuer && next {
             // SAFETY: forwarded from the caller.
-            unsafe {
-                issue_half(
-                    self.p,
-                    self.tmap,
-                    read_pages(self.pages_s(st)),
-                    blk,
-                    self.kv_s(st),
-                    h,
-                    self.bars(st),
-                    K::KV_FP8,
-                )
-            };
+            unsafe { self.issue_half(read_pages(self.pages_s(st)), blk, st, h) };
         }
     }
 }
