@@ -217,12 +217,12 @@ const SYNC_SITES: &[(&str, SyncSites)] = &[
     ),
     // The fp8 cache's conversions: two per S (`convert`), each with two warpgroup
     // barriers, in the prologue (either warpgroup) and in each warpgroup's pair step;
-    // no `zero_tail`.
+    // no `zero_tail`; one more CTA barrier after Q's conversion to f16.
     (
         "mla_decode_tma_fp8kv_bf16q",
         (
             8,
-            &[(0, 2), (1, 1), (2, 1), (3, 1), (4, 1), (5, 8), (6, 8)],
+            &[(0, 3), (1, 1), (2, 1), (3, 1), (4, 1), (5, 8), (6, 8)],
             &[(1, 1), (2, 1), (3, 1), (4, 1)],
         ),
     ),

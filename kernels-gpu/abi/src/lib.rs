@@ -229,8 +229,8 @@ pub mod decode_tile {
 
     /// The TMA-fed `wgmma` decode (sm_90a only, `names::DECODE_TMA_BF16` and
     /// `DECODE_TMA_FP8KV_BF16Q`, bf16 or fp8 caches with pages of at least `TMA_MIN_PAGE`
-    /// tokens; an fp8 box lands as raw 64-byte rows in its slab's upper half, widened in
-    /// place): the same grid, block and params (plus
+    /// tokens; an fp8 box lands as raw 64-byte rows in its slab's upper half, widened to
+    /// f16 in place): the same grid, block and params (plus
     /// the cache's `TensorMap`, by value). Each warpgroup owns every other block of a split (blocks are taken in
     /// pairs, one per KV stage). Offsets from the 1024-byte aligned base: Q, two KV stages
     /// filled by `cp.async.bulk.tensor` (box `{64 dims, min(page, 64) tokens, 1 page}`,
@@ -505,8 +505,9 @@ pub mod names {
     /// The TMA-fed `wgmma` decode (bf16; `decode_tile::TMA_*`). Its entry takes a second
     /// parameter after the `DecodeParams`: the cache's `TensorMap`, by value.
     pub const DECODE_TMA_BF16: &str = "mla_decode_tma_bf16";
-    /// The TMA decode of an fp8 e4m3 cache with bf16 Q: each box lands raw in its slab's
-    /// upper half and the warpgroup that computes the block widens it to bf16 in place.
+    /// The TMA decode of an fp8 e4m3 cache with bf16 Q, computing in f16: Q scaled per
+    /// row into f16, each box landing raw in its slab's upper half and widened to f16 in
+    /// place by the warpgroup that computes the block.
     pub const DECODE_TMA_FP8KV_BF16Q: &str = "mla_decode_tma_fp8kv_bf16q";
     pub const COMBINE_BF16: &str = "mla_combine_bf16";
     pub const COMBINE_FP16: &str = "mla_combine_fp16";

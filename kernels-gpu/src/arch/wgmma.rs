@@ -72,62 +72,83 @@ pub unsafe fn wgmma_wait_group<const N: u32>() {
     unsafe { asm!("wgmma.wait_group.sync.aligned {n};", n = const N, options(nostack)) }
 }
 
-/// `wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 d, desc_a, desc_b, p, 1, 1, 0, 0`:
-/// `d = A * B^T + (accumulate ? d : 0)` with A `64 x 16` and B `64 x 16`, both K-major in
-/// shared memory. Asynchronous: fence before, commit and wait after.
-///
-/// # Safety
-/// All 128 threads of the warpgroup converged; the descriptors describe valid shared memory.
-#[inline(always)]
-pub unsafe fn wgmma_m64n64k16_bf16(d: &mut [f32; 32], desc_a: u64, desc_b: u64, accumulate: bool) {
-    let scale_d: u32 = accumulate as u32;
-    // SAFETY: the caller guarantees convergence and valid descriptors.
-    unsafe {
-        asm!(
-            "{{",
-            ".reg .pred p;",
-            "setp.ne.b32 p, {scale_d}, 0;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {desc_a}, {desc_b}, p, 1, 1, 0, 0;",
-            "}}",
-            d0 = inout(reg32) d[0],
-            d1 = inout(reg32) d[1],
-            d2 = inout(reg32) d[2],
-            d3 = inout(reg32) d[3],
-            d4 = inout(reg32) d[4],
-            d5 = inout(reg32) d[5],
-            d6 = inout(reg32) d[6],
-            d7 = inout(reg32) d[7],
-            d8 = inout(reg32) d[8],
-            d9 = inout(reg32) d[9],
-            d10 = inout(reg32) d[10],
-            d11 = inout(reg32) d[11],
-            d12 = inout(reg32) d[12],
-            d13 = inout(reg32) d[13],
-            d14 = inout(reg32) d[14],
-            d15 = inout(reg32) d[15],
-            d16 = inout(reg32) d[16],
-            d17 = inout(reg32) d[17],
-            d18 = inout(reg32) d[18],
-            d19 = inout(reg32) d[19],
-            d20 = inout(reg32) d[20],
-            d21 = inout(reg32) d[21],
-            d22 = inout(reg32) d[22],
-            d23 = inout(reg32) d[23],
-            d24 = inout(reg32) d[24],
-            d25 = inout(reg32) d[25],
-            d26 = inout(reg32) d[26],
-            d27 = inout(reg32) d[27],
-            d28 = inout(reg32) d[28],
-            d29 = inout(reg32) d[29],
-            d30 = inout(reg32) d[30],
-            d31 = inout(reg32) d[31],
-            desc_a = in(reg64) desc_a,
-            desc_b = in(reg64) desc_b,
-            scale_d = in(reg32) scale_d,
-            options(nostack)
-        )
-    }
+/// Defines `$name`: `wgmma.mma_async.sync.aligned.m64n64k16.f32.$ty.$ty` (see the
+/// instances below).
+macro_rules! wgmma_m64n64k16_fn {
+    ($(#[$doc:meta])* $name:ident, $ty:literal) => {
+        $(#[$doc])*
+        #[inline(always)]
+        pub unsafe fn $name(d: &mut [f32; 32], desc_a: u64, desc_b: u64, accumulate: bool) {
+            let scale_d: u32 = accumulate as u32;
+            // SAFETY: the caller guarantees convergence and valid descriptors.
+            unsafe {
+                asm!(
+                    "{{",
+                    ".reg .pred p;",
+                    "setp.ne.b32 p, {scale_d}, 0;",
+                    concat!("wgmma.mma_async.sync.aligned.m64n64k16.f32.", $ty, ".", $ty, " {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {desc_a}, {desc_b}, p, 1, 1, 0, 0;"),
+                    "}}",
+                    d0 = inout(reg32) d[0],
+                    d1 = inout(reg32) d[1],
+                    d2 = inout(reg32) d[2],
+                    d3 = inout(reg32) d[3],
+                    d4 = inout(reg32) d[4],
+                    d5 = inout(reg32) d[5],
+                    d6 = inout(reg32) d[6],
+                    d7 = inout(reg32) d[7],
+                    d8 = inout(reg32) d[8],
+                    d9 = inout(reg32) d[9],
+                    d10 = inout(reg32) d[10],
+                    d11 = inout(reg32) d[11],
+                    d12 = inout(reg32) d[12],
+                    d13 = inout(reg32) d[13],
+                    d14 = inout(reg32) d[14],
+                    d15 = inout(reg32) d[15],
+                    d16 = inout(reg32) d[16],
+                    d17 = inout(reg32) d[17],
+                    d18 = inout(reg32) d[18],
+                    d19 = inout(reg32) d[19],
+                    d20 = inout(reg32) d[20],
+                    d21 = inout(reg32) d[21],
+                    d22 = inout(reg32) d[22],
+                    d23 = inout(reg32) d[23],
+                    d24 = inout(reg32) d[24],
+                    d25 = inout(reg32) d[25],
+                    d26 = inout(reg32) d[26],
+                    d27 = inout(reg32) d[27],
+                    d28 = inout(reg32) d[28],
+                    d29 = inout(reg32) d[29],
+                    d30 = inout(reg32) d[30],
+                    d31 = inout(reg32) d[31],
+                    desc_a = in(reg64) desc_a,
+                    desc_b = in(reg64) desc_b,
+                    scale_d = in(reg32) scale_d,
+                    options(nostack)
+                )
+            }
+        }
+    };
 }
+
+wgmma_m64n64k16_fn!(
+    /// `wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 d, desc_a, desc_b, p, 1, 1, 0, 0`:
+    /// `d = A * B^T + (accumulate ? d : 0)` with A `64 x 16` and B `64 x 16`, both K-major in
+    /// shared memory. Asynchronous: fence before, commit and wait after.
+    ///
+    /// # Safety
+    /// All 128 threads of the warpgroup converged; the descriptors describe valid shared memory.
+    wgmma_m64n64k16_bf16,
+    "bf16"
+);
+
+wgmma_m64n64k16_fn!(
+    /// As [`wgmma_m64n64k16_bf16`] with f16 operands.
+    ///
+    /// # Safety
+    /// As [`wgmma_m64n64k16_bf16`].
+    wgmma_m64n64k16_f16,
+    "f16"
+);
 
 /// The `m64n128k16` bf16 `wgmma` with its 64 accumulator operands (`$d`, `[f32; 64]`)
 /// written once: `$a` is the A operand's text (a descriptor or four registers), `$tail` the
@@ -283,13 +304,17 @@ pub unsafe fn wgmma_m64n128k16_rs_bf16<const TB: u32>(
 /// written once: `$a` is the A operand's text (a descriptor or four registers), `$tail` the
 /// immediates after the predicate, then the other operands.
 macro_rules! wgmma_m64n256k16_asm {
-    ($d:ident, $a:literal, $tail:literal, $($operands:tt)*) => {
+    ($ty:literal, $d:ident, $a:literal, $tail:literal, $($operands:tt)*) => {
         asm!(
             "{{",
             ".reg .pred p;",
             "setp.ne.b32 p, {scale_d}, 0;",
             concat!(
-                "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}, {d32}, {d33}, {d34}, {d35}, {d36}, {d37}, {d38}, {d39}, {d40}, {d41}, {d42}, {d43}, {d44}, {d45}, {d46}, {d47}, {d48}, {d49}, {d50}, {d51}, {d52}, {d53}, {d54}, {d55}, {d56}, {d57}, {d58}, {d59}, {d60}, {d61}, {d62}, {d63}, {d64}, {d65}, {d66}, {d67}, {d68}, {d69}, {d70}, {d71}, {d72}, {d73}, {d74}, {d75}, {d76}, {d77}, {d78}, {d79}, {d80}, {d81}, {d82}, {d83}, {d84}, {d85}, {d86}, {d87}, {d88}, {d89}, {d90}, {d91}, {d92}, {d93}, {d94}, {d95}, {d96}, {d97}, {d98}, {d99}, {d100}, {d101}, {d102}, {d103}, {d104}, {d105}, {d106}, {d107}, {d108}, {d109}, {d110}, {d111}, {d112}, {d113}, {d114}, {d115}, {d116}, {d117}, {d118}, {d119}, {d120}, {d121}, {d122}, {d123}, {d124}, {d125}, {d126}, {d127}}}, ",
+                "wgmma.mma_async.sync.aligned.m64n256k16.f32.",
+                $ty,
+                ".",
+                $ty,
+                " {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}, {d32}, {d33}, {d34}, {d35}, {d36}, {d37}, {d38}, {d39}, {d40}, {d41}, {d42}, {d43}, {d44}, {d45}, {d46}, {d47}, {d48}, {d49}, {d50}, {d51}, {d52}, {d53}, {d54}, {d55}, {d56}, {d57}, {d58}, {d59}, {d60}, {d61}, {d62}, {d63}, {d64}, {d65}, {d66}, {d67}, {d68}, {d69}, {d70}, {d71}, {d72}, {d73}, {d74}, {d75}, {d76}, {d77}, {d78}, {d79}, {d80}, {d81}, {d82}, {d83}, {d84}, {d85}, {d86}, {d87}, {d88}, {d89}, {d90}, {d91}, {d92}, {d93}, {d94}, {d95}, {d96}, {d97}, {d98}, {d99}, {d100}, {d101}, {d102}, {d103}, {d104}, {d105}, {d106}, {d107}, {d108}, {d109}, {d110}, {d111}, {d112}, {d113}, {d114}, {d115}, {d116}, {d117}, {d118}, {d119}, {d120}, {d121}, {d122}, {d123}, {d124}, {d125}, {d126}, {d127}}}, ",
                 $a,
                 ", {desc_b}, p, ",
                 $tail,
@@ -429,38 +454,59 @@ macro_rules! wgmma_m64n256k16_asm {
     };
 }
 
-/// `wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 d, {a0, a1, a2, a3}, desc_b, p, 1,
-/// 1, TB`: as [`wgmma_m64n128k16_rs_bf16`] with 256 columns (128 accumulators per thread,
-/// `d[j]` = the four values of 8-column group `j`; 32 small arrays rather than one of 128,
-/// which LLVM would leave in local memory).
-///
-/// # Safety
-/// As [`wgmma_m64n64k16_bf16`].
-#[inline(always)]
-pub unsafe fn wgmma_m64n256k16_rs_bf16<const TB: u32>(
-    d: &mut [[f32; 4]; 32],
-    a: [u32; 4],
-    desc_b: u64,
-    accumulate: bool,
-) {
-    let scale_d: u32 = accumulate as u32;
-    // SAFETY: the caller guarantees convergence and a valid descriptor.
-    unsafe {
-        wgmma_m64n256k16_asm!(
-            d,
-            "{{{a0}, {a1}, {a2}, {a3}}}",
-            "1, 1, {tb}",
-            a0 = in(reg32) a[0],
-            a1 = in(reg32) a[1],
-            a2 = in(reg32) a[2],
-            a3 = in(reg32) a[3],
-            desc_b = in(reg64) desc_b,
-            scale_d = in(reg32) scale_d,
-            tb = const TB,
-            options(nostack)
-        )
-    }
+/// Defines `$name`: the m64n256k16 `wgmma` (rs) with `$ty` operands.
+macro_rules! wgmma_m64n256k16_rs_fn {
+    ($(#[$doc:meta])* $name:ident, $ty:literal) => {
+        $(#[$doc])*
+        #[inline(always)]
+        pub unsafe fn $name<const TB: u32>(
+            d: &mut [[f32; 4]; 32],
+            a: [u32; 4],
+            desc_b: u64,
+            accumulate: bool,
+        ) {
+            let scale_d: u32 = accumulate as u32;
+            // SAFETY: the caller guarantees convergence and a valid descriptor.
+            unsafe {
+                wgmma_m64n256k16_asm!(
+                    $ty,
+                    d,
+                    "{{{a0}, {a1}, {a2}, {a3}}}",
+                    "1, 1, {tb}",
+                    a0 = in(reg32) a[0],
+                    a1 = in(reg32) a[1],
+                    a2 = in(reg32) a[2],
+                    a3 = in(reg32) a[3],
+                    desc_b = in(reg64) desc_b,
+                    scale_d = in(reg32) scale_d,
+                    tb = const TB,
+                    options(nostack)
+                )
+            }
+        }
+    };
 }
+
+wgmma_m64n256k16_rs_fn!(
+    /// `wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 d, {a0, a1, a2, a3}, desc_b, p, 1,
+    /// 1, TB`: as [`wgmma_m64n128k16_rs_bf16`] with 256 columns (128 accumulators per thread,
+    /// `d[j]` = the four values of 8-column group `j`; 32 small arrays rather than one of 128,
+    /// which LLVM would leave in local memory).
+    ///
+    /// # Safety
+    /// As [`wgmma_m64n64k16_bf16`].
+    wgmma_m64n256k16_rs_bf16,
+    "bf16"
+);
+
+wgmma_m64n256k16_rs_fn!(
+    /// As [`wgmma_m64n256k16_rs_bf16`] with f16 operands.
+    ///
+    /// # Safety
+    /// As [`wgmma_m64n64k16_bf16`].
+    wgmma_m64n256k16_rs_f16,
+    "f16"
+);
 
 /// `wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 d, desc_a, desc_b, p, 1, 1, 0, 0`:
 /// as [`wgmma_m64n64k16_bf16`] with 32 columns (B `32 x 16`, K-major), 16 accumulators.
@@ -502,30 +548,51 @@ pub unsafe fn wgmma_m64n32k16_bf16(d: &mut [f32; 16], desc_a: u64, desc_b: u64, 
     }
 }
 
-/// `wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 d, desc_a, desc_b, p, 1, 1, 0, TB`:
-/// as [`wgmma_m64n256k16_rs_bf16`] with A (`64 x 16`, K-major) from shared memory.
-///
-/// # Safety
-/// As [`wgmma_m64n64k16_bf16`].
-#[inline(always)]
-pub unsafe fn wgmma_m64n256k16_ss_bf16<const TB: u32>(
-    d: &mut [[f32; 4]; 32],
-    desc_a: u64,
-    desc_b: u64,
-    accumulate: bool,
-) {
-    let scale_d: u32 = accumulate as u32;
-    // SAFETY: the caller guarantees convergence and valid descriptors.
-    unsafe {
-        wgmma_m64n256k16_asm!(
-            d,
-            "{desc_a}",
-            "1, 1, 0, {tb}",
-            desc_a = in(reg64) desc_a,
-            desc_b = in(reg64) desc_b,
-            scale_d = in(reg32) scale_d,
-            tb = const TB,
-            options(nostack)
-        )
-    }
+/// Defines `$name`: the m64n256k16 `wgmma` (ss) with `$ty` operands.
+macro_rules! wgmma_m64n256k16_ss_fn {
+    ($(#[$doc:meta])* $name:ident, $ty:literal) => {
+        $(#[$doc])*
+        #[inline(always)]
+        pub unsafe fn $name<const TB: u32>(
+            d: &mut [[f32; 4]; 32],
+            desc_a: u64,
+            desc_b: u64,
+            accumulate: bool,
+        ) {
+            let scale_d: u32 = accumulate as u32;
+            // SAFETY: the caller guarantees convergence and valid descriptors.
+            unsafe {
+                wgmma_m64n256k16_asm!(
+                    $ty,
+                    d,
+                    "{desc_a}",
+                    "1, 1, 0, {tb}",
+                    desc_a = in(reg64) desc_a,
+                    desc_b = in(reg64) desc_b,
+                    scale_d = in(reg32) scale_d,
+                    tb = const TB,
+                    options(nostack)
+                )
+            }
+        }
+    };
 }
+
+wgmma_m64n256k16_ss_fn!(
+    /// `wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 d, desc_a, desc_b, p, 1, 1, 0, TB`:
+    /// as [`wgmma_m64n256k16_rs_bf16`] with A (`64 x 16`, K-major) from shared memory.
+    ///
+    /// # Safety
+    /// As [`wgmma_m64n64k16_bf16`].
+    wgmma_m64n256k16_ss_bf16,
+    "bf16"
+);
+
+wgmma_m64n256k16_ss_fn!(
+    /// As [`wgmma_m64n256k16_ss_bf16`] with f16 operands.
+    ///
+    /// # Safety
+    /// As [`wgmma_m64n64k16_bf16`].
+    wgmma_m64n256k16_ss_f16,
+    "f16"
+);

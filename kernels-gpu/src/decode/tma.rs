@@ -1,5 +1,5 @@
-//! The TMA-fed `wgmma` decode (sm_90a only; `--cfg mla_wgmma`): bf16 Q and a bf16 cache
-//! with pages of at least `decode_tile::TMA_MIN_PAGE` tokens. Same grid, block, params
+//! The TMA-fed `wgmma` decode (sm_90a only; `--cfg mla_wgmma`): bf16 Q and a bf16 or fp8
+//! e4m3 cache with pages of at least `decode_tile::TMA_MIN_PAGE` tokens. Same grid, block, params
 //! and outputs as [`crate::decode::wg`], plus the cache's tensor map as a second kernel
 //! parameter (by value, so every launch, eager or captured, carries the map of its own
 //! cache), so the host's split schedule, workspace and combine are shared.
@@ -31,10 +31,15 @@
 //!   arrivals in an order that keeps every shared buffer's reader ahead of its next
 //!   writer (see `Cta::step_a` and `Cta::step_b`).
 //!
+//! - An fp8 cache computes in f16: Q is scaled per row into f16 once ([`Cta::q_to_f16`]),
+//!   each box lands raw in its slab's upper half and the warpgroup that computes the
+//!   block widens it in place just before its S (`Cta::convert`, one `cvt` per two
+//!   values, exact), and P is packed as f16. Everything else is the bf16 schedule.
+//!
 //! Here: the CTA's state, its phases (prologue, each warpgroup's pair step, epilogue) and
 //! the kernel body; the copy issue in [`issue`], S, P and P.V in [`math`].
 
-use crate::arch::{self, bulk, cp_async, smem, sync, wgmma};
+use crate::arch::{self, bulk, cp_async, cvt, smem, sync, wgmma};
 use crate::decode::wg::{SLAB, SLAB_TILE, aligned_base, slab_off};
 use crate::decode::{self, DecodeKind, M64};
 use crate::elem::Bf16;
@@ -87,7 +92,9 @@ struct Cta<'a, K: DecodeKind<Mma = Bf16>> {
     issuer: bool,
     /// Causal visibility of this thread's two rows.
     vis_r: [u32; 2],
-    scale_log2: f32,
+    /// The logit scale (log2 units) of this thread's two rows: the softmax scale, times
+    /// the row's Q scale-down with an fp8 cache ([`Cta::q_to_f16`]).
+    scale_r: [f32; 2],
     o: [[f32; 4]; 32],
     m_run: [f32; 2],
     l_run: [f32; 2],
@@ -134,7 +141,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                 decode::visible(p, len, w.glen, row_a),
                 decode::visible(p, len, w.glen, row_a + 8),
             ],
-            scale_log2: p.softmax_scale * core::f32::consts::LOG2_E,
+            scale_r: [p.softmax_scale * core::f32::consts::LOG2_E; 2],
             o: [[0.0; 4]; 32],
             m_run: [f32::NEG_INFINITY; 2],
             l_run: [0.0; 2],
@@ -176,6 +183,59 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         self.base + T::TMA_SMEM_PAGES as u32 + 32 * self.wg + 16 * which
     }
 
+    /// An fp8 cache (f16 operands): scales each bf16 Q row of the tile by the power of two
+    /// that puts its largest magnitude in `[2^14, 2^15)` and stores it back as f16 (exact
+    /// down to `2^-17` of that magnitude), then takes this thread's rows' scale-downs into
+    /// [`Cta::scale_r`]. Four threads per row, 18 of its 72 chunks each; the scale-downs
+    /// pass through exchange entry 4 (free until the epilogue).
+    ///
+    /// # Safety
+    /// All threads of the CTA, once, after Q landed (a CTA barrier inside).
+    #[inline(always)]
+    unsafe fn q_to_f16(&mut self) {
+        let tid = arch::thread_idx_x();
+        let (r, part) = (tid / 4, tid % 4);
+        let q_s = self.base;
+        let at = |i: u32| q_s + slab_off(r, part + 4 * i);
+        // SAFETY: row r < 64, chunks < 72 of the Q tile; every thread passes the barrier.
+        unsafe {
+            let mut m = 0u32;
+            unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17] {
+                let v = smem::ld_shared_v4(at(i as u32));
+                unroll!(j in [0, 1, 2, 3] {
+                    m = m.max(v[j] & 0x7fff).max((v[j] >> 16) & 0x7fff);
+                });
+            });
+            unroll!(x in [1, 2] {
+                m = m.max(sync::shfl_xor_f32(f32::from_bits(m), x as u32).to_bits());
+            });
+            let e = if m == 0 {
+                0
+            } else {
+                (14 - ((m >> 7) as i32 - 127)).clamp(-100, 100)
+            };
+            let up = f32::from_bits(((127 + e) as u32) << 23);
+            unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17] {
+                let v = smem::ld_shared_v4(at(i as u32));
+                let mut h = [0u32; 4];
+                unroll!(j in [0, 1, 2, 3] {
+                    let lo = f32::from_bits(v[j] << 16) * up;
+                    let hi = f32::from_bits(v[j] & 0xffff_0000) * up;
+                    h[j] = cvt::pack_f16x2(lo, hi);
+                });
+                smem::st_shared_v4(at(i as u32), h);
+            });
+            // Predicated, not branched on the lane (a branch here made ptxas serialize the
+            // `wgmma`s).
+            let down = f32::from_bits(((127 - e) as u32) << 23);
+            smem::st_shared_f32_if(self.red(4, r), down, (part == 0) as u32);
+            wgmma::fence_proxy_async_shared();
+            sync::bar_sync();
+            let down = self.ld_rows(4);
+            self.scale_r = [self.scale_r[0] * down[0], self.scale_r[1] * down[1]];
+        }
+    }
+
     /// Initialises the mbarriers, loads Q, issues the first pair (both halves, the
     /// mbarriers' phase 0), then S of this warpgroup's block of the first pair (warpgroup 1
     /// has none if the split has one block) into `s`.
@@ -214,6 +274,12 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             cp_async::cp_async_wait_group::<0>();
             wgmma::fence_proxy_async_shared();
             sync::bar_sync();
+            // Behind a branch on a kernel parameter (uniform to ptxas, and always taken:
+            // validation keeps heads >= 1): straight-line, ptxas serialized the wgmmas
+            // (C7520) after the conversion's stores.
+            if K::KV_FP8 && p.heads != 0 {
+                self.q_to_f16();
+            }
         }
         let own0 = kb0 + self.wg;
         if own0 < kb1 {
@@ -283,13 +349,13 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                 self.l_run[0] * scale0[0] + l_a[0],
                 self.l_run[1] * scale0[1] + l_a[1],
             ];
-            let a = frags_of(s);
+            let a = frags_of::<K>(s);
             self.pv_regs(&a, 0);
             // Warpgroup 1's final max and scale; A's P with that scale to warpgroup 1.
             sync::bar_sync_named::<BAR_SCALE1, 256>();
             self.m_run = self.ld_rows(2);
             let scale1 = self.ld_rows(3);
-            self.store_p(&scaled(&a, scale1), self.p_s(0));
+            self.store_p(&scaled::<K>(&a, scale1), self.p_s(0));
             sync::bar_arrive_named::<BAR_P0, 256>();
             wgmma::wgmma_wait_group::<0>();
             // Slabs 0-3 and 8 of stage 0: last read by the P.V above (and S of A).
@@ -369,7 +435,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             if has_b {
                 self.l_run = [self.l_run[0] + l_b[0], self.l_run[1] + l_b[1]];
             }
-            let a = frags_of(s).map(|f| f.map(|w| if has_b { w } else { 0 }));
+            let a = frags_of::<K>(s).map(|f| f.map(|w| if has_b { w } else { 0 }));
             if has_b {
                 self.store_p(&a, self.p_s(1));
                 sync::bar_arrive_named::<BAR_P1, 256>();
@@ -433,8 +499,9 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
 ///
 /// # Safety
 /// Launched with the grid and block of [`crate::decode::wg`] and `TMA_SMEM_BYTES` of
-/// dynamic shared memory on params the host validated (bf16 Q and cache, pages of at
-/// least `TMA_MIN_PAGE` tokens); `tmap` is the generic address of the cache's map as
+/// dynamic shared memory on params the host validated (bf16 Q, a bf16 or (`K::KV_FP8`)
+/// fp8 cache, pages of at least `TMA_MIN_PAGE` tokens); `tmap` is the generic address of
+/// the cache's map as
 /// `decode_tile` describes it, in the kernel's parameter space.
 #[inline(always)]
 pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *const u8) {

@@ -4,7 +4,7 @@
 //! past the sequence end once a block has landed.
 
 use super::{BAR_WG, BLOCK_N, Cta};
-use crate::arch::{self, bulk, cp_async, smem, sync, wgmma};
+use crate::arch::{self, bulk, cp_async, cvt, smem, sync, wgmma};
 use crate::decode::wg::{SLAB, slab_off};
 use crate::decode::{self, DecodeKind};
 use crate::elem::Bf16;
@@ -153,7 +153,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
 
     /// An fp8 cache: waits for the first `n` of `slabs` of stage `st` (block `blk`,
     /// mbarrier phase `parity`) and widens them in place from the raw rows in each slab's
-    /// upper 4 KB to the bf16 swizzled rows `wgmma` reads (e4m3 is exact in bf16); rows
+    /// upper 4 KB to the f16 swizzled rows `wgmma` reads (e4m3 is exact in f16); rows
     /// past the sequence end become zeros (their V must not meet P's zeros as NaN).
     ///
     /// Thread `t` of the warpgroup takes raw chunks `t` and `t + 128` of each slab (16
@@ -175,16 +175,13 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         // Row r's chunk 2q + h of slab s, widened from raw words v (or zeros).
         let put = |s: u32, r: u32, v: [u32; 4]| {
             let keep = r < valid;
-            let lo = if keep {
-                decode::fp8x8_to_half::<Bf16>([v[0], v[1]])
-            } else {
-                [0; 4]
+            // One `cvt` per two values: e4m3 to f16 (exact; the fp8 path's operand type).
+            let half = |w: [u32; 2]| {
+                let [a, b] = cvt::e4m3x4_to_f16x2x2(w[0]);
+                let [c, d] = cvt::e4m3x4_to_f16x2x2(w[1]);
+                if keep { [a, b, c, d] } else { [0; 4] }
             };
-            let hi = if keep {
-                decode::fp8x8_to_half::<Bf16>([v[2], v[3]])
-            } else {
-                [0; 4]
-            };
+            let (lo, hi) = (half([v[0], v[1]]), half([v[2], v[3]]));
             let row = kv + s * SLAB + r * 128;
             // SAFETY: row r < 64 of slab s, chunks < 8.
             unsafe {

@@ -67,7 +67,11 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                 // k-step kk of the slab: 32 bytes on, 2 in the descriptors' address field.
                 unroll!(kk in [0, 1, 2, 3] {
                     let k = 2 * kk as u64;
-                    wgmma::wgmma_m64n64k16_bf16(s, da + k, db + k, j > 0 || kk > 0);
+                    if K::KV_FP8 {
+                        wgmma::wgmma_m64n64k16_f16(s, da + k, db + k, j > 0 || kk > 0);
+                    } else {
+                        wgmma::wgmma_m64n64k16_bf16(s, da + k, db + k, j > 0 || kk > 0);
+                    }
                 });
             });
             wgmma::wgmma_commit_group();
@@ -92,7 +96,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7] {
             unroll!(e in [0, 1, 2, 3] {
                 let tok = blk * BLOCK_N + 8 * j as u32 + 2 * self.c + (e % 2) as u32;
-                let x = if tok < self.vis_r[e / 2] { s[4 * j + e] * self.scale_log2 } else { f32::NEG_INFINITY };
+                let x = if tok < self.vis_r[e / 2] { s[4 * j + e] * self.scale_r[e / 2] } else { f32::NEG_INFINITY };
                 s[4 * j + e] = x;
                 m[e / 2] = sync::fmax(m[e / 2], x);
             });
@@ -137,7 +141,11 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             unroll!(kk in [0, 1, 2, 3] {
                 let da = wgmma::smem_desc(arch::opaque(self.p_s(st)) + 32 * kk as u32, 16, 1024, wgmma::Swizzle::B128);
                 let db = self.v_desc(st, kk as u32);
-                wgmma::wgmma_m64n256k16_ss_bf16::<1>(&mut self.o, da, db, true);
+                if K::KV_FP8 {
+                    wgmma::wgmma_m64n256k16_ss_f16::<1>(&mut self.o, da, db, true);
+                } else {
+                    wgmma::wgmma_m64n256k16_ss_bf16::<1>(&mut self.o, da, db, true);
+                }
             });
             wgmma::wgmma_commit_group();
         }
@@ -155,7 +163,11 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             wgmma::wgmma_fence();
             unroll!(kk in [0, 1, 2, 3] {
                 let db = self.v_desc(st, kk as u32);
-                wgmma::wgmma_m64n256k16_rs_bf16::<1>(&mut self.o, a[kk], db, true);
+                if K::KV_FP8 {
+                    wgmma::wgmma_m64n256k16_rs_f16::<1>(&mut self.o, a[kk], db, true);
+                } else {
+                    wgmma::wgmma_m64n256k16_rs_bf16::<1>(&mut self.o, a[kk], db, true);
+                }
             });
             wgmma::wgmma_commit_group();
         }
@@ -196,18 +208,28 @@ pub(super) fn exp_rows(s: &mut [f32; 32], m_ref: [f32; 2]) -> [f32; 2] {
     l
 }
 
+/// Two f32 values as this kind's operand pair (f16 with an fp8 cache, else bf16).
+#[inline(always)]
+fn pack<K: DecodeKind>(lo: f32, hi: f32) -> u32 {
+    if K::KV_FP8 {
+        cvt::pack_f16x2(lo, hi)
+    } else {
+        cvt::pack_bf16x2(lo, hi)
+    }
+}
+
 /// P as the A fragments of the block's four k-steps.
 #[inline(always)]
-pub(super) fn frags_of(s: &[f32; 32]) -> [[u32; 4]; 4] {
+pub(super) fn frags_of<K: DecodeKind>(s: &[f32; 32]) -> [[u32; 4]; 4] {
     let mut a = [[0u32; 4]; 4];
     unroll!(kk in [0, 1, 2, 3] {
         let t0 = 8 * kk;
         let t1 = 8 * kk + 4;
         a[kk] = [
-            cvt::pack_bf16x2(s[t0], s[t0 + 1]),
-            cvt::pack_bf16x2(s[t0 + 2], s[t0 + 3]),
-            cvt::pack_bf16x2(s[t1], s[t1 + 1]),
-            cvt::pack_bf16x2(s[t1 + 2], s[t1 + 3]),
+            pack::<K>(s[t0], s[t0 + 1]),
+            pack::<K>(s[t0 + 2], s[t0 + 3]),
+            pack::<K>(s[t1], s[t1 + 1]),
+            pack::<K>(s[t1 + 2], s[t1 + 3]),
         ];
     });
     a
@@ -215,13 +237,17 @@ pub(super) fn frags_of(s: &[f32; 32]) -> [[u32; 4]; 4] {
 
 /// Fragments times a per-row factor (rows g: words 0 and 2, g + 8: words 1 and 3).
 #[inline(always)]
-pub(super) fn scaled(a: &[[u32; 4]; 4], f: [f32; 2]) -> [[u32; 4]; 4] {
+pub(super) fn scaled<K: DecodeKind>(a: &[[u32; 4]; 4], f: [f32; 2]) -> [[u32; 4]; 4] {
     let mut out = [[0u32; 4]; 4];
     unroll!(kk in [0, 1, 2, 3] {
         unroll!(w in [0, 1, 2, 3] {
             let x = a[kk][w];
-            let (lo, hi) = (f32::from_bits(x << 16), f32::from_bits(x & 0xffff_0000));
-            out[kk][w] = cvt::pack_bf16x2(lo * f[w % 2], hi * f[w % 2]);
+            let (lo, hi) = if K::KV_FP8 {
+                (cvt::f16_to_f32(x as u16), cvt::f16_to_f32((x >> 16) as u16))
+            } else {
+                (f32::from_bits(x << 16), f32::from_bits(x & 0xffff_0000))
+            };
+            out[kk][w] = pack::<K>(lo * f[w % 2], hi * f[w % 2]);
         });
     });
     out
