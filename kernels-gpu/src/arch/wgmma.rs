@@ -454,29 +454,29 @@ macro_rules! wgmma_m64n256k16_asm {
     };
 }
 
-/// Defines `$name`: the m64n256k16 `wgmma` (rs) with `$ty` operands.
-macro_rules! wgmma_m64n256k16_rs_fn {
-    ($(#[$doc:meta])* $name:ident, $ty:literal) => {
+/// Defines `$name`: the m64n256k16 `wgmma` with `$ty` operands and A as `$a: $at` (four
+/// registers, or a shared-memory descriptor), `$a_text` its operand text, `$tail` the
+/// immediates after the predicate.
+macro_rules! wgmma_m64n256k16_fn {
+    ($(#[$doc:meta])* $name:ident, $ty:literal, $a:ident: $at:ty, $a_text:literal,
+     $tail:literal, [$($a_ops:tt)*]) => {
         $(#[$doc])*
         #[inline(always)]
         pub unsafe fn $name<const TB: u32>(
             d: &mut [[f32; 4]; 32],
-            a: [u32; 4],
+            $a: $at,
             desc_b: u64,
             accumulate: bool,
         ) {
             let scale_d: u32 = accumulate as u32;
-            // SAFETY: the caller guarantees convergence and a valid descriptor.
+            // SAFETY: the caller guarantees convergence and valid operands.
             unsafe {
                 wgmma_m64n256k16_asm!(
                     $ty,
                     d,
-                    "{{{a0}, {a1}, {a2}, {a3}}}",
-                    "1, 1, {tb}",
-                    a0 = in(reg32) a[0],
-                    a1 = in(reg32) a[1],
-                    a2 = in(reg32) a[2],
-                    a3 = in(reg32) a[3],
+                    $a_text,
+                    $tail,
+                    $($a_ops)*
                     desc_b = in(reg64) desc_b,
                     scale_d = in(reg32) scale_d,
                     tb = const TB,
@@ -487,7 +487,7 @@ macro_rules! wgmma_m64n256k16_rs_fn {
     };
 }
 
-wgmma_m64n256k16_rs_fn!(
+wgmma_m64n256k16_fn!(
     /// `wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 d, {a0, a1, a2, a3}, desc_b, p, 1,
     /// 1, TB`: as [`wgmma_m64n128k16_rs_bf16`] with 256 columns (128 accumulators per thread,
     /// `d[j]` = the four values of 8-column group `j`; 32 small arrays rather than one of 128,
@@ -496,16 +496,24 @@ wgmma_m64n256k16_rs_fn!(
     /// # Safety
     /// As [`wgmma_m64n64k16_bf16`].
     wgmma_m64n256k16_rs_bf16,
-    "bf16"
+    "bf16",
+    a: [u32; 4],
+    "{{{a0}, {a1}, {a2}, {a3}}}",
+    "1, 1, {tb}",
+    [a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],]
 );
 
-wgmma_m64n256k16_rs_fn!(
+wgmma_m64n256k16_fn!(
     /// As [`wgmma_m64n256k16_rs_bf16`] with f16 operands.
     ///
     /// # Safety
     /// As [`wgmma_m64n64k16_bf16`].
     wgmma_m64n256k16_rs_f16,
-    "f16"
+    "f16",
+    a: [u32; 4],
+    "{{{a0}, {a1}, {a2}, {a3}}}",
+    "1, 1, {tb}",
+    [a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],]
 );
 
 /// `wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 d, desc_a, desc_b, p, 1, 1, 0, 0`:
@@ -548,51 +556,29 @@ pub unsafe fn wgmma_m64n32k16_bf16(d: &mut [f32; 16], desc_a: u64, desc_b: u64, 
     }
 }
 
-/// Defines `$name`: the m64n256k16 `wgmma` (ss) with `$ty` operands.
-macro_rules! wgmma_m64n256k16_ss_fn {
-    ($(#[$doc:meta])* $name:ident, $ty:literal) => {
-        $(#[$doc])*
-        #[inline(always)]
-        pub unsafe fn $name<const TB: u32>(
-            d: &mut [[f32; 4]; 32],
-            desc_a: u64,
-            desc_b: u64,
-            accumulate: bool,
-        ) {
-            let scale_d: u32 = accumulate as u32;
-            // SAFETY: the caller guarantees convergence and valid descriptors.
-            unsafe {
-                wgmma_m64n256k16_asm!(
-                    $ty,
-                    d,
-                    "{desc_a}",
-                    "1, 1, 0, {tb}",
-                    desc_a = in(reg64) desc_a,
-                    desc_b = in(reg64) desc_b,
-                    scale_d = in(reg32) scale_d,
-                    tb = const TB,
-                    options(nostack)
-                )
-            }
-        }
-    };
-}
-
-wgmma_m64n256k16_ss_fn!(
+wgmma_m64n256k16_fn!(
     /// `wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 d, desc_a, desc_b, p, 1, 1, 0, TB`:
     /// as [`wgmma_m64n256k16_rs_bf16`] with A (`64 x 16`, K-major) from shared memory.
     ///
     /// # Safety
     /// As [`wgmma_m64n64k16_bf16`].
     wgmma_m64n256k16_ss_bf16,
-    "bf16"
+    "bf16",
+    desc_a: u64,
+    "{desc_a}",
+    "1, 1, 0, {tb}",
+    [desc_a = in(reg64) desc_a,]
 );
 
-wgmma_m64n256k16_ss_fn!(
+wgmma_m64n256k16_fn!(
     /// As [`wgmma_m64n256k16_ss_bf16`] with f16 operands.
     ///
     /// # Safety
     /// As [`wgmma_m64n64k16_bf16`].
     wgmma_m64n256k16_ss_f16,
-    "f16"
+    "f16",
+    desc_a: u64,
+    "{desc_a}",
+    "1, 1, 0, {tb}",
+    [desc_a = in(reg64) desc_a,]
 );
