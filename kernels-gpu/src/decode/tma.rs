@@ -501,8 +501,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
 /// Launched with the grid and block of [`crate::decode::wg`] and `TMA_SMEM_BYTES` of
 /// dynamic shared memory on params the host validated (bf16 Q, a bf16 or (`K::KV_FP8`)
 /// fp8 cache, pages of at least `TMA_MIN_PAGE` tokens); `tmap` is the generic address of
-/// the cache's map as
-/// `decode_tile` describes it, in the kernel's parameter space.
+/// the cache's map as `decode_tile` describes it, in the kernel's parameter space.
 #[inline(always)]
 pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *const u8) {
     let (tile, b, split) = decode::cta_coords();

@@ -11,8 +11,9 @@ use crate::elem::Bf16;
 impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     /// S of block `blk` in stage `st` (mbarrier phase `parity`): this warpgroup's first
     /// half (warpgroup 0: slabs 0-3 and 8, whose copy goes out first) then the other, each
-    /// slab after its own mbarrier (an fp8 cache: each half after its conversion,
-    /// [`Cta::convert`], the second overlapping the first half's `wgmma`s). `mid` runs
+    /// slab after its own mbarrier (an fp8 cache: the first five slabs of this order, then
+    /// the other four, each group after its conversion, [`Cta::convert`], the second
+    /// overlapping the first group's `wgmma`s). `mid` runs
     /// once this warpgroup's first half is issued and committed (its own group), before
     /// the second.
     ///
