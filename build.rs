@@ -296,17 +296,25 @@ fn compile_kernels(root: &Path, out: &Path, img: &Image, ptx_path: &Path) {
     }
 }
 
-/// Raises the TMA decodes' tensor-map parameter (each entry's second, 128 bytes) from the
-/// `.align 16` rustc emits (its nvptx kernel ABI takes no larger alignment) to the 64
-/// bytes a tensor map needs (`mla_abi::TensorMap`). The kernels only take the
-/// parameter's address, so the declaration is the one place its alignment lives.
-fn align_tensor_map_params(mut ptx: String) -> String {
-    for entry in ["mla_decode_tma_bf16", "mla_decode_tma_fp8kv_bf16q"] {
-        let from = format!(".param .align 16 .b8 {entry}_param_1[128]");
-        let to = format!(".param .align 64 .b8 {entry}_param_1[128]");
-        ptx = ptx.replace(&from, &to);
+/// Raises every entry's 128-byte second parameter (the TMA decodes' tensor map, the only
+/// second parameter any kernel takes: `mla_abi::kernels::Params::DecodeWithMap`) from the
+/// `.align 16` rustc emits (its nvptx kernel ABI takes no larger alignment) to the 64 bytes
+/// a tensor map needs (`mla_abi::TensorMap`). The kernels only take the parameter's
+/// address, so the declaration is the one place its alignment lives; `tests/ptx_check.rs`
+/// checks every map parameter the table names.
+fn align_tensor_map_params(ptx: String) -> String {
+    const FROM: &str = ".param .align 16 .b8 ";
+    let mut out = String::with_capacity(ptx.len());
+    for line in ptx.split_inclusive('\n') {
+        let decl = line.trim();
+        match decl.strip_prefix(FROM) {
+            Some(name) if name.trim_end_matches(',').ends_with("_param_1[128]") => {
+                out.push_str(&line.replacen(".align 16", ".align 64", 1));
+            }
+            _ => out.push_str(line),
+        }
     }
-    ptx
+    out
 }
 
 /// The PTX must not call into anything the driver cannot resolve: the only `.extern`
