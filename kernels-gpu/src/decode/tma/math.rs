@@ -3,10 +3,10 @@
 //! and O += P.V from shared memory or registers.
 
 use super::{BLOCK_N, Cta};
-use crate::arch::{self, bulk, cvt, smem, sync, wgmma};
+use crate::arch::{self, bulk, smem, sync, wgmma};
 use crate::decode::wg::SLAB;
 use crate::decode::{self, DecodeKind};
-use crate::elem::Bf16;
+use crate::elem::{Bf16, Fp16, Half16};
 
 impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     /// S of block `blk` in stage `st` (mbarrier phase `parity`): this warpgroup's first
@@ -213,9 +213,19 @@ pub(super) fn exp_rows(s: &mut [f32; 32], m_ref: [f32; 2]) -> [f32; 2] {
 #[inline(always)]
 fn pack<K: DecodeKind>(lo: f32, hi: f32) -> u32 {
     if K::KV_FP8 {
-        cvt::pack_f16x2(lo, hi)
+        Fp16::pack2(lo, hi)
     } else {
-        cvt::pack_bf16x2(lo, hi)
+        Bf16::pack2(lo, hi)
+    }
+}
+
+/// One 16-bit operand of this kind as f32 (exact).
+#[inline(always)]
+fn unpack<K: DecodeKind>(bits: u16) -> f32 {
+    if K::KV_FP8 {
+        Fp16::to_f32(bits)
+    } else {
+        Bf16::to_f32(bits)
     }
 }
 
@@ -243,11 +253,7 @@ pub(super) fn scaled<K: DecodeKind>(a: &[[u32; 4]; 4], f: [f32; 2]) -> [[u32; 4]
     unroll!(kk in [0, 1, 2, 3] {
         unroll!(w in [0, 1, 2, 3] {
             let x = a[kk][w];
-            let (lo, hi) = if K::KV_FP8 {
-                (cvt::f16_to_f32(x as u16), cvt::f16_to_f32((x >> 16) as u16))
-            } else {
-                (f32::from_bits(x << 16), f32::from_bits(x & 0xffff_0000))
-            };
+            let (lo, hi) = (unpack::<K>(x as u16), unpack::<K>((x >> 16) as u16));
             out[kk][w] = pack::<K>(lo * f[w % 2], hi * f[w % 2]);
         });
     });
