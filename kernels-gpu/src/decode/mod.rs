@@ -372,6 +372,38 @@ pub(crate) unsafe fn issue_kv_row<K: DecodeKind, const TPR: u32>(
     });
 }
 
+/// The largest magnitude, as bf16 bits with the sign cleared, of `m` and the two bf16
+/// values of word `w` (a row's scan for [`f16_row_scale`]).
+#[inline(always)]
+pub(crate) fn bf16x2_max_mag(m: u32, w: u32) -> u32 {
+    m.max(w & 0x7fff).max((w >> 16) & 0x7fff)
+}
+
+/// The powers of two `(up, down)`, `down = 1 / up`, that put a bf16 row whose largest
+/// magnitude has bits `m` ([`bf16x2_max_mag`]) in `[2^14, 2^15)` once scaled up: the row
+/// then converts to f16 exactly down to `2^-17` of that magnitude. A row of zeros keeps
+/// `(1, 1)`.
+#[inline(always)]
+pub(crate) fn f16_row_scale(m: u32) -> (f32, f32) {
+    let s = if m == 0 {
+        0
+    } else {
+        (14 - ((m >> 7) as i32 - 127)).clamp(-100, 100)
+    };
+    (
+        f32::from_bits(((127 + s) as u32) << 23),
+        f32::from_bits(((127 - s) as u32) << 23),
+    )
+}
+
+/// The two bf16 values of word `w` times `up`, as two f16 values.
+#[inline(always)]
+pub(crate) fn bf16x2_to_f16x2_scaled(w: u32, up: f32) -> u32 {
+    let lo = f32::from_bits(w << 16) * up;
+    let hi = f32::from_bits(w & 0xffff_0000) * up;
+    cvt::pack_f16x2(lo, hi)
+}
+
 /// Eight fp8 e4m3 values (two little-endian words) to eight 16-bit values, exactly.
 #[inline(always)]
 pub(crate) fn fp8x8_to_half<H: Half16>(raw: [u32; 2]) -> [u32; 4] {

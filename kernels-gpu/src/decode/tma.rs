@@ -39,7 +39,7 @@
 //! Here: the CTA's state, its phases (prologue, each warpgroup's pair step, epilogue) and
 //! the kernel body; the copy issue in [`issue`], S, P and P.V in [`math`].
 
-use crate::arch::{self, bulk, cp_async, cvt, smem, sync, wgmma};
+use crate::arch::{self, bulk, cp_async, smem, sync, wgmma};
 use crate::decode::wg::{SLAB, SLAB_TILE, aligned_base, slab_off};
 use crate::decode::{self, DecodeKind, M64};
 use crate::elem::Bf16;
@@ -203,36 +203,31 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17] {
                 let v = smem::ld_shared_v4(at(i as u32));
                 unroll!(j in [0, 1, 2, 3] {
-                    m = m.max(v[j] & 0x7fff).max((v[j] >> 16) & 0x7fff);
+                    m = decode::bf16x2_max_mag(m, v[j]);
                 });
             });
             unroll!(x in [1, 2] {
                 m = m.max(sync::shfl_xor_f32(f32::from_bits(m), x as u32).to_bits());
             });
-            let e = if m == 0 {
-                0
-            } else {
-                (14 - ((m >> 7) as i32 - 127)).clamp(-100, 100)
-            };
-            let up = f32::from_bits(((127 + e) as u32) << 23);
+            let (up, down) = decode::f16_row_scale(m);
             unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17] {
                 let v = smem::ld_shared_v4(at(i as u32));
                 let mut h = [0u32; 4];
                 unroll!(j in [0, 1, 2, 3] {
-                    let lo = f32::from_bits(v[j] << 16) * up;
-                    let hi = f32::from_bits(v[j] & 0xffff_0000) * up;
-                    h[j] = cvt::pack_f16x2(lo, hi);
+                    h[j] = decode::bf16x2_to_f16x2_scaled(v[j], up);
                 });
                 smem::st_shared_v4(at(i as u32), h);
             });
             // Predicated, not branched on the lane (a branch here made ptxas serialize the
             // `wgmma`s).
-            let down = f32::from_bits(((127 - e) as u32) << 23);
             smem::st_shared_f32_if(self.red(4, r), down, (part == 0) as u32);
             wgmma::fence_proxy_async_shared();
             sync::bar_sync();
-            let down = self.ld_rows(4);
-            self.scale_r = [self.scale_r[0] * down[0], self.scale_r[1] * down[1]];
+            let rows_down = self.ld_rows(4);
+            self.scale_r = [
+                self.scale_r[0] * rows_down[0],
+                self.scale_r[1] * rows_down[1],
+            ];
         }
     }
 

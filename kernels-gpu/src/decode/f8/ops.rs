@@ -146,24 +146,17 @@ pub(super) unsafe fn load_q_row<K: DecodeKind, const RGS: usize>(
         // it in [2^14, 2^15).
         let mut m = 0u32;
         unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
-            m = m.max(w[i] & 0x7fff).max((w[i] >> 16) & 0x7fff);
+            m = decode::bf16x2_max_mag(m, w[i]);
         });
         unroll!(k in [0, 1, 2, 3, 4] {
             // SAFETY: converged warp (the row is warp-uniform).
             let o = unsafe { sync::shfl_xor_f32(f32::from_bits(m), 16 >> k) }.to_bits();
             m = m.max(o);
         });
-        let s = if m == 0 {
-            0
-        } else {
-            (14 - ((m >> 7) as i32 - 127)).clamp(-100, 100)
-        };
-        let up = f32::from_bits(((127 + s) as u32) << 23);
-        down = f32::from_bits(((127 - s) as u32) << 23);
+        let up;
+        (up, down) = decode::f16_row_scale(m);
         unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
-            let lo = f32::from_bits(w[i] << 16) * up;
-            let hi = f32::from_bits(w[i] & 0xffff_0000) * up;
-            w[i] = cvt::pack_f16x2(lo, hi);
+            w[i] = decode::bf16x2_to_f16x2_scaled(w[i], up);
         });
     }
     // SAFETY: row rl < 16 of a group tile, dims < 576: inside the Q tiles; the scale
