@@ -18,7 +18,10 @@
 //! 3. Decode kernel: `mla_decode_wg_bf16`, and for a request whose bf16 cache is
 //!    contiguous and 16-byte aligned, with pages of at least 16 tokens and splits of two or
 //!    more 64-token blocks, the TMA decode `mla_decode_tma_bf16` instead (`decode_for`;
-//!    `crate::tmap` says why each condition holds).
+//!    `crate::tmap` says why each condition holds). An fp8 cache's TMA decode
+//!    (`mla_decode_tma_fp8kv_bf16q`) also needs three or more blocks per split at the
+//!    batch's even share (`DecodeKernels::even_blocks_per_split`): B=1 L=4096 at H=128
+//!    (32 splits of 2 blocks) runs the `cp.async` fp8 decode.
 //! 4. Schedule: folded into the decode up to [`mla_abi::SCHED_FOLD_MAX_BATCH`] sequences,
 //!    the `mla_schedule` kernel above (always the kernel with the tactic's `fold=off`).
 //! 5. Combine: when the plan's grid has more than one split, the narrow or wide combine by
@@ -130,6 +133,10 @@ pub struct DecodeKernels {
     pub fold_max_batch: usize,
     /// The largest split count (the decode grid's z extent); above 1 a combine follows.
     pub grid_splits: usize,
+    /// The splits the schedule gives a lone sequence before its bound (the plan's target
+    /// CTAs over its row tiles; `usize::MAX` where the host chose the splits): a batch of
+    /// `n` even sequences gets about `wave_splits / n` each, at most `grid_splits`.
+    pub wave_splits: usize,
     /// The combine writes fp16 (else bf16).
     pub combine_fp16: bool,
     /// The decode and combine launch with programmatic dependent launch.
@@ -176,6 +183,7 @@ impl DecodeKernels {
                 0
             },
             grid_splits: grid_splits.max(1),
+            wave_splits: usize::MAX,
             combine_fp16: dtypes.out() == ElemType::Fp16,
             // The portable (sm_80) image's kernels have no `griddepcontrol.wait`.
             pdl: switches.pdl && variant != Variant::Portable,
@@ -183,9 +191,29 @@ impl DecodeKernels {
         }
     }
 
+    /// [`DecodeKernels`] whose schedule gives a lone sequence `wave_splits` splits before
+    /// its bound (see the field).
+    pub fn with_wave_splits(self, wave_splits: usize) -> DecodeKernels {
+        DecodeKernels {
+            wave_splits: wave_splits.max(1),
+            ..self
+        }
+    }
+
+    /// KV blocks per split of the launch's longest possible sequence when the batch's
+    /// sequences are all that long (the schedule's even share).
+    pub fn even_blocks_per_split(&self, shape: &DecodeShape) -> usize {
+        let splits = (self.wave_splits / shape.batch.max(1)).clamp(1, self.grid_splits);
+        shape
+            .max_seq_len()
+            .div_ceil(mla_abi::decode_tile::BLOCK_N)
+            .div_ceil(splits)
+    }
+
     /// The decode kernel for a validated request: the TMA decode where the request's cache
     /// suits it ([`crate::tmap::tma_unsupported`]) and its splits hold two or more blocks
-    /// ([`crate::tmap::tma_pays`]), else [`DecodeKernels::decode`].
+    /// ([`crate::tmap::tma_pays`]; an fp8 cache three or more at the batch's even share,
+    /// [`crate::tmap::FP8_TMA_MIN_BLOCKS`]), else [`DecodeKernels::decode`].
     pub fn decode_for(&self, req: &DecodeRequest, shape: &DecodeShape) -> &'static Kernel {
         self.decode_for_parts(req, &SplitParts::default(), shape)
     }
@@ -203,6 +231,9 @@ impl DecodeKernels {
             Some(tma)
                 if parts.kpe_cache.is_none()
                     && crate::tmap::tma_pays(shape.max_seq_len(), self.grid_splits)
+                    && (shape.dtypes.kv() != ElemType::Fp8E4m3
+                        || self.even_blocks_per_split(shape)
+                            >= crate::tmap::FP8_TMA_MIN_BLOCKS)
                     && crate::tmap::tma_unsupported(req, shape).is_none() =>
             {
                 tma

@@ -150,8 +150,9 @@ pub struct PlanInfo {
     /// The tactic's canonical string.
     pub tactic: String,
     /// Every kernel a run of the plan may launch, in launch order: the schedule (batches
-    /// past the fold), the decode (on sm_90a bf16 both the TMA decode, taken by requests
-    /// whose cache and lengths suit it, and the `cp.async` one), the combine.
+    /// past the fold), the decode (on sm_90a with a bf16 or fp8 cache both the TMA decode,
+    /// taken by requests whose cache and lengths suit it, and the `cp.async` one), the
+    /// combine.
     pub kernels: Vec<&'static str>,
     /// Device bytes the plan's workspace holds.
     pub workspace_bytes: usize,
@@ -298,7 +299,8 @@ impl Runtime {
             config.dtypes,
             config.page_size,
             grid_splits,
-        );
+        )
+        .with_wave_splits(target_ctas / tiles.max(1));
         Ok(DecodePlan {
             config,
             backend,

@@ -55,6 +55,13 @@ pub fn tma_pays(max_seq_len: usize, grid_splits: usize) -> bool {
         >= 2
 }
 
+/// Fewest KV blocks per split (at the batch's even share) for which the fp8 TMA decode
+/// runs; below, the `cp.async` fp8 decode does. Its prologue scales the whole Q tile into
+/// f16 behind a CTA barrier, which two blocks do not pay back: `mla bench` plan path, B=1
+/// L=4096 H=128 (32 splits of 2 blocks), 26.7 us against 24.2 at S_q=1, 30.0 against 28.0
+/// at S_q=2; B=8 L=4096 (8 blocks) 46.8 against 52.0 (H200, docs/PERF.md 3.4).
+pub const FP8_TMA_MIN_BLOCKS: usize = 3;
+
 /// The map of the request's cache (the TMA decode's second parameter).
 pub fn encode_kv_map(req: &DecodeRequest, shape: &DecodeShape) -> Result<TensorMap> {
     let [stride_page, stride_token, _] = req.kv_cache.strides;
