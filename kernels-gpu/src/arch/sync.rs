@@ -148,6 +148,17 @@ pub fn rcp(x: f32) -> f32 {
     r
 }
 
+/// `fma.rn.f32`: `a * b + c` rounded once.
+#[inline(always)]
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    let r: f32;
+    // SAFETY: a pure arithmetic instruction.
+    unsafe {
+        asm!("fma.rn.f32 {r}, {a}, {b}, {c};", r = out(reg32) r, a = in(reg32) a, b = in(reg32) b, c = in(reg32) c, options(nostack, pure, nomem))
+    }
+    r
+}
+
 /// `max.f32` (NaN-propagating is not required: inputs are finite or `-inf`).
 #[inline(always)]
 pub fn fmax(a: f32, b: f32) -> f32 {

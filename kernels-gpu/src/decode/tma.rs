@@ -338,7 +338,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             self.st_rows(0, m0);
             self.st_rows(1, scale0);
             sync::bar_arrive_named::<BAR_SCALE0, 256>();
-            let l_a = exp_rows(s, m0_ref);
+            let l_a = exp_rows(s, self.scale_r, m0_ref);
             self.rescale(scale0);
             self.l_run = [
                 self.l_run[0] * scale0[0] + l_a[0],
@@ -426,7 +426,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             // Without a block B, s holds no S: P is computed but not summed, and the
             // P.V below multiplies zeros by A's (finite) V, so that no wgmma sits behind
             // a branch.
-            let l_b = exp_rows(s, m1_ref);
+            let l_b = exp_rows(s, self.scale_r, m1_ref);
             if has_b {
                 self.l_run = [self.l_run[0] + l_b[0], self.l_run[1] + l_b[1]];
             }

@@ -90,20 +90,34 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         )
     }
 
-    /// Masked, scaled S of block `blk` and its row maxima (this thread's two rows).
+    /// Masks S of block `blk` in place (keys past a row's visible end become `-inf`; a block
+    /// every key of which both rows see is left as it is) and returns the row maxima of
+    /// the scaled S (this thread's two rows). S stays unscaled: [`exp_rows`] applies the
+    /// scale in its `fma`. The scale is positive (validated softmax scale, power-of-two Q
+    /// scale-down), so the scaled row's max is the scaled max, exactly.
     #[inline(always)]
     pub(super) fn mask_max(&self, s: &mut [f32; 32], blk: u32) -> [f32; 2] {
         let mut m = [f32::NEG_INFINITY; 2];
-        unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7] {
-            unroll!(e in [0, 1, 2, 3] {
-                let tok = blk * BLOCK_N + 8 * j as u32 + 2 * self.c + (e % 2) as u32;
-                let x = if tok < self.vis_r[e / 2] { s[4 * j + e] * self.scale_r[e / 2] } else { f32::NEG_INFINITY };
-                s[4 * j + e] = x;
-                m[e / 2] = sync::fmax(m[e / 2], x);
+        let end = blk * BLOCK_N + BLOCK_N;
+        if end <= self.vis_r[0] && end <= self.vis_r[1] {
+            unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7] {
+                unroll!(e in [0, 1, 2, 3] {
+                    m[e / 2] = sync::fmax(m[e / 2], s[4 * j + e]);
+                });
             });
-        });
+        } else {
+            unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7] {
+                unroll!(e in [0, 1, 2, 3] {
+                    let tok = blk * BLOCK_N + 8 * j as u32 + 2 * self.c + (e % 2) as u32;
+                    let x = if tok < self.vis_r[e / 2] { s[4 * j + e] } else { f32::NEG_INFINITY };
+                    s[4 * j + e] = x;
+                    m[e / 2] = sync::fmax(m[e / 2], x);
+                });
+            });
+        }
         // SAFETY: converged warp.
-        unsafe { [decode::quad_max(m[0]), decode::quad_max(m[1])] }
+        let m = unsafe { [decode::quad_max(m[0]), decode::quad_max(m[1])] };
+        [m[0] * self.scale_r[0], m[1] * self.scale_r[1]]
     }
 
     /// Stores P's fragments to the P slab at `ps` (row r, token chunk ch, 128-byte
@@ -195,13 +209,14 @@ pub(super) fn m_ref_of(m: [f32; 2]) -> [f32; 2] {
     m.map(|x| if x == f32::NEG_INFINITY { 0.0 } else { x })
 }
 
-/// exp2(S - m_ref) in place; returns this thread's part of the row sums.
+/// exp2(S * scale - m_ref) in place (S unscaled, from [`Cta::mask_max`]; one `fma` per
+/// value); returns this thread's part of the row sums.
 #[inline(always)]
-pub(super) fn exp_rows(s: &mut [f32; 32], m_ref: [f32; 2]) -> [f32; 2] {
+pub(super) fn exp_rows(s: &mut [f32; 32], scale: [f32; 2], m_ref: [f32; 2]) -> [f32; 2] {
     let mut l = [0.0f32; 2];
     unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7] {
         unroll!(e in [0, 1, 2, 3] {
-            let pe = sync::ex2(s[4 * j + e] - m_ref[e / 2]);
+            let pe = sync::ex2(sync::fma(s[4 * j + e], scale[e / 2], -m_ref[e / 2]));
             l[e / 2] += pe;
             s[4 * j + e] = pe;
         });
