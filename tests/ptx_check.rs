@@ -207,11 +207,13 @@ fn nvdisasm_beside(ptxas: &str) -> Option<std::path::PathBuf> {
 /// (id, count)).
 type SyncSites = (usize, &'static [(u32, usize)], &'static [(u32, usize)]);
 const SYNC_SITES: &[(&str, SyncSites)] = &[
+    // CTA barriers: two around each marking of a persistent CTA's cells, the prologue's,
+    // the epilogue's, two in the staged output store.
     (
         "mla_decode_tma_bf16",
         (
             8,
-            &[(0, 2), (1, 1), (2, 1), (3, 1), (4, 1), (5, 2), (6, 2)],
+            &[(0, 6), (1, 1), (2, 1), (3, 1), (4, 1), (5, 2), (6, 2)],
             &[(1, 1), (2, 1), (3, 1), (4, 1)],
         ),
     ),
@@ -222,7 +224,7 @@ const SYNC_SITES: &[(&str, SyncSites)] = &[
         "mla_decode_tma_fp8kv_bf16q",
         (
             8,
-            &[(0, 3), (1, 1), (2, 1), (3, 1), (4, 1), (5, 8), (6, 8)],
+            &[(0, 7), (1, 1), (2, 1), (3, 1), (4, 1), (5, 8), (6, 8)],
             &[(1, 1), (2, 1), (3, 1), (4, 1)],
         ),
     ),

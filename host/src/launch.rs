@@ -436,6 +436,8 @@ pub(crate) fn decode_params(
         value_scale,
         output_scale: s.output_scale,
         max_pages: shape.max_pages as u32,
+        persist_splits: 0,
+        _pad: 0,
         fault: dev(if ws.checked { w.fault } else { 0 }),
         fold: mla_abi::SchedFold::default(),
         shard: ws.shard,
@@ -594,18 +596,28 @@ impl Runtime {
         // Split-major (the kernels read tile, sequence, split from x, y, z): the graph-safe
         // grid's CTAs past a sequence's split count (most of them at large batch) launch
         // after every CTA that has work, instead of between them.
+        let cells = (
+            tile.row_tiles(rows) as u32,
+            shape.batch as u32,
+            kernels.grid_splits as u32,
+        );
+        let persistent = kernel.params == Params::DecodeWithMap;
         let grid = LaunchShape {
-            grid: (
-                tile.row_tiles(rows) as u32,
-                shape.batch as u32,
-                kernels.grid_splits as u32,
-            ),
+            grid: if persistent {
+                // One CTA per SM (the TMA decode's shared memory allows no second) walks
+                // the cells: no CTA launches only to find its cell empty.
+                p.persist_splits = cells.2;
+                let all = cells.0 as usize * cells.1 as usize * cells.2 as usize;
+                (all.min(self.device().sm_count.max(1) as usize) as u32, 1, 1)
+            } else {
+                cells
+            },
             block: kernel.block,
             smem: kernel.smem,
         };
         // SAFETY: forwarded from the caller.
         unsafe {
-            if kernel.params == Params::DecodeWithMap {
+            if persistent {
                 // The cache's tensor map by value, as the second parameter: the launch (or
                 // the graph node a capture records) holds its own copy.
                 let map = crate::tmap::encode_kv_map(req, shape)?;

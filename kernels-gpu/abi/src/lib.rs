@@ -244,7 +244,9 @@ pub mod decode_tile {
     pub const TMA_SMEM_BARS: usize = TMA_SMEM_RED + TMA_RED_BYTES;
     /// Each issuing thread's page entries of the next pair's two blocks (2 x 2 x 4 i32).
     pub const TMA_SMEM_PAGES: usize = TMA_SMEM_BARS + 2 * 9 * 8;
-    pub const TMA_SMEM_BYTES: usize = 1024 + TMA_SMEM_PAGES + 2 * 2 * 4 * 4;
+    /// A persistent CTA's next virtual cells with work: one bit per cell, a word per warp.
+    pub const TMA_SMEM_CELLS: usize = TMA_SMEM_PAGES + 2 * 2 * 4 * 4;
+    pub const TMA_SMEM_BYTES: usize = 1024 + TMA_SMEM_CELLS + 8 * 4;
     /// Smallest page size the TMA decode takes (a box of fewer than 8 rows would break
     /// the swizzle atoms; 16 keeps a block at four boxes per slab at most).
     pub const TMA_MIN_PAGE: usize = 16;
@@ -796,6 +798,13 @@ pub struct DecodeParams {
     /// Page-table columns in use per sequence: lengths beyond `max_pages * page_size` are
     /// cut there, so no table entry past a row's end is ever read.
     pub max_pages: u32,
+    /// A persistent decode (the TMA decodes): the split dimension of the virtual grid
+    /// `(row tiles, batch, persist_splits)`, split-major as the launched grid of the other
+    /// decodes, whose cells the launched CTAs (`grid.x` of them, at most one per SM) take
+    /// in turn: CTA `c` takes cells `c, c + grid.x, ...` that have work. 0: one CTA per
+    /// cell of the launched grid.
+    pub persist_splits: u32,
+    pub _pad: u32,
     /// Checked mode ([`fault`]): null, off; else the workspace's fault record, where a
     /// decode that meets a page-table entry outside `0..num_pages` or a length past
     /// `max_pages * page_size` records the first such fault.
@@ -1187,7 +1196,7 @@ pub mod primitives {
 
 const _: () = assert!(core::mem::size_of::<DevPtr<u8>>() == 8);
 const _: () = assert!(core::mem::size_of::<ScheduleParams>() == 2 * 8 + 6 * 4 + 16);
-const _: () = assert!(core::mem::size_of::<DecodeParams>() == 10 * 8 + 8 * 8 + 16 * 4 + 16 + 7 * 8);
+const _: () = assert!(core::mem::size_of::<DecodeParams>() == 10 * 8 + 8 * 8 + 18 * 4 + 16 + 7 * 8);
 const _: () = assert!(core::mem::size_of::<TensorMap>() == 128);
 const _: () = assert!(core::mem::size_of::<MergeParams>() == 6 * 8 + 2 * 4);
 const _: () = assert!(core::mem::align_of::<TensorMap>() == 16);

@@ -82,6 +82,22 @@ pub unsafe fn shfl_idx_f32(v: f32, src: u32) -> f32 {
     r
 }
 
+/// `vote.sync.ballot.b32` with the full mask: bit `i` set where lane `i`'s `pred` holds.
+/// Volatile like [`shfl_xor_f32`].
+///
+/// # Safety
+/// All 32 lanes of the warp must execute it together.
+#[inline(always)]
+pub unsafe fn ballot(pred: bool) -> u32 {
+    let r: u32;
+    // SAFETY: the caller guarantees the whole warp is converged here.
+    unsafe {
+        asm!("{{", ".reg .pred p;", "setp.ne.u32 p, {x}, 0;", "vote.sync.ballot.b32 {r}, p, 0xffffffff;", "}}",
+            r = out(reg32) r, x = in(reg32) pred as u32, options(nostack, nomem))
+    }
+    r
+}
+
 /// A 64-bit butterfly shuffle as two `shfl.sync.bfly.b32` (see [`shfl_xor_f32`]).
 ///
 /// # Safety

@@ -440,7 +440,9 @@ impl<'a, K: DecodeKind, const RGS: usize> Cta<'a, K, RGS> {
 pub unsafe fn decode_fp8<K: DecodeKind, const RGS: usize>(p: DecodeParams) {
     const { assert!(RGS == 1 || RGS == 2) };
     let (tile, b, split) = decode::cta_coords();
-    let Some(work) = decode::cta_work(&p, split, b) else {
+    // SAFETY: converged warps (every thread of the CTA, first).
+    let fold = unsafe { decode::fold_total(&p) };
+    let Some(work) = decode::cta_work(&p, tile, split, b, fold) else {
         return;
     };
     let blocks = work.kb1 - work.kb0;

@@ -588,7 +588,9 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
         return;
     }
     let (tile, b, split) = cta_coords();
-    let Some(work) = cta_work(&p, split, b) else {
+    // SAFETY: converged warps (every thread of the CTA, first).
+    let fold = unsafe { fold_total(&p) };
+    let Some(work) = cta_work(&p, tile, split, b, fold) else {
         return;
     };
     let (kb0, kb1) = (work.kb0, work.kb1);

@@ -60,7 +60,9 @@ pub(crate) use rows::{quad_max, quad_sum, red_max, red_sum, rescale_rows, write_
 // The exchange reductions over any writer count and the row normalisation: for `f8`.
 #[cfg(any(mla_hw_fp8, mla_wgmma))]
 pub(crate) use rows::{red_max_of, red_sum_of, row_norm};
-pub(crate) use work::{CtaWork, check_faults, cta_coords, cta_work, visible};
+pub(crate) use work::{
+    CtaWork, cell_busy, check_faults, cta_coords, cta_work, fold_total, visible,
+};
 
 use crate::arch::{self, cp_async, cvt, ldmatrix, smem, sync};
 use crate::elem::Half16;

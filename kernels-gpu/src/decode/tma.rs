@@ -1,8 +1,10 @@
 //! The TMA-fed `wgmma` decode (sm_90a only; `--cfg mla_wgmma`): bf16 Q and a bf16 or fp8
-//! e4m3 cache with pages of at least `decode_tile::TMA_MIN_PAGE` tokens. Same grid, block, params
+//! e4m3 cache with pages of at least `decode_tile::TMA_MIN_PAGE` tokens. Same block, params
 //! and outputs as [`crate::decode::wg`], plus the cache's tensor map as a second kernel
 //! parameter (by value, so every launch, eager or captured, carries the map of its own
-//! cache), so the host's split schedule, workspace and combine are shared.
+//! cache), so the host's split schedule, workspace and combine are shared. Persistent: at
+//! most one CTA per SM, each walking its cells of the virtual grid `(row tiles, batch,
+//! persist_splits)` that have work (`decode_tma`).
 //!
 //! - A split's blocks go in pairs: block A (stage 0) belongs to warpgroup 0, block B
 //!   (stage 1) to warpgroup 1. Each computes S for its own block (64 x 64, 36 k-steps)
@@ -36,13 +38,17 @@
 //!   block widens it in place just before its S (`Cta::convert`, one `cvt` per two
 //!   values, exact), and P is packed as f16. Everything else is the bf16 schedule.
 //!
+//! - A sequence of one split writes its output tile through shared memory in whole
+//!   16-byte chunks (`Cta::store_out`); a split's f32 partial goes straight from the
+//!   fragments (`decode::write_rows`).
+//!
 //! Here: the CTA's state, its phases (prologue, each warpgroup's pair step, epilogue) and
 //! the kernel body; the copy issue in [`issue`], S, P and P.V in [`math`].
 
 use crate::arch::{self, bulk, cp_async, smem, sync, wgmma};
 use crate::decode::wg::{SLAB, SLAB_TILE, aligned_base, slab_off};
 use crate::decode::{self, DecodeKind, M64};
-use crate::elem::Bf16;
+use crate::elem::{Bf16, Half16};
 use core::marker::PhantomData;
 use mla_abi::DecodeParams;
 use mla_abi::decode_tile as T;
@@ -114,7 +120,9 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         // SAFETY: converged warps.
         let uniform = |x: u32| unsafe { sync::shfl_idx_f32(f32::from_bits(x), 0) }.to_bits();
         let (len, kb0, kb1) = (uniform(w.len), uniform(w.kb0), uniform(w.kb1));
-        let tid = arch::thread_idx_x();
+        // Opaque: the lane's rows and addresses are computed per cell, not hoisted out of
+        // the persistent loop into registers that live through every cell.
+        let tid = arch::opaque(arch::thread_idx_x());
         let warp = tid / 32;
         let lane = tid % 32;
         let g = lane / 4;
@@ -135,7 +143,9 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             g,
             c: lane % 4,
             r_loc,
-            base: aligned_base(),
+            // Opaque: addresses derive from it per cell, as in a CTA of one cell, rather than
+            // being hoisted out of the persistent loop to live through every cell.
+            base: arch::opaque(aligned_base()),
             issuer: tid.is_multiple_of(128),
             vis_r: [
                 decode::visible(p, len, w.glen, row_a),
@@ -193,7 +203,9 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     /// All threads of the CTA, once, after Q landed (a CTA barrier inside).
     #[inline(always)]
     unsafe fn q_to_f16(&mut self) {
-        let tid = arch::thread_idx_x();
+        // Opaque: the chunk addresses are computed here, per cell, not hoisted out of the
+        // persistent loop into registers (or spills) that live through every cell.
+        let tid = arch::opaque(arch::thread_idx_x());
         let (r, part) = (tid / 4, tid % 4);
         let q_s = self.base;
         let at = |i: u32| q_s + slab_off(r, part + 4 * i);
@@ -231,29 +243,44 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         }
     }
 
-    /// Initialises the mbarriers, loads Q, issues the first pair (both halves, the
-    /// mbarriers' phase 0), then S of this warpgroup's block of the first pair (warpgroup 1
-    /// has none if the split has one block) into `s`.
+    /// Initialises the mbarriers (thread 0) and prefetches the map (the issuers), once per
+    /// CTA before its first cell; the first [`Cta::prologue`]'s CTA barrier publishes them.
     ///
     /// # Safety
-    /// All threads of the CTA, once, first (a CTA barrier inside).
+    /// Every thread of the CTA, once, before any copy.
     #[inline(always)]
-    unsafe fn prologue(&mut self, s: &mut [f32; 32]) {
-        let (p, tmap, b, len) = (self.p, self.tmap, self.b, self.len);
-        let (kb0, kb1) = (self.kb0, self.kb1);
-        let tid = arch::thread_idx_x();
-        // SAFETY: thread 0 initialises the mbarriers before any copy; every thread passes
-        // the CTA barriers; the Q tile holds 64 slab-layout rows of a validated q.
+    unsafe fn init_once(&self) {
+        // SAFETY: forwarded from the caller.
         unsafe {
             if self.issuer {
-                bulk::prefetch_tensormap(tmap);
+                bulk::prefetch_tensormap(self.tmap);
             }
-            if tid == 0 {
+            if arch::thread_idx_x() == 0 {
                 for k in 0..18 {
                     bulk::mbarrier_init(self.bars(0) + 8 * k, 1);
                 }
                 bulk::fence_mbarrier_init();
             }
+        }
+    }
+
+    /// Loads Q, issues the first pair (both halves; bit `st` of `phase`: the parity of the
+    /// phase stage `st`'s mbarriers complete next), then S of this
+    /// warpgroup's block of the first pair (warpgroup 1 has none if the split has one
+    /// block) into `s`.
+    ///
+    /// # Safety
+    /// All threads of the CTA, first in each cell (a CTA barrier inside), after
+    /// [`Cta::init_once`]; every read of the previous cell's shared memory has completed
+    /// in every thread (its epilogue's CTA barrier).
+    #[inline(always)]
+    unsafe fn prologue(&mut self, s: &mut [f32; 32], phase: u32) {
+        let (p, b, len) = (self.p, self.b, self.len);
+        let (kb0, kb1) = (self.kb0, self.kb1);
+        let tid = arch::thread_idx_x();
+        // SAFETY: thread 0 initialised the mbarriers before any copy; every thread passes
+        // the CTA barriers; the Q tile holds 64 slab-layout rows of a validated q.
+        unsafe {
             decode::load_q_tile::<K, M64>(p, b, self.row0, self.base, slab_off);
             cp_async::cp_async_commit_group();
             if tid == 0 {
@@ -280,7 +307,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         if own0 < kb1 {
             // SAFETY: converged warpgroup; the first pair's copies are issued.
             unsafe {
-                self.qk(s, self.wg, 0, own0, &|| {});
+                self.qk(s, self.wg, (phase >> self.wg) & 1, own0, &|| {});
                 wgmma::wgmma_wait_group::<0>();
                 self.zero_tail(self.wg, own0);
             }
@@ -471,57 +498,188 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             sync::bar_sync();
             let l_other = self.ld_rows(5 - wg);
             let l_tot = [l_own[0] + l_other[0], l_own[1] + l_other[1]];
-            let row_a = self.row0 + self.r_loc;
-            decode::write_rows::<K, M64>(
-                self.p,
-                &self.o,
-                l_tot,
-                self.m_run,
-                self.b,
-                row_a,
-                self.split,
-                self.nsplit,
-                wg,
-                self.c,
-            );
+            if self.nsplit == 1 {
+                self.store_out(l_tot);
+            } else {
+                let row_a = self.row0 + self.r_loc;
+                decode::write_rows::<K, M64>(
+                    self.p,
+                    &self.o,
+                    l_tot,
+                    self.m_run,
+                    self.b,
+                    row_a,
+                    self.split,
+                    self.nsplit,
+                    wg,
+                    self.c,
+                );
+            }
+        }
+    }
+
+    /// A sequence of one split: the normalised tile (64 rows x 512 bf16) goes through the
+    /// Q tile's shared memory (free once every S is done), then out in whole 16-byte
+    /// chunks, a warp writing 512 contiguous bytes of a row per store. Written straight
+    /// from the fragments, each store of a warp touched eight rows 16 bytes apiece, and the
+    /// epilogue's global stores were the kernel's largest stall (Nsight Compute, `lg`
+    /// throttle). The staged row `r` holds its 16-byte chunk `ch` at `ch ^ (r % 8)`, so
+    /// that the fragments' eight rows of a store fall in distinct banks.
+    ///
+    /// # Safety
+    /// All threads of the CTA, after the epilogue's CTA barrier (every `wgmma` done); the
+    /// host sized `out` and `lse` (validated). Ends with a CTA barrier: the next cell's Q
+    /// lands in the same shared memory.
+    #[inline(always)]
+    unsafe fn store_out(&self, l_tot: [f32; 2]) {
+        let p = self.p;
+        let rows = p.s_q * p.heads;
+        let stage = self.base;
+        let chunk_at = |r: u32, ch: u32| stage + r * 1024 + ((ch ^ (r % 8)) << 4);
+        // SAFETY: rows < 64 and chunks < 64 of the Q tile's first 64 KB; lse rows below
+        // `rows` of sequence b < batch; out rows below `rows`, dims < 512 (validated out).
+        unsafe {
+            unroll!(half in [0, 1] {
+                let r = self.r_loc + 8 * half as u32;
+                let (inv, lse) = decode::row_norm(l_tot[half], self.m_run[half]);
+                let scale = inv * p.value_scale * p.output_scale;
+                unroll!(nt in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
+                    let v = Bf16::pack2(self.o[nt][2 * half] * scale, self.o[nt][2 * half + 1] * scale);
+                    smem::st_shared_u32(chunk_at(r, 32 * self.wg + nt as u32) + 4 * self.c, v);
+                });
+                let gr = self.row0 + r;
+                if self.wg == 0 && self.c == 0 && gr < rows {
+                    *p.lse.ptr().add((self.b * rows + gr) as usize) = lse;
+                }
+            });
+            sync::bar_sync();
+            let tid = arch::thread_idx_x();
+            let ch = tid % 64;
+            unroll!(pass in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+                let r = 4 * pass as u32 + tid / 64;
+                let gr = self.row0 + r;
+                if gr < rows {
+                    let v = smem::ld_shared_v4(chunk_at(r, ch));
+                    let (t, h) = (gr / p.heads, gr % p.heads);
+                    let off = self.b as u64 * p.out_stride_b
+                        + t as u64 * p.out_stride_s
+                        + h as u64 * p.out_stride_h
+                        + 8 * ch as u64;
+                    let dst = (p.out.ptr() as *mut u16).add(off as usize) as *mut u8;
+                    if (dst as usize).is_multiple_of(16) {
+                        smem::st_global_v4(dst, v);
+                    } else {
+                        // A row start only 4-byte aligned (strided out).
+                        unroll!(k in [0, 1, 2, 3] {
+                            *(dst.add(4 * k) as *mut u32) = v[k];
+                        });
+                    }
+                }
+            });
+            sync::bar_sync();
         }
     }
 }
 
-/// The kernel body (see the module docs): the prologue (barriers, Q, the first pair's
-/// copies and S), per pair of blocks the page fetch and each warpgroup's step, the
-/// epilogue (row sums, stores).
+/// The kernel body (see the module docs): a persistent CTA takes the cells of the virtual
+/// grid `(row tiles, batch, persist_splits)` that are its own (`c, c + grid, ...`) and have
+/// work; it marks them 256 at a time (one bit per cell, each thread checking one), then
+/// runs each: the prologue (Q, the first pair's copies and S), per pair of blocks the page
+/// fetch and each warpgroup's step, the epilogue (row sums, stores). The mbarriers are
+/// initialised once; their phases carry on from cell to cell.
 ///
 /// # Safety
-/// Launched with the grid and block of [`crate::decode::wg`] and `TMA_SMEM_BYTES` of
-/// dynamic shared memory on params the host validated (bf16 Q, a bf16 or (`K::KV_FP8`)
-/// fp8 cache, pages of at least `TMA_MIN_PAGE` tokens); `tmap` is the generic address of
-/// the cache's map as `decode_tile` describes it, in the kernel's parameter space.
+/// Launched with `decode_tile::THREADS` threads, at most `tiles * batch * persist_splits`
+/// CTAs in x, and `TMA_SMEM_BYTES` of dynamic shared memory on params the host validated
+/// (bf16 Q, a bf16 or (`K::KV_FP8`) fp8 cache, pages of at least `TMA_MIN_PAGE` tokens,
+/// `persist_splits >= 1`); `tmap` is the generic address of the cache's map as
+/// `decode_tile` describes it, in the kernel's parameter space.
 #[inline(always)]
 pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *const u8) {
-    let (tile, b, split) = decode::cta_coords();
-    let Some(work) = decode::cta_work(&p, split, b) else {
-        return;
+    const MARKED: u32 = T::THREADS as u32;
+    let tid = arch::thread_idx_x();
+    // SAFETY: converged warps.
+    let uniform = |x: u32| unsafe { sync::shfl_idx_f32(f32::from_bits(x), 0) }.to_bits();
+    // The virtual grid and this CTA's share of it, recomputed where used (opaque) rather
+    // than held in registers through the cells.
+    let tiles = || arch::opaque((p.s_q * p.heads).div_ceil(BLOCK_N));
+    let coords = |i: u32| {
+        let (c, g, tiles) = (arch::block_idx_x(), arch::grid_dim_x(), tiles());
+        let v = c + i * g;
+        (v % tiles, (v / tiles) % p.batch, v / (tiles * p.batch))
     };
-    let mut cta = Cta::<K>::new(&p, tmap, work, tile, b, split);
-    let mut s = [0.0f32; 32];
-    // SAFETY: every thread runs every phase (loop bounds and has_b / next flags are
-    // CTA-uniform), so both warpgroups reach the named barriers in the order the module
-    // docs give; each warpgroup runs its wgmma sequences converged.
-    unsafe {
-        cta.prologue(&mut s);
-        let mut pair = 0u32;
-        let mut blk_a = cta.kb0;
-        while blk_a < cta.kb1 {
-            cta.fetch_next_pages(blk_a);
-            if cta.wg == 0 {
-                cta.step_a(&mut s, blk_a, pair & 1);
-            } else {
-                cta.step_b(&mut s, blk_a, pair & 1);
-            }
-            pair += 1;
-            blk_a += 2;
+    let mine = || {
+        let (c, g) = (arch::block_idx_x(), arch::grid_dim_x());
+        let cells = tiles() * p.batch * p.persist_splits;
+        if c < cells {
+            (cells - c).div_ceil(g)
+        } else {
+            0
         }
-        cta.epilogue();
+    };
+    // Bit `st`: the parity of stage `st`'s next mbarrier phase; bit 2: initialised.
+    let mut phase = 0u32;
+    // The next of this CTA's cells to look at (a multiple of 32: one warp's marks).
+    let mut at = 0u32;
+    // SAFETY: every thread runs every phase (the marks come from shared memory after a
+    // CTA barrier, loop bounds and has_b / next flags are CTA-uniform), so both
+    // warpgroups reach the named barriers in the order the module docs give; each
+    // warpgroup runs its wgmma sequences converged.
+    unsafe {
+        while at < mine() {
+            let marks = arch::opaque(aligned_base()) + T::TMA_SMEM_CELLS as u32;
+            if at.is_multiple_of(MARKED) {
+                let fold = decode::fold_total(&p);
+                let i = at + tid;
+                let busy = i < mine() && {
+                    let (tile, b, split) = coords(i);
+                    decode::cell_busy(&p, tile, b, split, fold)
+                };
+                let word = sync::ballot(busy);
+                // The previous marks are read by every thread before they change.
+                sync::bar_sync();
+                smem::st_shared_f32_if(
+                    marks + 4 * (tid / 32),
+                    f32::from_bits(word),
+                    tid.is_multiple_of(32) as u32,
+                );
+                sync::bar_sync();
+            }
+            let mut m = uniform(smem::ld_shared_f32(marks + 4 * (at % MARKED / 32)).to_bits());
+            while m != 0 {
+                let i = at + m.trailing_zeros();
+                m &= m - 1;
+                let (tile, b, split) = coords(i);
+                let fold = decode::fold_total(&p);
+                let Some(work) = decode::cta_work(&p, tile, split, b, fold) else {
+                    continue;
+                };
+                let mut cta = Cta::<K>::new(&p, tmap, work, tile, b, split);
+                // Declared per cell: S is dead between cells (its first wgmma overwrites it).
+                let mut s = [0.0f32; 32];
+                if phase & 4 == 0 {
+                    cta.init_once();
+                    phase |= 4;
+                }
+                cta.prologue(&mut s, phase);
+                let mut pair = 0u32;
+                let mut blk_a = cta.kb0;
+                while blk_a < cta.kb1 {
+                    cta.fetch_next_pages(blk_a);
+                    if cta.wg == 0 {
+                        cta.step_a(&mut s, blk_a, (phase + pair) & 1);
+                    } else {
+                        cta.step_b(&mut s, blk_a, ((phase >> 1) + pair) & 1);
+                    }
+                    pair += 1;
+                    blk_a += 2;
+                }
+                // Stage 0 took ceil(blocks / 2) phases, stage 1 floor(blocks / 2).
+                let blocks = cta.kb1 - cta.kb0;
+                phase ^= (blocks.div_ceil(2) & 1) | (((blocks / 2) & 1) << 1);
+                cta.epilogue();
+            }
+            at += 32;
+        }
     }
 }

@@ -530,7 +530,9 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
 #[inline(always)]
 pub unsafe fn decode_wg<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
     let (tile, b, split) = decode::cta_coords();
-    let Some(work) = decode::cta_work(&p, split, b) else {
+    // SAFETY: converged warps (every thread of the CTA, first).
+    let fold = unsafe { decode::fold_total(&p) };
+    let Some(work) = decode::cta_work(&p, tile, split, b, fold) else {
         return;
     };
     let (kb0, kb1) = (work.kb0, work.kb1);

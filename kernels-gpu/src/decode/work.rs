@@ -52,45 +52,96 @@ pub(crate) struct CtaWork {
     pub kb1: u32,
 }
 
-/// The work of CTA `(_, b, split)`, or `None` when it has none: `b` past the batch, a
-/// sequence the schedule skipped (0 splits: nothing is computed or written), or a split
-/// past the sequence's count.
+/// The folded schedule's batch total ([`SchedFold`](mla_abi::SchedFold)), `None` when
+/// the split counts are read from `num_splits`.
+///
+/// # Safety
+/// All 32 lanes of the warp call it together (converged).
 #[inline(always)]
-pub(crate) fn cta_work(p: &DecodeParams, split: u32, b: u32) -> Option<CtaWork> {
-    // The folded schedule (the warp sums over the whole batch) runs before the range check,
-    // in converged code: every lane of every warp takes part.
-    let batch_blocks = if p.fold.tiles != 0 {
-        // SAFETY: converged warps; i < batch entries of seq_lens.
+pub(crate) unsafe fn fold_total(p: &DecodeParams) -> Option<u64> {
+    if p.fold.tiles != 0 {
+        // SAFETY: forwarded from the caller.
         Some(unsafe { warp_batch_blocks(p) })
     } else {
         None
-    };
-    if b >= p.batch {
-        return None;
     }
+}
+
+/// Sequence `b`'s raw length and raw split count (`<= 0`: skipped): computed by the folded
+/// schedule from `batch_blocks` ([`fold_total`]), else read from `num_splits`.
+///
+/// # Safety
+/// `b < batch`.
+#[inline(always)]
+pub(crate) unsafe fn split_count(
+    p: &DecodeParams,
+    b: u32,
+    batch_blocks: Option<u64>,
+) -> (i32, i32) {
     // SAFETY: b < batch entries of seq_lens and num_splits.
     let glen_raw = unsafe { *p.seq_lens.ptr().add(b as usize) };
-    let len_raw = p.shard.local_len(glen_raw);
     let nsplit_raw = match batch_blocks {
-        Some(total) => {
-            let s = mla_abi::schedule_splits(
-                p.shard.schedule_blocks(glen_raw, p.fold.max_len),
-                total * p.fold.tiles as u64,
-                p.fold.target_ctas as u64,
-                p.max_splits as u64,
-                p.fold.tiles as u64,
-                p.fold.step_log2,
-            ) as i32;
-            if split == 0 && arch::block_idx_x() == 0 && arch::thread_idx_x() == 0 {
-                // SAFETY: b < batch entries; one writer per sequence, read by the combine
-                // after this grid completes.
-                unsafe { *p.num_splits.ptr().add(b as usize) = s };
-            }
-            s
-        }
+        Some(total) => mla_abi::schedule_splits(
+            p.shard.schedule_blocks(glen_raw, p.fold.max_len),
+            total * p.fold.tiles as u64,
+            p.fold.target_ctas as u64,
+            p.max_splits as u64,
+            p.fold.tiles as u64,
+            p.fold.step_log2,
+        ) as i32,
         // SAFETY: as above.
         None => unsafe { *p.num_splits.ptr().add(b as usize) },
     };
+    (glen_raw, nsplit_raw)
+}
+
+/// Whether cell `(tile, b, split)` of a decode grid has work for [`cta_work`] to do: a
+/// split below its sequence's count, or (folded schedule) the cell of row tile 0, split 0
+/// that writes the count.
+///
+/// # Safety
+/// As [`split_count`]'s, for `b < batch`.
+#[inline(always)]
+pub(crate) unsafe fn cell_busy(
+    p: &DecodeParams,
+    tile: u32,
+    b: u32,
+    split: u32,
+    batch_blocks: Option<u64>,
+) -> bool {
+    if b >= p.batch {
+        return false;
+    }
+    if batch_blocks.is_some() && tile == 0 && split == 0 {
+        return true;
+    }
+    // SAFETY: b < batch.
+    let (_, nsplit_raw) = unsafe { split_count(p, b, batch_blocks) };
+    nsplit_raw > 0 && split < (nsplit_raw as u32).min(p.max_splits)
+}
+
+/// The work of cell `(tile, b, split)` of a decode grid, or `None` when it has none: `b`
+/// past the batch, a sequence the schedule skipped (0 splits: nothing is computed or
+/// written), or a split past the sequence's count. `batch_blocks`: [`fold_total`].
+#[inline(always)]
+pub(crate) fn cta_work(
+    p: &DecodeParams,
+    tile: u32,
+    split: u32,
+    b: u32,
+    batch_blocks: Option<u64>,
+) -> Option<CtaWork> {
+    if b >= p.batch {
+        return None;
+    }
+    // SAFETY: b < batch.
+    let (glen_raw, nsplit_raw) = unsafe { split_count(p, b, batch_blocks) };
+    if batch_blocks.is_some() && split == 0 && tile == 0 && arch::thread_idx_x() == 0 {
+        // SAFETY: b < batch entries; one writer per sequence, read by the combine after
+        // this grid completes.
+        unsafe { *p.num_splits.ptr().add(b as usize) = nsplit_raw };
+    }
+    let len_raw = p.shard.local_len(glen_raw);
     if nsplit_raw <= 0 {
         return None;
     }
@@ -110,7 +161,7 @@ pub(crate) fn cta_work(p: &DecodeParams, split: u32, b: u32) -> Option<CtaWork> 
         (len, len.div_ceil(BLOCK_N))
     };
     let (kb0, kb1) = chunk_blocks(blocks, nsplit, split);
-    if !p.fault.is_null() && arch::block_idx_x() == 0 {
+    if !p.fault.is_null() && tile == 0 {
         // SAFETY: b < batch; the tokens are this split's, below the clamped length.
         unsafe {
             check_faults(
