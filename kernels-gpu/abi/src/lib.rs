@@ -230,14 +230,16 @@ pub mod decode_tile {
     /// The TMA-fed `wgmma` decode (sm_90a only, `names::DECODE_TMA_BF16` and
     /// `DECODE_TMA_FP8KV_BF16Q`, bf16 or fp8 caches with pages of at least `TMA_MIN_PAGE`
     /// tokens; an fp8 box lands as raw 64-byte rows in its slab's upper half, widened to
-    /// f16 in place): the same grid, block and params (plus
-    /// the cache's `TensorMap`, by value). Each warpgroup owns every other block of a split (blocks are taken in
+    /// f16 in place): the same block and params (plus the cache's `TensorMap`, by value);
+    /// grid `min(row tiles * batch * splits, SMs)`, persistent over that virtual grid
+    /// (`DecodeParams::persist_splits`). Each warpgroup owns every other block of a split (blocks are taken in
     /// pairs, one per KV stage). Offsets from the 1024-byte aligned base: Q, two KV stages
     /// filled by `cp.async.bulk.tensor` (box `{64 dims, min(page, 64) tokens, 1 page}`,
     /// 128-byte swizzle: one box per slab and page), the first warpgroup's P (the second's
     /// goes to stage 1's slab 8 once S is done with it), the exchange (max and scale of
     /// each warpgroup, then each one's row sums: 6 x 64 f32), eighteen mbarriers (one per
-    /// stage and slab) and the page entries the copies are issued with.
+    /// stage and slab), the page entries the copies are issued with and the marks of a
+    /// persistent CTA's cells.
     pub const TMA_SMEM_P0: usize = 3 * QK_TILE_BYTES;
     pub const TMA_SMEM_RED: usize = TMA_SMEM_P0 + WG_SLAB_BYTES;
     pub const TMA_RED_BYTES: usize = 6 * BLOCK_M * 4;
