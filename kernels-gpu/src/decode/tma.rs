@@ -569,7 +569,8 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                     if (dst as usize).is_multiple_of(16) {
                         smem::st_global_v4(dst, v);
                     } else {
-                        // A row start only 4-byte aligned (strided out).
+                        // A guard: validation keeps out rows 16-byte aligned
+                        // (`CHUNK_ALIGN` at the base and every stride).
                         unroll!(k in [0, 1, 2, 3] {
                             *(dst.add(4 * k) as *mut u32) = v[k];
                         });
