@@ -602,11 +602,13 @@ impl Runtime {
             kernels.grid_splits as u32,
         );
         let persistent = kernel.params == Params::DecodeWithMap;
+        if persistent {
+            p.persist_splits = cells.2;
+        }
         let grid = LaunchShape {
             grid: if persistent {
                 // One CTA per SM (the TMA decode's shared memory allows no second) walks
                 // the cells: no CTA launches only to find its cell empty.
-                p.persist_splits = cells.2;
                 let all = cells.0 as usize * cells.1 as usize * cells.2 as usize;
                 (all.min(self.device().sm_count.max(1) as usize) as u32, 1, 1)
             } else {
