@@ -439,10 +439,8 @@ impl<'a, K: DecodeKind, const RGS: usize> Cta<'a, K, RGS> {
 #[inline(always)]
 pub unsafe fn decode_fp8<K: DecodeKind, const RGS: usize>(p: DecodeParams) {
     const { assert!(RGS == 1 || RGS == 2) };
-    let (tile, b, split) = decode::cta_coords();
-    // SAFETY: converged warps (every thread of the CTA, first).
-    let fold = unsafe { decode::fold_total(&p) };
-    let Some(work) = decode::cta_work(&p, tile, split, b, fold) else {
+    // SAFETY: every thread of the CTA, converged, first.
+    let Some((tile, b, split, work)) = (unsafe { decode::grid_cell_work(&p) }) else {
         return;
     };
     let blocks = work.kb1 - work.kb0;

@@ -587,10 +587,8 @@ pub unsafe fn decode<K: DecodeKind, L: Layout>(p: DecodeParams) {
         unsafe { super::f8::decode_fp8::<K, 1>(p) };
         return;
     }
-    let (tile, b, split) = cta_coords();
-    // SAFETY: converged warps (every thread of the CTA, first).
-    let fold = unsafe { fold_total(&p) };
-    let Some(work) = cta_work(&p, tile, split, b, fold) else {
+    // SAFETY: every thread of the CTA, converged, first.
+    let Some((tile, b, split, work)) = (unsafe { grid_cell_work(&p) }) else {
         return;
     };
     let (kb0, kb1) = (work.kb0, work.kb1);

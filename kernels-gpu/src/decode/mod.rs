@@ -7,12 +7,12 @@
 //! - [`wg`]: the 64-row `wgmma` kernel (sm_90a), [`tma`]: its TMA-fed bf16 form.
 //! - [`reference`]: one CTA per query row, f32, for the `reference` backend.
 //! - Here: page-table lookups, Q and KV row copies; in [`work`] the CTA's work
-//!   ([`cta_coords`], [`cta_work`], the folded schedule, the checked mode's
+//!   ([`grid_cell_work`], [`cta_work`], the folded schedule, the checked mode's
 //!   [`check_faults`]); in [`rows`] the row statistics and the row stores ([`write_rows`]).
 //!
 //! The `mma.sync` kernel:
 //!
-//! - Grid: `(ceil(s_q * heads / BM), batch, max_splits)` ([`cta_coords`]). CTA
+//! - Grid: `(ceil(s_q * heads / BM), batch, max_splits)` ([`grid_cell_work`]). CTA
 //!   `(tile, b, split)` takes query rows `tile * BM .. +BM` of sequence `b` (row `r` is
 //!   query token `r / heads`, head `r % heads`: S_q is folded into the rows) over KV chunk
 //!   `split` of `num_splits[b]` (whole 64-token blocks, [`mla_abi::chunk_blocks`]). CTAs
@@ -61,7 +61,7 @@ pub(crate) use rows::{quad_max, quad_sum, red_max, red_sum, rescale_rows, write_
 #[cfg(any(mla_hw_fp8, mla_wgmma))]
 pub(crate) use rows::{red_max_of, red_sum_of, row_norm};
 pub(crate) use work::{
-    CtaWork, cell_busy, check_faults, cta_coords, cta_work, fold_total, visible,
+    CtaWork, cell_busy, check_faults, cta_work, fold_total, grid_cell_work, visible,
 };
 
 use crate::arch::{self, cp_async, cvt, ldmatrix, smem, sync};

@@ -68,6 +68,17 @@ const BAR_WG: [u32; 2] = [5, 6];
 mod issue;
 mod math;
 
+/// Lane 0's `x` in every lane: a value ptxas knows is warp-uniform (a `wgmma` behind a
+/// branch on a value it cannot prove uniform is serialized).
+///
+/// # Safety
+/// All 32 lanes of the warp, converged.
+#[inline(always)]
+unsafe fn uniform(x: u32) -> u32 {
+    // SAFETY: forwarded from the caller.
+    unsafe { sync::shfl_idx_f32(f32::from_bits(x), 0) }.to_bits()
+}
+
 use issue::block_pages;
 use math::{exp_rows, frags_of, m_ref_of, scaled};
 
@@ -117,9 +128,8 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         b: u32,
         split: u32,
     ) -> Self {
-        // SAFETY: converged warps.
-        let uniform = |x: u32| unsafe { sync::shfl_idx_f32(f32::from_bits(x), 0) }.to_bits();
-        let (len, kb0, kb1) = (uniform(w.len), uniform(w.kb0), uniform(w.kb1));
+        // SAFETY (every `uniform`): converged warps.
+        let (len, kb0, kb1) = unsafe { (uniform(w.len), uniform(w.kb0), uniform(w.kb1)) };
         // Opaque: the lane's rows and addresses are computed per cell, not hoisted out of
         // the persistent loop into registers that live through every cell.
         let tid = arch::opaque(arch::thread_idx_x());
@@ -139,7 +149,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             kb0,
             kb1,
             row0,
-            wg: uniform(warp / 4),
+            wg: unsafe { uniform(warp / 4) },
             g,
             c: lane % 4,
             r_loc,
@@ -599,8 +609,6 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
 pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *const u8) {
     const MARKED: u32 = T::THREADS as u32;
     let tid = arch::thread_idx_x();
-    // SAFETY: converged warps.
-    let uniform = |x: u32| unsafe { sync::shfl_idx_f32(f32::from_bits(x), 0) }.to_bits();
     // The virtual grid and this CTA's share of it, recomputed where used (opaque) rather
     // than held in registers through the cells.
     let tiles = || arch::opaque((p.s_q * p.heads).div_ceil(BLOCK_N));

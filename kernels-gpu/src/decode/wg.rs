@@ -529,10 +529,8 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
 /// (bf16 Q, a bf16 or (`K::KV_FP8`) fp8 e4m3 cache, shapes, strides, workspace capacity).
 #[inline(always)]
 pub unsafe fn decode_wg<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
-    let (tile, b, split) = decode::cta_coords();
-    // SAFETY: converged warps (every thread of the CTA, first).
-    let fold = unsafe { decode::fold_total(&p) };
-    let Some(work) = decode::cta_work(&p, tile, split, b, fold) else {
+    // SAFETY: every thread of the CTA, converged, first.
+    let Some((tile, b, split, work)) = (unsafe { decode::grid_cell_work(&p) }) else {
         return;
     };
     let (kb0, kb1) = (work.kb0, work.kb1);

@@ -25,16 +25,24 @@ pub(crate) fn visible(p: &DecodeParams, len: u32, glen: u32, gr: u32) -> u32 {
     }
 }
 
-/// This CTA's `(row tile, sequence, split)` in a decode grid (every decode kernel's).
-/// The grid is `(row tiles, batch, splits)`: split-major, so every split-0 CTA (all of the
-/// work at large batch) launches before any CTA of a split a sequence may not have.
+/// This CTA's `(row tile, sequence, split)` in a decode grid launched cell for cell (every
+/// decode kernel but the persistent TMA one), and its work ([`cta_work`]), or `None` when
+/// it has none. The grid is `(row tiles, batch, splits)`: split-major, so every split-0 CTA
+/// (all of the work at large batch) launches before any CTA of a split a sequence may not
+/// have.
+///
+/// # Safety
+/// Every thread of the CTA, converged, first ([`fold_total`]).
 #[inline(always)]
-pub(crate) fn cta_coords() -> (u32, u32, u32) {
-    (
+pub(crate) unsafe fn grid_cell_work(p: &DecodeParams) -> Option<(u32, u32, u32, CtaWork)> {
+    let (tile, b, split) = (
         arch::block_idx_x(),
         arch::block_idx_y(),
         arch::block_idx_z(),
-    )
+    );
+    // SAFETY: forwarded from the caller.
+    let fold = unsafe { fold_total(p) };
+    cta_work(p, tile, split, b, fold).map(|w| (tile, b, split, w))
 }
 
 /// What CTA `(_, b, split)` of a decode grid (64- or 16-row tile, `mma.sync` or `wgmma`)
@@ -95,6 +103,17 @@ pub(crate) unsafe fn split_count(
     (glen_raw, nsplit_raw)
 }
 
+/// The splits that run of a sequence whose raw split count ([`split_count`]) is
+/// `nsplit_raw`: none when it is `<= 0` (skipped), else at most `max_splits`.
+#[inline(always)]
+fn live_splits(p: &DecodeParams, nsplit_raw: i32) -> u32 {
+    if nsplit_raw <= 0 {
+        0
+    } else {
+        (nsplit_raw as u32).min(p.max_splits)
+    }
+}
+
 /// Whether cell `(tile, b, split)` of a decode grid has work for [`cta_work`] to do: a
 /// split below its sequence's count, or (folded schedule) the cell of row tile 0, split 0
 /// that writes the count.
@@ -117,7 +136,7 @@ pub(crate) unsafe fn cell_busy(
     }
     // SAFETY: b < batch.
     let (_, nsplit_raw) = unsafe { split_count(p, b, batch_blocks) };
-    nsplit_raw > 0 && split < (nsplit_raw as u32).min(p.max_splits)
+    split < live_splits(p, nsplit_raw)
 }
 
 /// The work of cell `(tile, b, split)` of a decode grid, or `None` when it has none: `b`
@@ -142,10 +161,7 @@ pub(crate) fn cta_work(
         unsafe { *p.num_splits.ptr().add(b as usize) = nsplit_raw };
     }
     let len_raw = p.shard.local_len(glen_raw);
-    if nsplit_raw <= 0 {
-        return None;
-    }
-    let nsplit = (nsplit_raw as u32).min(p.max_splits);
+    let nsplit = live_splits(p, nsplit_raw);
     if split >= nsplit {
         return None;
     }
