@@ -23,13 +23,16 @@ fn combine_matches_cpu_merge() {
     let mut rng = SplitMix64::new(seed);
     let mut failures = Vec::new();
     // Both builds (names::combine): narrow for the first three (at most 8 chunks, or 1536
-    // rows: more than one wave of the wide build), wide for the last two.
+    // rows: more than one wave of the wide build), wide for the next two. The last is
+    // narrow at a batch whose grid the host cuts to about one wave: each CTA strides over
+    // several of its sequence's row groups.
     for &(batch, s_q, heads, max_splits, out_t) in &[
         (1usize, 1usize, 1usize, 2usize, ElemType::Bf16),
         (5, 2, 16, 8, ElemType::Bf16),
         (3, 4, 128, MAX_SPLITS as usize, ElemType::Fp16),
         (64, 1, 3, 17, ElemType::Bf16),
         (2, 1, 16, MAX_SPLITS as usize, ElemType::Fp16),
+        (160, 1, 128, 3, ElemType::Bf16),
     ] {
         let rows = s_q * heads;
         let splits: Vec<i32> = (0..batch)

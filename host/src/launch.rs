@@ -264,7 +264,7 @@ pub(crate) fn addr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
     p
 }
 
-/// The combine's grid over `rows` query rows of `batch` sequences: `kernel`'s block holds
+/// The merge's grid over `rows` query rows of `batch` sequences: `kernel`'s block holds
 /// whole `combine_tile::THREADS` rows.
 fn combine_launch_shape(kernel: &Kernel, rows: usize, batch: usize) -> LaunchShape {
     let per_cta = kernel.block / combine_tile::THREADS as u32;
@@ -273,6 +273,18 @@ fn combine_launch_shape(kernel: &Kernel, rows: usize, batch: usize) -> LaunchSha
         block: kernel.block,
         smem: kernel.smem,
     }
+}
+
+/// The combine's grid: [`combine_launch_shape`] with its width cut so that the whole grid
+/// is at most one wave of `wave` CTAs (at least one CTA per sequence); each CTA strides
+/// over its sequence's row groups. A sequence of one split then costs a few CTAs that read
+/// its split count, not one CTA per row group: at B = 128, H = 128 the full width was
+/// 4096 CTAs.
+fn combine_grid(kernel: &Kernel, rows: usize, batch: usize, wave: u32) -> LaunchShape {
+    let mut shape = combine_launch_shape(kernel, rows, batch);
+    let per_seq = (wave / (batch as u32).max(1)).max(1);
+    shape.grid.0 = shape.grid.0.min(per_seq);
+    shape
 }
 
 /// Grid, block and dynamic shared memory of one launch.
@@ -651,7 +663,7 @@ impl Runtime {
             output_scale: p.output_scale,
             _pad: 0,
         };
-        let grid = combine_launch_shape(combine, rows, shape.batch);
+        let grid = combine_grid(combine, rows, shape.batch, self.wave(combine.symbol));
         // SAFETY: the combine reads what the decode wrote, in stream order.
         unsafe { launch_with(self, combine.symbol, grid, stream, &c, kernels.pdl) }
     }
@@ -743,7 +755,7 @@ impl Runtime {
             launch(
                 self,
                 kernel,
-                combine_launch_shape(spec(kernel), rows, batch),
+                combine_grid(spec(kernel), rows, batch, self.wave(kernel)),
                 stream.cu_stream(),
                 &c,
             )
@@ -912,5 +924,24 @@ impl Runtime {
         };
         // SAFETY: validated request.
         unsafe { launch(self, kernel, grid, stream.cu_stream(), &p) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn combine_grid_is_at_most_a_wave_with_a_cta_per_sequence() {
+        let k = spec(names::COMBINE_BF16);
+        let per_cta = (k.block / combine_tile::THREADS as u32) as usize;
+        let groups = 128usize.div_ceil(per_cta) as u32;
+        // A large batch: the width cut to what one wave holds.
+        let s = combine_grid(k, 128, 128, 264);
+        assert_eq!(s.grid, (2, 128, 1));
+        // A small batch: every row group its own CTA.
+        assert_eq!(combine_grid(k, 128, 1, 264).grid, (groups, 1, 1));
+        // More sequences than a wave holds: one CTA each.
+        assert_eq!(combine_grid(k, 16, 1000, 264).grid, (1, 1000, 1));
     }
 }

@@ -175,6 +175,8 @@ pub struct Runtime {
     ctx: Arc<CudaContext>,
     _module: Arc<CudaModule>,
     functions: HashMap<&'static str, CudaFunction>,
+    /// CTAs of each kernel one SM holds at once at its launch block and shared memory.
+    per_sm: HashMap<&'static str, u32>,
     info: DeviceInfo,
     variant: Variant,
     form: ImageForm,
@@ -294,10 +296,25 @@ impl Runtime {
                     source,
                 })?;
         }
+        let mut per_sm = HashMap::new();
+        for kernel in variant.kernels() {
+            let n = functions[kernel.symbol]
+                .occupancy_max_active_blocks_per_multiprocessor(
+                    kernel.block,
+                    kernel.smem as usize,
+                    None,
+                )
+                .map_err(|e| MlaError::Load {
+                    variant: variant.name().into(),
+                    detail: format!("occupancy of {}: {e:?}", kernel.symbol),
+                })?;
+            per_sm.insert(kernel.symbol, n);
+        }
         Ok(Self {
             ctx,
             _module: module,
             functions,
+            per_sm,
             info,
             variant,
             form,
@@ -335,6 +352,13 @@ impl Runtime {
     /// A new stream on this runtime's context.
     pub fn new_stream(&self) -> Result<Arc<CudaStream>> {
         Ok(self.ctx.new_stream()?)
+    }
+
+    /// CTAs of `name` that the whole device holds at once at its launch block and shared
+    /// memory (at least one per SM).
+    pub(crate) fn wave(&self, name: &'static str) -> u32 {
+        let per_sm = self.per_sm.get(name).copied().unwrap_or(1).max(1);
+        self.info.sm_count.max(1) * per_sm
     }
 
     /// A resolved kernel.

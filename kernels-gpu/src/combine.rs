@@ -2,9 +2,13 @@
 //! final output with the exact log-sum-exp rule
 //! `lse = log(sum_i exp(lse_i))`, `O = sum_i exp(lse_i - lse) * O_i`.
 //!
-//! - Grid: `(ceil(s_q * heads / R), batch)`: `R` query rows per CTA (`combine_tile::
-//!   ROWS_NARROW` in the narrow build, 1 in the wide one), `combine_tile::THREADS` (128)
-//!   threads per row; thread `t` of a row owns output dims `4t .. 4t + 4`.
+//! - Grid: `(X, batch)` with `1 <= X <= ceil(s_q * heads / R)`: `R` query rows at a time
+//!   per CTA (`combine_tile::ROWS_NARROW` in the narrow build, 1 in the wide one),
+//!   `combine_tile::THREADS` (128) threads per row; thread `t` of a row owns output dims
+//!   `4t .. 4t + 4`. CTA `x` takes row groups `x, x + X, ...` of its sequence, and a
+//!   sequence of one split costs each of its CTAs one load: the host sizes `X` so that the
+//!   whole grid is about one wave (at B = 128, H = 128 the grid of one group per CTA was
+//!   4096 CTAs that mostly only read `num_splits`).
 //! - Shared memory: none. Each warp loads all of the row's `lse_i` at once (lane `j`: chunks
 //!   `j` and `j + 32`) and reduces them with shuffles; the `O_i` loads go out `UNROLL`
 //!   chunks at a time, so a row costs a few memory latencies, not one per chunk (a 64-chunk
@@ -39,10 +43,12 @@ pub(crate) unsafe fn warp_lse_weights<const N: usize>(l: [f32; N]) -> (f32, [f32
     for &li in &l[1..] {
         m = sync::fmax(m, li);
     }
-    for x in [16, 8, 4, 2, 1] {
+    // Unrolled by hand: inside the combine's row loop LLVM kept these loops and their
+    // offsets in local memory.
+    unroll!(x in [16, 8, 4, 2, 1] {
         // SAFETY: forwarded from the caller.
-        m = sync::fmax(m, unsafe { sync::shfl_xor_f32(m, x) });
-    }
+        m = sync::fmax(m, unsafe { sync::shfl_xor_f32(m, x as u32) });
+    });
     let weight = |li: f32| {
         if li == f32::NEG_INFINITY {
             0.0
@@ -55,10 +61,10 @@ pub(crate) unsafe fn warp_lse_weights<const N: usize>(l: [f32; N]) -> (f32, [f32
     for &wi in &w[1..] {
         sum += wi;
     }
-    for x in [16, 8, 4, 2, 1] {
+    unroll!(x in [16, 8, 4, 2, 1] {
         // SAFETY: forwarded from the caller.
-        sum += unsafe { sync::shfl_xor_f32(sum, x) };
-    }
+        sum += unsafe { sync::shfl_xor_f32(sum, x as u32) };
+    });
     (m, w, sum)
 }
 
@@ -66,12 +72,8 @@ pub(crate) unsafe fn warp_lse_weights<const N: usize>(l: [f32; N]) -> (f32, [f32
 /// Launched with the grid and block above on params that the host validated.
 #[inline(always)]
 pub unsafe fn combine<O: Half16, const UNROLL: usize, const ROWS: u32>(p: CombineParams) {
-    // ROWS query rows per CTA, `combine_tile::THREADS` threads each (whole warps: no CTA
-    // barrier below, so a row's warps may leave early).
-    let row = arch::block_idx_x() * ROWS + arch::thread_idx_x() / combine_tile::THREADS as u32;
     let b = arch::block_idx_y();
-    let rows = p.s_q * p.heads;
-    if row >= rows || b >= p.batch {
+    if b >= p.batch {
         return;
     }
     // SAFETY: b < batch and num_splits has batch entries.
@@ -79,7 +81,39 @@ pub unsafe fn combine<O: Half16, const UNROLL: usize, const ROWS: u32>(p: Combin
     if splits <= 1 {
         return;
     }
-    let splits = (splits as u32).min(p.max_splits);
+    let splits = (splits as u32).min(p.max_splits).min(MAX_SPLITS);
+    // ROWS query rows per step, `combine_tile::THREADS` threads each (whole warps: no CTA
+    // barrier below, so a row's warps may leave early); the CTA strides over the
+    // sequence's row groups by the grid's width.
+    let rows = p.s_q * p.heads;
+    let mut group = arch::block_idx_x();
+    let step = arch::grid_dim_x();
+    loop {
+        let row = group * ROWS + arch::thread_idx_x() / combine_tile::THREADS as u32;
+        if row >= rows {
+            return;
+        }
+        // SAFETY: forwarded from the caller; row < rows, b < batch, 2 <= splits <=
+        // min(max_splits, MAX_SPLITS).
+        unsafe { combine_row::<O, UNROLL>(p, b, row, splits) };
+        group += step;
+    }
+}
+
+/// One query row `row` of sequence `b`, merged over its `splits` chunks by the
+/// `combine_tile::THREADS` threads (whole warps) that own it.
+///
+/// # Safety
+/// The row's warps together and converged; `b < batch`, `row < s_q * heads` and
+/// `splits <= min(max_splits, MAX_SPLITS)` of params the host validated.
+#[inline(always)]
+unsafe fn combine_row<O: Half16, const UNROLL: usize>(
+    p: CombineParams,
+    b: u32,
+    row: u32,
+    splits: u32,
+) {
+    let rows = p.s_q * p.heads;
     let split_stride = (p.batch * rows) as usize;
     let row_idx = (b * rows + row) as usize;
 
@@ -88,7 +122,6 @@ pub unsafe fn combine<O: Half16, const UNROLL: usize, const ROWS: u32>(p: Combin
     // them with shuffles: the max, each chunk's weight, their sum.
     const PARTS: usize = MAX_SPLITS as usize / 32;
     const _: () = assert!(PARTS * 32 == MAX_SPLITS as usize);
-    let splits = splits.min(MAX_SPLITS);
     let lane = arch::thread_idx_x() % 32;
     // SAFETY (the loads below): split < splits <= max_splits and row_idx < batch * rows
     // index the workspace the host sized as max_splits * batch * rows (* D_V).
@@ -99,7 +132,7 @@ pub unsafe fn combine<O: Half16, const UNROLL: usize, const ROWS: u32>(p: Combin
             f32::NEG_INFINITY
         }
     };
-    // SAFETY: the whole CTA runs this code converged (row and b are CTA-uniform).
+    // SAFETY: the row's warps run this code converged (row and b are warp-uniform).
     let (m, w, sum) = unsafe {
         warp_lse_weights::<PARTS>(core::array::from_fn(|k| lse_at(lane + 32 * k as u32)))
     };

@@ -916,7 +916,9 @@ pub struct MergeParams {
     pub ranks: u32,
 }
 
-/// Params of `mla_combine_*`. Grid: `(s_q * heads, batch)`, block `combine_tile::THREADS`.
+/// Params of `mla_combine_*`. Grid: `(X, batch)`, `X` in `1..=ceil(s_q * heads / R)` (each CTA
+/// strides over its sequence's groups of `R` rows), block `combine_tile::THREADS * R`; `R` is
+/// `combine_tile::ROWS_NARROW` for the narrow kernels and 1 for the wide ones.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct CombineParams {
