@@ -625,7 +625,7 @@ fn from_env_reads_mla_backends() {
 }
 
 /// The combine's build (`names::combine`): wide only for more than 8 chunks on rows that fit
-/// one wave of it (3 CTAs per SM); by output type either way.
+/// one wave of it (2 CTAs per SM); by output type either way.
 #[test]
 fn combine_build_by_chunks_and_rows() {
     use mla_abi::names::{
@@ -634,9 +634,9 @@ fn combine_build_by_chunks_and_rows() {
     // B = 1, H = 16 and 128 with 64 chunks: wide.
     assert_eq!(combine(false, 64, 16, 132), COMBINE_WIDE_BF16);
     assert_eq!(combine(true, 64, 128, 132), COMBINE_WIDE_FP16);
-    assert_eq!(combine(false, 9, 396, 132), COMBINE_WIDE_BF16);
+    assert_eq!(combine(false, 9, 264, 132), COMBINE_WIDE_BF16);
     // At most 8 chunks, or more rows than one wave of the wide build: narrow.
     assert_eq!(combine(false, 8, 16, 132), COMBINE_BF16);
-    assert_eq!(combine(false, 64, 397, 132), COMBINE_BF16);
+    assert_eq!(combine(false, 64, 265, 132), COMBINE_BF16);
     assert_eq!(combine(true, 33, 1024, 132), COMBINE_FP16);
 }

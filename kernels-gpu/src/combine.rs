@@ -16,8 +16,9 @@
 //!   (`combine_tile::UNROLL_NARROW`, few registers: many CTAs per SM for the thousands of
 //!   rows of a large batch, whose plans have few chunks) and wide (`UNROLL_WIDE`, for plans
 //!   of more than `NARROW_MAX_SPLITS` chunks: small batches, few rows). One build of 16
-//!   measured 1.4-1.8x faster at B = 1 but up to 22% slower at B = 32-64 (142 registers:
-//!   3 CTAs per SM).
+//!   measured 1.4-1.8x faster at B = 1 but up to 22% slower at B = 32-64 (then 142
+//!   registers: 3 CTAs per SM). The first `UNROLL` chunks' O loads go out with the lse
+//!   loads.
 //! - Reads [`CombineParams`]: `num_splits[b]` (sequences with one split are skipped: the
 //!   decode kernel wrote their output), `partial_lse`, `partial_o`; writes `out`, `lse`.
 //! - Chunks with `lse_i = -inf` (no visible keys) get weight exactly 0; a row whose chunks
@@ -117,14 +118,37 @@ unsafe fn combine_row<O: Half16, const UNROLL: usize>(
     let split_stride = (p.batch * rows) as usize;
     let row_idx = (b * rows + row) as usize;
 
+    // O: this thread's four dims of each chunk, UNROLL chunk loads in flight at a time.
+    let t = (arch::thread_idx_x() % combine_tile::THREADS as u32) as usize;
+    let dim0 = t * combine_tile::DIMS_PER_THREAD;
+    const { assert!(UNROLL >= 1 && UNROLL <= 16) };
+    // Chunks i0 .. i0 + UNROLL (sixteen slots, of which the first UNROLL are used: the
+    // rest fold away).
+    let load = |i0: u32| {
+        let mut vs = [[0u32; 4]; 16];
+        unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+            let i = i0 + j as u32;
+            if j < UNROLL && i < splits {
+                let src = (i as usize * split_stride + row_idx) * D_V + dim0;
+                // SAFETY: i < splits <= max_splits and row_idx < batch * rows index the
+                // workspace the host sized as max_splits * batch * rows * D_V; 16-byte
+                // aligned (D_V and dim0 multiples of 4 f32).
+                vs[j] = unsafe { arch::smem::ld_global_nc_v4(p.partial_o.ptr().add(src) as *const u8) };
+            }
+        });
+        vs
+    };
+    // The first chunks' O go out before the lse loads below, so that both arrive in one
+    // memory latency rather than one after the other.
+    let mut vs = load(0);
+
     // Every warp holds all the row's lse values, lane j those of chunks j, j + 32, j + 64
     // and j + 96, all loaded at once (one memory latency, not one per chunk), and reduces
     // them with shuffles: the max, each chunk's weight, their sum.
     const PARTS: usize = MAX_SPLITS as usize / 32;
     const _: () = assert!(PARTS * 32 == MAX_SPLITS as usize);
     let lane = arch::thread_idx_x() % 32;
-    // SAFETY (the loads below): split < splits <= max_splits and row_idx < batch * rows
-    // index the workspace the host sized as max_splits * batch * rows (* D_V).
+    // SAFETY (the loads below): as in `load`.
     let lse_at = |i: u32| {
         if i < splits {
             unsafe { *p.partial_lse.ptr().add(i as usize * split_stride + row_idx) }
@@ -137,18 +161,12 @@ unsafe fn combine_row<O: Half16, const UNROLL: usize>(
         warp_lse_weights::<PARTS>(core::array::from_fn(|k| lse_at(lane + 32 * k as u32)))
     };
 
-    // O: this thread's four dims of each chunk, UNROLL chunk loads in flight at a time. A
-    // chunk of weight 0 may hold garbage (an empty chunk's O is never written): its value
+    // A chunk of weight 0 may hold garbage (an empty chunk's O is never written): its value
     // is replaced by 0, never multiplied.
-    let t = (arch::thread_idx_x() % combine_tile::THREADS as u32) as usize;
-    let dim0 = t * combine_tile::DIMS_PER_THREAD;
     let mut acc = [0.0f32; combine_tile::DIMS_PER_THREAD];
     let mut i0 = 0;
-    const { assert!(UNROLL >= 1 && UNROLL <= 16) };
-    while i0 < splits {
-        // Sixteen slots, of which the first UNROLL are used (the rest fold away).
+    loop {
         let mut ws = [0.0f32; 16];
-        let mut vs = [[0u32; 4]; 16];
         unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
             if j < UNROLL {
                 let i = i0 + j as u32;
@@ -161,11 +179,6 @@ unsafe fn combine_row<O: Half16, const UNROLL: usize>(
                 }
                 // SAFETY: a warp-uniform source lane (i is uniform).
                 ws[j] = unsafe { sync::shfl_idx_f32(src_w, i % 32) };
-                if i < splits {
-                    let src = (i as usize * split_stride + row_idx) * D_V + dim0;
-                    // SAFETY: 16-byte aligned (D_V and dim0 multiples of 4 f32), in bounds.
-                    vs[j] = unsafe { arch::smem::ld_global_nc_v4(p.partial_o.ptr().add(src) as *const u8) };
-                }
             }
         });
         unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
@@ -176,6 +189,10 @@ unsafe fn combine_row<O: Half16, const UNROLL: usize>(
             }
         });
         i0 += UNROLL as u32;
+        if i0 >= splits {
+            break;
+        }
+        vs = load(i0);
     }
     let (scale, lse) = if sum > 0.0 {
         (p.output_scale / sum, m + sync::lg2(sum) * LN2)

@@ -390,11 +390,12 @@ pub mod combine_tile {
     pub const UNROLL_NARROW: usize = 2;
     pub const UNROLL_WIDE: usize = 16;
     /// The wide kernel runs when a launch allows more chunks than this and its rows fit in
-    /// one wave of the wide kernel (`WIDE_CTAS_PER_SM` CTAs per SM: 142 registers x 128
-    /// threads on sm_90a). A large grid of few chunks is faster narrow (measured on the
-    /// H200 at B = 32-64: the wide build alone was up to 22% slower there).
+    /// one wave of the wide kernel (`WIDE_CTAS_PER_SM` CTAs per SM: 215 registers x 128
+    /// threads on sm_90a, its first sixteen chunks' O in flight with the lse loads). A
+    /// large grid of few chunks is faster narrow (measured on the H200 at B = 32-64: the
+    /// wide build alone was up to 22% slower there).
     pub const NARROW_MAX_SPLITS: u32 = 8;
-    pub const WIDE_CTAS_PER_SM: u32 = 3;
+    pub const WIDE_CTAS_PER_SM: u32 = 2;
     /// Query rows per CTA of the narrow build (`THREADS` threads each): a large batch's
     /// combine is thousands of rows, most of them exiting at once when their sequence had
     /// one split; four rows per CTA launch a quarter of the CTAs.
