@@ -22,10 +22,10 @@ fn combine_matches_cpu_merge() {
     };
     let mut rng = SplitMix64::new(seed);
     let mut failures = Vec::new();
-    // Both builds (names::combine): narrow for the first three (at most 8 chunks, or 1536
-    // rows: more than one wave of the wide build), wide for the next two. The last is
-    // narrow at a batch whose grid the host cuts to about one wave: each CTA strides over
-    // several of its sequence's row groups.
+    // Both builds (names::combine): narrow for the first two and the last (at most 8
+    // chunks), wide for the others. The third (1536 rows, wide) and the last (narrow) have
+    // grids the host cuts to one wave: each CTA strides over several of its sequence's
+    // row groups.
     for &(batch, s_q, heads, max_splits, out_t) in &[
         (1usize, 1usize, 1usize, 2usize, ElemType::Bf16),
         (5, 2, 16, 8, ElemType::Bf16),

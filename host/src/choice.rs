@@ -247,14 +247,17 @@ impl DecodeKernels {
         batch <= self.fold_max_batch
     }
 
-    /// The combine for `rows` query rows in all (`batch * s_q * heads`) on `sm_count` SMs,
-    /// or `None` when the grid has one split (the decode writes the output itself).
-    pub fn combine_for(&self, rows: usize, sm_count: u32) -> Option<&'static Kernel> {
+    /// The combine for a batch of `batch` sequences of `rows` query rows each on
+    /// `sm_count` SMs, or `None` when the grid has one split (the decode writes the output
+    /// itself). Chosen for the splits a batch of even sequences gets.
+    pub fn combine_for(&self, batch: usize, rows: usize, sm_count: u32) -> Option<&'static Kernel> {
         (self.grid_splits > 1 && !self.reference).then(|| {
+            let splits = (self.wave_splits / batch.max(1)).clamp(1, self.grid_splits);
             spec(names::combine(
                 self.combine_fp16,
                 self.grid_splits as u32,
-                rows as u64,
+                splits.min(u32::MAX as usize) as u32,
+                (batch * rows) as u64,
                 sm_count,
             ))
         })
@@ -276,7 +279,7 @@ impl DecodeKernels {
         }
         out.push(self.decode.symbol);
         for batch in [1, max_batch] {
-            if let Some(c) = self.combine_for(batch * rows, sm_count)
+            if let Some(c) = self.combine_for(batch, rows, sm_count)
                 && !out.contains(&c.symbol)
             {
                 out.push(c.symbol);

@@ -144,7 +144,7 @@ fn small_pages_and_other_backends_take_no_tma() {
     assert!(k.reference);
     assert_eq!(k.decode.symbol, names::DECODE_REF_FP8);
     assert_eq!(k.all(4, 16, 132), vec![names::DECODE_REF_FP8]);
-    assert_eq!(k.combine_for(64, 132), None);
+    assert_eq!(k.combine_for(4, 16, 132), None);
 }
 
 /// The tactic's switches turn PDL, the TMA decode and the fold off, one at a time.
@@ -177,17 +177,24 @@ fn switches_turn_pdl_tma_and_fold_off() {
 
 #[test]
 fn fold_and_combine_follow_batch_and_splits() {
-    let k = kernels(Backend::Sm90a, Tile::M16N64, DecodeDtypes::Fp16, 64, 64);
+    // A plan whose schedule gives a lone sequence 132 splits, at most 64.
+    let k = kernels(Backend::Sm90a, Tile::M16N64, DecodeDtypes::Fp16, 64, 64).with_wave_splits(132);
     assert!(k.folds(1) && k.folds(mla_abi::SCHED_FOLD_MAX_BATCH));
     assert!(!k.folds(mla_abi::SCHED_FOLD_MAX_BATCH + 1));
-    // 64 chunks over few rows: the wide combine; over many rows the narrow one.
+    // One sequence (64 chunks) of 16 rows: the wide combine; a large batch (one or two
+    // chunks each) the narrow one.
     assert_eq!(
-        k.combine_for(16, 132).map(|c| c.symbol),
+        k.combine_for(1, 16, 132).map(|c| c.symbol),
         Some(names::COMBINE_WIDE_FP16)
     );
     assert_eq!(
-        k.combine_for(100_000, 132).map(|c| c.symbol),
+        k.combine_for(100_000, 1, 132).map(|c| c.symbol),
         Some(names::COMBINE_FP16)
+    );
+    // Eight sequences of 64 rows (16 chunks each): 512 rows, wide in two waves.
+    assert_eq!(
+        k.combine_for(8, 64, 132).map(|c| c.symbol),
+        Some(names::COMBINE_WIDE_FP16)
     );
     assert_eq!(
         k.all(64, 16, 132),
@@ -200,7 +207,7 @@ fn fold_and_combine_follow_batch_and_splits() {
     );
     // One split: the decode writes the output, no combine.
     let k = kernels(Backend::Sm90a, Tile::M16N64, DecodeDtypes::Fp16, 64, 1);
-    assert_eq!(k.combine_for(16, 132), None);
+    assert_eq!(k.combine_for(1, 16, 132), None);
     assert_eq!(k.all(4, 16, 132), vec![names::DECODE16_FP16]);
 }
 

@@ -624,19 +624,27 @@ fn from_env_reads_mla_backends() {
     set(None);
 }
 
-/// The combine's build (`names::combine`): wide only for more than 8 chunks on rows that fit
-/// one wave of it (2 CTAs per SM); by output type either way.
+/// The combine's build (`names::combine`): wide only where a launch allows more than 8
+/// chunks and it takes fewer rounds (memory trips times waves) than narrow; by output type
+/// either way.
 #[test]
 fn combine_build_by_chunks_and_rows() {
     use mla_abi::names::{
         COMBINE_BF16, COMBINE_FP16, COMBINE_WIDE_BF16, COMBINE_WIDE_FP16, combine,
     };
     // B = 1, H = 16 and 128 with 64 chunks: wide.
-    assert_eq!(combine(false, 64, 16, 132), COMBINE_WIDE_BF16);
-    assert_eq!(combine(true, 64, 128, 132), COMBINE_WIDE_FP16);
-    assert_eq!(combine(false, 9, 264, 132), COMBINE_WIDE_BF16);
-    // At most 8 chunks, or more rows than one wave of the wide build: narrow.
-    assert_eq!(combine(false, 8, 16, 132), COMBINE_BF16);
-    assert_eq!(combine(false, 64, 265, 132), COMBINE_BF16);
-    assert_eq!(combine(true, 33, 1024, 132), COMBINE_FP16);
+    assert_eq!(combine(false, 64, 64, 16, 132), COMBINE_WIDE_BF16);
+    assert_eq!(combine(true, 64, 64, 128, 132), COMBINE_WIDE_FP16);
+    assert_eq!(combine(false, 9, 9, 264, 132), COMBINE_WIDE_BF16);
+    // B = 8, H = 16, S_q = 4: 512 rows of 16 chunks, one trip in two waves against eight.
+    assert_eq!(combine(false, 66, 16, 512, 132), COMBINE_WIDE_BF16);
+    // At most 8 chunks allowed: narrow.
+    assert_eq!(combine(false, 8, 8, 16, 132), COMBINE_BF16);
+    // Many rows of few expected chunks (B = 32, H = 128: two each): narrow.
+    assert_eq!(combine(false, 9, 2, 4096, 132), COMBINE_BF16);
+    assert_eq!(combine(true, 33, 2, 1024, 132), COMBINE_FP16);
+    // B = 8, H = 128: 1024 rows of 8 chunks, four trips either way: narrow.
+    assert_eq!(combine(false, 33, 8, 1024, 132), COMBINE_BF16);
+    // The expected count is clamped to the bound.
+    assert_eq!(combine(false, 9, 1000, 264, 132), COMBINE_WIDE_BF16);
 }

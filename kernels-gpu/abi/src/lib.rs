@@ -389,12 +389,14 @@ pub mod combine_tile {
     /// sixteen chunks, for few rows with many chunks).
     pub const UNROLL_NARROW: usize = 2;
     pub const UNROLL_WIDE: usize = 16;
-    /// The wide kernel runs when a launch allows more chunks than this and its rows fit in
-    /// one wave of the wide kernel (`WIDE_CTAS_PER_SM` CTAs per SM: 215 registers x 128
-    /// threads on sm_90a, its first sixteen chunks' O in flight with the lse loads). A
-    /// large grid of few chunks is faster narrow (measured on the H200 at B = 32-64: the
-    /// wide build alone was up to 22% slower there).
+    /// The wide kernel runs only where a launch allows more chunks than this (a large grid
+    /// of few chunks is faster narrow: measured on the H200 at B = 32-64, the wide build
+    /// alone was up to 22% slower there), and then where it takes fewer rounds (memory
+    /// round trips times waves, `names::combine`).
     pub const NARROW_MAX_SPLITS: u32 = 8;
+    /// CTAs per SM of each build on sm_90a: narrow 54 registers x 512 threads, wide 215
+    /// x 128 (its first sixteen chunks' O in flight with the lse loads).
+    pub const NARROW_CTAS_PER_SM: u32 = 2;
     pub const WIDE_CTAS_PER_SM: u32 = 2;
     /// Query rows per CTA of the narrow build (`THREADS` threads each): a large batch's
     /// combine is thousands of rows, most of them exiting at once when their sequence had
@@ -523,12 +525,34 @@ pub mod names {
     pub const MERGE_FP16: &str = "mla_merge_fp16";
 
     /// The combine kernel for a 16-bit output (`fp16`, else bf16), a launch's chunk bound
-    /// and its rows (`batch * s_q * heads`, one CTA each) on `sm_count` SMs (see
-    /// `combine_tile::NARROW_MAX_SPLITS`).
-    pub const fn combine(fp16: bool, max_splits: u32, rows: u64, sm_count: u32) -> &'static str {
-        use super::combine_tile::{NARROW_MAX_SPLITS, WIDE_CTAS_PER_SM};
-        let wide =
-            max_splits > NARROW_MAX_SPLITS && rows <= WIDE_CTAS_PER_SM as u64 * sm_count as u64;
+    /// `max_splits`, the chunks a sequence is expected to have (`splits`: even lengths,
+    /// the plan's share per sequence) and its rows (`batch * s_q * heads`) on `sm_count`
+    /// SMs. Wide where the launch allows more than `combine_tile::NARROW_MAX_SPLITS`
+    /// chunks and it takes fewer rounds than narrow: a round is one memory round trip of
+    /// every row in one wave, `ceil(splits / UNROLL)` trips times the waves the rows take.
+    /// At B = 8, H = 16, S_q = 4 (512 rows of 16 chunks) narrow is 8 trips in one wave,
+    /// wide one trip in two waves.
+    pub const fn combine(
+        fp16: bool,
+        max_splits: u32,
+        splits: u32,
+        rows: u64,
+        sm_count: u32,
+    ) -> &'static str {
+        use super::combine_tile as C;
+        let splits = if splits < 1 {
+            1
+        } else if splits > max_splits {
+            max_splits
+        } else {
+            splits
+        } as u64;
+        let sm = if sm_count < 1 { 1 } else { sm_count } as u64;
+        let narrow_rows = C::ROWS_NARROW as u64 * C::NARROW_CTAS_PER_SM as u64 * sm;
+        let wide_rows = C::WIDE_CTAS_PER_SM as u64 * sm;
+        let narrow = splits.div_ceil(C::UNROLL_NARROW as u64) * rows.div_ceil(narrow_rows);
+        let wide_rounds = splits.div_ceil(C::UNROLL_WIDE as u64) * rows.div_ceil(wide_rows);
+        let wide = max_splits > C::NARROW_MAX_SPLITS && wide_rounds < narrow;
         match (fp16, wide) {
             (false, false) => COMBINE_BF16,
             (true, false) => COMBINE_FP16,
