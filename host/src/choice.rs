@@ -247,13 +247,32 @@ impl DecodeKernels {
         batch <= self.fold_max_batch
     }
 
+    /// The combine for `rows` query rows in all (`batch * s_q * heads`) on `sm_count` SMs
+    /// when any sequence may take the grid's splits, or `None` when the grid has one split
+    /// (the decode writes the output itself). A launch uses [`DecodeKernels::combine_for_batch`].
+    pub fn combine_for(&self, rows: usize, sm_count: u32) -> Option<&'static Kernel> {
+        (self.grid_splits > 1 && !self.reference).then(|| {
+            spec(names::combine(
+                self.combine_fp16,
+                self.grid_splits as u32,
+                rows as u64,
+                sm_count,
+            ))
+        })
+    }
+
     /// The combine for a batch of `batch` sequences of `rows` query rows each on
     /// `sm_count` SMs, or `None` when the grid has one split (the decode writes the output
     /// itself). Chosen for the splits a batch of even sequences gets.
-    pub fn combine_for(&self, batch: usize, rows: usize, sm_count: u32) -> Option<&'static Kernel> {
+    pub fn combine_for_batch(
+        &self,
+        batch: usize,
+        rows: usize,
+        sm_count: u32,
+    ) -> Option<&'static Kernel> {
         (self.grid_splits > 1 && !self.reference).then(|| {
             let splits = (self.wave_splits / batch.max(1)).clamp(1, self.grid_splits);
-            spec(names::combine(
+            spec(names::combine_expecting(
                 self.combine_fp16,
                 self.grid_splits as u32,
                 splits.min(u32::MAX as usize) as u32,
@@ -279,7 +298,7 @@ impl DecodeKernels {
         }
         out.push(self.decode.symbol);
         for batch in [1, max_batch] {
-            if let Some(c) = self.combine_for(batch, rows, sm_count)
+            if let Some(c) = self.combine_for_batch(batch, rows, sm_count)
                 && !out.contains(&c.symbol)
             {
                 out.push(c.symbol);

@@ -644,7 +644,8 @@ impl Runtime {
                 launch_with(self, kernel.symbol, grid, stream, &p, kernels.pdl)?;
             }
         }
-        let Some(combine) = kernels.combine_for(shape.batch, rows, self.device().sm_count) else {
+        let Some(combine) = kernels.combine_for_batch(shape.batch, rows, self.device().sm_count)
+        else {
             return Ok(());
         };
         let c = CombineParams {
@@ -718,7 +719,6 @@ impl Runtime {
         let combine = |fp16| {
             names::combine(
                 fp16,
-                max_splits as u32,
                 max_splits as u32,
                 (batch * rows) as u64,
                 self.device().sm_count,

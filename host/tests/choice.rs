@@ -144,7 +144,8 @@ fn small_pages_and_other_backends_take_no_tma() {
     assert!(k.reference);
     assert_eq!(k.decode.symbol, names::DECODE_REF_FP8);
     assert_eq!(k.all(4, 16, 132), vec![names::DECODE_REF_FP8]);
-    assert_eq!(k.combine_for(4, 16, 132), None);
+    assert_eq!(k.combine_for_batch(4, 16, 132), None);
+    assert_eq!(k.combine_for(64, 132), None);
 }
 
 /// The tactic's switches turn PDL, the TMA decode and the fold off, one at a time.
@@ -184,16 +185,22 @@ fn fold_and_combine_follow_batch_and_splits() {
     // One sequence (64 chunks) of 16 rows: the wide combine; a large batch (one or two
     // chunks each) the narrow one.
     assert_eq!(
-        k.combine_for(1, 16, 132).map(|c| c.symbol),
+        k.combine_for_batch(1, 16, 132).map(|c| c.symbol),
         Some(names::COMBINE_WIDE_FP16)
     );
     assert_eq!(
-        k.combine_for(100_000, 1, 132).map(|c| c.symbol),
+        k.combine_for_batch(100_000, 1, 132).map(|c| c.symbol),
         Some(names::COMBINE_FP16)
+    );
+    // Any sequence may take all 64 chunks: wide over 100 000 rows as well (four trips a
+    // wave against 32).
+    assert_eq!(
+        k.combine_for(100_000, 132).map(|c| c.symbol),
+        Some(names::COMBINE_WIDE_FP16)
     );
     // Eight sequences of 64 rows (16 chunks each): 512 rows, wide in two waves.
     assert_eq!(
-        k.combine_for(8, 64, 132).map(|c| c.symbol),
+        k.combine_for_batch(8, 64, 132).map(|c| c.symbol),
         Some(names::COMBINE_WIDE_FP16)
     );
     assert_eq!(
@@ -207,7 +214,8 @@ fn fold_and_combine_follow_batch_and_splits() {
     );
     // One split: the decode writes the output, no combine.
     let k = kernels(Backend::Sm90a, Tile::M16N64, DecodeDtypes::Fp16, 64, 1);
-    assert_eq!(k.combine_for(1, 16, 132), None);
+    assert_eq!(k.combine_for_batch(1, 16, 132), None);
+    assert_eq!(k.combine_for(16, 132), None);
     assert_eq!(k.all(4, 16, 132), vec![names::DECODE16_FP16]);
 }
 

@@ -631,20 +631,31 @@ fn from_env_reads_mla_backends() {
 fn combine_build_by_chunks_and_rows() {
     use mla_abi::names::{
         COMBINE_BF16, COMBINE_FP16, COMBINE_WIDE_BF16, COMBINE_WIDE_FP16, combine,
+        combine_expecting,
     };
     // B = 1, H = 16 and 128 with 64 chunks: wide.
-    assert_eq!(combine(false, 64, 64, 16, 132), COMBINE_WIDE_BF16);
-    assert_eq!(combine(true, 64, 64, 128, 132), COMBINE_WIDE_FP16);
-    assert_eq!(combine(false, 9, 9, 264, 132), COMBINE_WIDE_BF16);
+    assert_eq!(combine_expecting(false, 64, 64, 16, 132), COMBINE_WIDE_BF16);
+    assert_eq!(combine_expecting(true, 64, 64, 128, 132), COMBINE_WIDE_FP16);
+    assert_eq!(combine_expecting(false, 9, 9, 264, 132), COMBINE_WIDE_BF16);
     // B = 8, H = 16, S_q = 4: 512 rows of 16 chunks, one trip in two waves against eight.
-    assert_eq!(combine(false, 66, 16, 512, 132), COMBINE_WIDE_BF16);
+    assert_eq!(
+        combine_expecting(false, 66, 16, 512, 132),
+        COMBINE_WIDE_BF16
+    );
     // At most 8 chunks allowed: narrow.
-    assert_eq!(combine(false, 8, 8, 16, 132), COMBINE_BF16);
+    assert_eq!(combine_expecting(false, 8, 8, 16, 132), COMBINE_BF16);
     // Many rows of few expected chunks (B = 32, H = 128: two each): narrow.
-    assert_eq!(combine(false, 9, 2, 4096, 132), COMBINE_BF16);
-    assert_eq!(combine(true, 33, 2, 1024, 132), COMBINE_FP16);
+    assert_eq!(combine_expecting(false, 9, 2, 4096, 132), COMBINE_BF16);
+    assert_eq!(combine_expecting(true, 33, 2, 1024, 132), COMBINE_FP16);
     // B = 8, H = 128: 1024 rows of 8 chunks, four trips either way: narrow.
-    assert_eq!(combine(false, 33, 8, 1024, 132), COMBINE_BF16);
+    assert_eq!(combine_expecting(false, 33, 8, 1024, 132), COMBINE_BF16);
     // The expected count is clamped to the bound.
-    assert_eq!(combine(false, 9, 1000, 264, 132), COMBINE_WIDE_BF16);
+    assert_eq!(
+        combine_expecting(false, 9, 1000, 264, 132),
+        COMBINE_WIDE_BF16
+    );
+    // Without an expected count every sequence may take the bound.
+    assert_eq!(combine(false, 64, 16, 132), COMBINE_WIDE_BF16);
+    assert_eq!(combine(false, 8, 4096, 132), COMBINE_BF16);
+    assert_eq!(combine(true, 9, 4096, 132), COMBINE_WIDE_FP16);
 }

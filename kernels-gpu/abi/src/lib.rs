@@ -525,6 +525,13 @@ pub mod names {
     pub const MERGE_FP16: &str = "mla_merge_fp16";
 
     /// The combine kernel for a 16-bit output (`fp16`, else bf16), a launch's chunk bound
+    /// and its rows (`batch * s_q * heads`) on `sm_count` SMs, when every sequence may
+    /// have the bound: [`combine_expecting`] with `splits = max_splits`.
+    pub const fn combine(fp16: bool, max_splits: u32, rows: u64, sm_count: u32) -> &'static str {
+        combine_expecting(fp16, max_splits, max_splits, rows, sm_count)
+    }
+
+    /// The combine kernel for a 16-bit output (`fp16`, else bf16), a launch's chunk bound
     /// `max_splits`, the chunks a sequence is expected to have (`splits`: even lengths,
     /// the plan's share per sequence) and its rows (`batch * s_q * heads`) on `sm_count`
     /// SMs. Wide where the launch allows more than `combine_tile::NARROW_MAX_SPLITS`
@@ -532,7 +539,7 @@ pub mod names {
     /// every row in one wave, `ceil(splits / UNROLL)` trips times the waves the rows take.
     /// At B = 8, H = 16, S_q = 4 (512 rows of 16 chunks) narrow is 8 trips in one wave,
     /// wide one trip in two waves.
-    pub const fn combine(
+    pub const fn combine_expecting(
         fp16: bool,
         max_splits: u32,
         splits: u32,
