@@ -200,14 +200,18 @@ impl DecodeKernels {
         }
     }
 
+    /// The splits each of `batch` even sequences gets (the schedule's even share).
+    fn even_splits(&self, batch: usize) -> usize {
+        (self.wave_splits / batch.max(1)).clamp(1, self.grid_splits)
+    }
+
     /// KV blocks per split of the launch's longest possible sequence when the batch's
     /// sequences are all that long (the schedule's even share).
     pub fn even_blocks_per_split(&self, shape: &DecodeShape) -> usize {
-        let splits = (self.wave_splits / shape.batch.max(1)).clamp(1, self.grid_splits);
         shape
             .max_seq_len()
             .div_ceil(mla_abi::decode_tile::BLOCK_N)
-            .div_ceil(splits)
+            .div_ceil(self.even_splits(shape.batch))
     }
 
     /// The decode kernel for a validated request: the TMA decode where the request's cache
@@ -251,14 +255,7 @@ impl DecodeKernels {
     /// when any sequence may take the grid's splits, or `None` when the grid has one split
     /// (the decode writes the output itself). A launch uses [`DecodeKernels::combine_for_batch`].
     pub fn combine_for(&self, rows: usize, sm_count: u32) -> Option<&'static Kernel> {
-        (self.grid_splits > 1 && !self.reference).then(|| {
-            spec(names::combine(
-                self.combine_fp16,
-                self.grid_splits as u32,
-                rows as u64,
-                sm_count,
-            ))
-        })
+        self.combine_expecting(self.grid_splits, rows, sm_count)
     }
 
     /// The combine for a batch of `batch` sequences of `rows` query rows each on
@@ -270,13 +267,23 @@ impl DecodeKernels {
         rows: usize,
         sm_count: u32,
     ) -> Option<&'static Kernel> {
+        self.combine_expecting(self.even_splits(batch), batch * rows, sm_count)
+    }
+
+    /// [`names::combine_expecting`] for `splits` chunks a sequence over `rows` rows in all,
+    /// or `None` when the grid has one split.
+    fn combine_expecting(
+        &self,
+        splits: usize,
+        rows: usize,
+        sm_count: u32,
+    ) -> Option<&'static Kernel> {
         (self.grid_splits > 1 && !self.reference).then(|| {
-            let splits = (self.wave_splits / batch.max(1)).clamp(1, self.grid_splits);
             spec(names::combine_expecting(
                 self.combine_fp16,
                 self.grid_splits as u32,
-                splits.min(u32::MAX as usize) as u32,
-                (batch * rows) as u64,
+                splits as u32,
+                rows as u64,
                 sm_count,
             ))
         })

@@ -264,8 +264,9 @@ pub(crate) fn addr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
     p
 }
 
-/// The merge's grid over `rows` query rows of `batch` sequences: `kernel`'s block holds
-/// whole `combine_tile::THREADS` rows.
+/// The full grid over `rows` query rows of `batch` sequences, one CTA per group of rows
+/// (`kernel`'s block holds whole `combine_tile::THREADS` rows): the merge's, and the
+/// combine's before [`combine_grid`] cuts its width.
 fn combine_launch_shape(kernel: &Kernel, rows: usize, batch: usize) -> LaunchShape {
     let per_cta = kernel.block / combine_tile::THREADS as u32;
     LaunchShape {
