@@ -297,9 +297,12 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                 let mut blk = kb0;
                 while blk < kb1 && blk < kb0 + 2 {
                     let st = blk - kb0;
-                    let pages = block_pages(p, b, blk, len);
-                    self.issue_half(pages, blk, st, 0);
-                    self.issue_half(pages, blk, st, 1);
+                    // Thread 0 is warpgroup 0's issuer: its page slots are free until
+                    // the first pair's fetch, which this thread issues after these reads.
+                    let slot = self.pages_s(st);
+                    smem::st_shared_v4(slot, block_pages(p, b, blk, len).map(|x| x as u32));
+                    self.issue_half(slot, blk, st, 0);
+                    self.issue_half(slot, blk, st, 1);
                     blk += 1;
                 }
             }
