@@ -127,3 +127,21 @@ pub fn opaque(x: u32) -> u32 {
     };
     y
 }
+
+/// `.pragma "nounroll";` as the first statement of a loop body (its header block): ptxas
+/// keeps that loop rolled. For cold loops inside a hot path, where unrolled copies only
+/// spread the hot code over more instruction-cache lines.
+///
+/// # Safety
+/// First statement of the loop body it is meant for (anywhere else it applies to whatever
+/// loop's header it lands in, or nothing).
+#[inline(always)]
+pub unsafe fn no_unroll() {
+    // SAFETY: a compiler directive, no instruction.
+    unsafe {
+        core::arch::asm!(
+            ".pragma \"nounroll\";",
+            options(nomem, nostack, preserves_flags)
+        )
+    };
+}

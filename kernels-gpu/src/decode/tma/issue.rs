@@ -121,8 +121,11 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         if valid < BLOCK_N && !K::KV_FP8 {
             let mut i = arch::thread_idx_x() % 128;
             while i < (BLOCK_N - valid) * 64 {
-                // SAFETY: row valid + i / 64 < 64, chunk i % 64 < 64: inside slabs 0-7.
+                // SAFETY: first in the loop body; row valid + i / 64 < 64, chunk i % 64 < 64:
+                // inside slabs 0-7. Rolled: this cold loop sits in the pair loop's path,
+                // where ptxas's four unrolled copies cost instruction fetch around it.
                 unsafe {
+                    arch::no_unroll();
                     smem::st_shared_v4(self.kv_s(st) + slab_off(valid + i / 64, i % 64), [0; 4])
                 };
                 i += 128;
