@@ -63,11 +63,11 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     /// stage's mbarrier `s`. A bf16 cache lands as the slab's swizzled rows; an fp8 cache as
     /// 64 raw 64-byte rows in the slab's upper half, which [`Cta::convert`] widens in place.
     ///
-    /// A loop over the box positions, each issuing the half's slabs with one page read: one
-    /// thread runs this, in the middle of the pair loop, and unrolled (20 boxes, each behind
-    /// its own branch) each of the four call sites put about 230 instructions that the
-    /// other warps jump over between the `wgmma`s. Nsight Compute put 15% of the stall samples on instruction
-    /// fetch (`no_inst`), against 4.5% in FlashMLA's decode, whose pair loop is compact.
+    /// A loop over the box positions, each issuing the half's slabs straight-line with one
+    /// page read: about 70 instructions per call site. One thread runs this in the middle of
+    /// the pair loop, so its code sits in the other warps' instruction stream; unrolled
+    /// (20 boxes, each behind its own branch) it spread the hot path over three times as
+    /// many instruction-cache lines (docs/PERF.md 3.3, instruction fetch).
     ///
     /// # Safety
     /// One thread; the half's mbarriers initialised with no copy pending on them; nothing
