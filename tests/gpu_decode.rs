@@ -251,6 +251,10 @@ fn corner_cases() {
         ),
         CaseSpec::new(DecodeDtypes::Bf16, 64, 16, 1, vec![131072]),
         CaseSpec::new(DecodeDtypes::Fp8KvBf16Q, 128, 16, 2, vec![131072]),
+        // Pages of 32 tokens: the TMA decodes' two boxes per slab (pages of 16 take four, of
+        // 64 or more one), with a partial last box and block.
+        CaseSpec::new(DecodeDtypes::Bf16, 32, 128, 1, vec![1, 31, 33, 1000, 2049]),
+        CaseSpec::new(DecodeDtypes::Fp8KvBf16Q, 32, 32, 2, vec![32, 65, 777, 3000]),
     ];
     let mut shared = CaseSpec::new(DecodeDtypes::Bf16, 16, 32, 2, vec![500, 613, 700, 801]);
     shared.share_prefix_pages = true;
