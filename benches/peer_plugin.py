@@ -108,14 +108,14 @@ def supports(B, L, H, s_q, page_size, causal):
     return True, ""
 
 
-def _make(q, kcache, kv_dtype, kv_scale, block_table, seq_lens, scale):
+def _make(q, kcache, kv_dtype, kv_scale, block_table, seq_lens, scale, q_dtype=MLA_BF16, q_scale=1.0):
     lib = _load()
     B, s_q, H, _ = q.shape
     num_pages, page = kcache.shape[0], kcache.shape[1]
     max_pages = block_table.shape[1]
     L = int(seq_lens.max().item())
     cfg = PlanConfig(max_batch=B, heads=H, s_q=s_q, page_size=page, max_seq_len=max(L, max_pages * page),
-                     q_dtype=MLA_BF16, kv_dtype=kv_dtype, waves=0, tile=_tile_for(H * s_q))
+                     q_dtype=q_dtype, kv_dtype=kv_dtype, waves=0, tile=_tile_for(H * s_q))
     plan = ctypes.c_void_p()
     _check(lib, lib.mla_plan_create(_rt, ctypes.byref(cfg), ctypes.byref(plan)), "mla_plan_create")
     out = torch.empty((B, s_q, H, 512), dtype=torch.bfloat16, device=q.device)
@@ -124,7 +124,7 @@ def _make(q, kcache, kv_dtype, kv_scale, block_table, seq_lens, scale):
                       seq_lens=seq_lens.data_ptr(), out=out.data_ptr(), lse=lse.data_ptr(),
                       batch=B, num_pages=num_pages, max_pages=max_pages, _pad=0,
                       page_table_stride=block_table.stride(0), kv_page_stride=kcache.stride(0),
-                      softmax_scale=scale, output_scale=1.0, q_scale=1.0, kv_scale=kv_scale)
+                      softmax_scale=scale, output_scale=1.0, q_scale=q_scale, kv_scale=kv_scale)
     keep = (q, kcache, block_table, seq_lens, out, lse, plan, args)
     if STEP:
         run, what = lib.mla_decode_run, "mla_decode_run"

@@ -132,7 +132,7 @@ pub struct MlaPlanConfig {
     pub waves: u32,
     /// 0: the default tile for the plan (`Tile::default_for_plan` of the rows, dtypes,
     /// `max_batch` and `max_seq_len`); 1: the 16-row tile; 2: the 64-row `mma.sync` tile;
-    /// 3: the `wgmma` tile (sm_90a, bf16 Q); 4: the 32-row tile (sm_90a, fp8 cache).
+    /// 3: the `wgmma` tile (sm_90a, not fp16); 4: the 32-row tile (sm_90a, fp8 cache).
     pub tile: u32,
 }
 

@@ -68,8 +68,8 @@ typedef struct MlaPlanConfig {
                      17..32 rows: two 16-row tiles in plans of sequences <= 4096 tokens and
                      <= 32768 in all, and with an fp8 cache below 9 sequences; otherwise
                      the 32-row tile (fp8 cache) or the wgmma tile (bf16); more rows: the
-                     wgmma tile on sm_90a for bf16 Q, else 64-row); 1: 16-row;
-                     2: 64-row mma.sync; 3: 64-row wgmma (sm_90a, bf16 Q); 4: 32-row
+                     wgmma tile on sm_90a unless fp16, else 64-row); 1: 16-row;
+                     2: 64-row mma.sync; 3: 64-row wgmma (sm_90a, not fp16); 4: 32-row
                      (sm_90a, fp8 cache) */
 } MlaPlanConfig;
 

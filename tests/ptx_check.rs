@@ -228,11 +228,21 @@ const SYNC_SITES: &[(&str, SyncSites)] = &[
             &[(1, 1), (2, 1), (3, 1), (4, 1)],
         ),
     ),
+    // fp8 Q: the same sites (Q widens as it loads).
+    (
+        "mla_decode_tma_fp8",
+        (
+            8,
+            &[(0, 7), (1, 1), (2, 1), (3, 1), (4, 1), (5, 8), (6, 8)],
+            &[(1, 1), (2, 1), (3, 1), (4, 1)],
+        ),
+    ),
     ("mla_decode_wg_bf16", (2, &[(0, 1), (1, 2), (2, 1)], &[])),
     (
         "mla_decode_wg_fp8kv_bf16q",
         (2, &[(0, 2), (1, 2), (2, 1)], &[]),
     ),
+    ("mla_decode_wg_fp8", (2, &[(0, 2), (1, 2), (2, 1)], &[])),
     // The mma.sync and fp8 decodes: CTA barriers only (ring or two stages, the max and sum
     // exchanges; one more for an fp8 cache's conversion pass or pair step).
     ("mla_decode_mma16_bf16", (0, &[(0, 5)], &[])),

@@ -102,8 +102,9 @@ pub fn tile_kernel(tile: Tile, dtypes: DecodeDtypes) -> &'static Kernel {
         // Only the fp8 caches pass Tile::check; the symbols are in the sm_90a image only.
         (Tile::M32N64, Fp8) => DECODE32_FP8,
         (Tile::M32N64, _) => DECODE32_FP8KV_BF16Q,
-        // Only these two pass Tile::check; the symbols are in the sm_90a image only.
+        // fp16 does not pass Tile::check; the symbols are in the sm_90a image only.
         (Tile::Wg64N64, Fp8KvBf16Q) => DECODE_WG_FP8KV_BF16Q,
+        (Tile::Wg64N64, Fp8) => DECODE_WG_FP8,
         (Tile::Wg64N64, _) => DECODE_WG_BF16,
     })
 }
@@ -164,11 +165,12 @@ impl DecodeKernels {
         } else {
             tile_kernel(tile, dtypes)
         };
-        // The TMA decode: the `wgmma` tile's kernel (bf16 or fp8 cache), fed by tensor
+        // The TMA decode: the `wgmma` tile's kernel (bf16 or fp8 cache, bf16 or fp8 Q), fed by tensor
         // copies; pages of fewer than TMA_MIN_PAGE tokens make boxes too small to pay.
         let tma_symbol = match decode.symbol {
             names::DECODE_WG_BF16 => Some(names::DECODE_TMA_BF16),
             names::DECODE_WG_FP8KV_BF16Q => Some(names::DECODE_TMA_FP8KV_BF16Q),
+            names::DECODE_WG_FP8 => Some(names::DECODE_TMA_FP8),
             _ => None,
         };
         let tma = tma_symbol

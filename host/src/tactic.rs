@@ -121,7 +121,7 @@ impl Tile {
     /// `max_seq_len` tokens on `backend` with `dtypes`: on sm_90a with an fp8 cache the
     /// 16-row tile up to 16 rows, and up to 32 the 32-row tile from [`M32_MIN_BATCH`]
     /// sequences on, unless the plan is small ([`small_plan`]; two 16-row tiles otherwise);
-    /// the `wgmma` tile where it runs (sm_90a; bf16 Q, bf16 or fp8 cache) and the rows fill
+    /// the `wgmma` tile where it runs (sm_90a; any dtypes but fp16) and the rows fill
     /// more than a 16-row tile, except two 16-row tiles for up to 32 rows in a small plan;
     /// else [`Tile::default_for`].
     pub fn default_for_plan(
@@ -157,7 +157,7 @@ impl Tile {
 
     /// Whether `backend`'s image has this tile for `dtypes`: the `wgmma` tile needs the sm_90a
     /// image (`wgmma` is sm_90a only; the sm_100a image does not have it) and bf16 Q with a
-    /// bf16 or fp8 cache.
+    /// bf16 or fp8 cache, or fp8 Q with an fp8 cache (widened exactly to bf16 as it loads).
     pub fn check(self, backend: Backend, dtypes: DecodeDtypes) -> Result<(), MlaError> {
         if self == Tile::M32N64 {
             return Self::check_m32(backend, dtypes);
@@ -175,11 +175,11 @@ impl Tile {
                 ),
             });
         }
-        if !matches!(dtypes, DecodeDtypes::Bf16 | DecodeDtypes::Fp8KvBf16Q) {
+        if dtypes == DecodeDtypes::Fp16 {
             return Err(MlaError::Unsupported {
                 what: "tile",
                 got: self.name().into(),
-                why: format!("bf16 Q with a bf16 or fp8 cache only, got {dtypes:?}"),
+                why: format!("bf16 or fp8 Q with a bf16 or fp8 cache only, got {dtypes:?}"),
             });
         }
         Ok(())

@@ -1,7 +1,7 @@
-//! The tensor map the TMA decodes (`names::DECODE_TMA_BF16`, `DECODE_TMA_FP8KV_BF16Q`) copy
-//! the cache through: a 3-D view `{576 dims, page_size tokens, num_pages pages}` of a paged
-//! cache with the cache's own strides and box `{64 dims, min(page_size, 64) tokens, 1
-//! page}`. A bf16 cache's map has the 128-byte swizzle, so one box lands as the rows of one
+//! The tensor map the TMA decodes (`names::DECODE_TMA_BF16`, `DECODE_TMA_FP8KV_BF16Q`,
+//! `DECODE_TMA_FP8`) copy the cache through: a 3-D view `{576 dims, page_size tokens,
+//! num_pages pages}` of a paged cache with the cache's own strides and box `{64 dims,
+//! min(page_size, 64) tokens, 1 page}`. A bf16 cache's map has the 128-byte swizzle, so one box lands as the rows of one
 //! 64-dim slab (`decode_tile::TMA_*`); an fp8 cache's has none: its boxes land as raw 64-byte
 //! rows, which the kernel widens. Coordinates outside the view (pages past `num_pages`,
 //! negative entries) read as zeros.
@@ -24,9 +24,10 @@ use crate::request::{DecodeDtypes, DecodeRequest, DecodeShape};
 pub fn tma_unsupported(req: &DecodeRequest, shape: &DecodeShape) -> Option<&'static str> {
     let [stride_page, stride_token, _] = req.kv_cache.strides;
     let bf16 = shape.dtypes == DecodeDtypes::Bf16 && req.kv_cache.dtype == ElemType::Bf16;
-    let fp8 = shape.dtypes == DecodeDtypes::Fp8KvBf16Q && req.kv_cache.dtype == ElemType::Fp8E4m3;
+    let fp8 = matches!(shape.dtypes, DecodeDtypes::Fp8KvBf16Q | DecodeDtypes::Fp8)
+        && req.kv_cache.dtype == ElemType::Fp8E4m3;
     if !bf16 && !fp8 {
-        Some("the TMA decode reads bf16 caches, or fp8 caches with bf16 q, only")
+        Some("the TMA decode reads bf16 caches, or fp8 caches with bf16 or fp8 q, only")
     } else if shape.page_size < decode_tile::TMA_MIN_PAGE {
         Some("pages of fewer than 16 tokens (TMA_MIN_PAGE)")
     } else if !req.kv_cache.ptr.is_multiple_of(16) {

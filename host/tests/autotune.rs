@@ -781,9 +781,7 @@ fn backend_defaults_and_candidates() {
                     "{backend:?} {dtypes:?} rows {rows}"
                 );
                 // Tile::check admits the wgmma tile on the reference backend too.
-                let wg = backend != Backend::Portable
-                    && rows > 16
-                    && matches!(dtypes, DecodeDtypes::Bf16 | DecodeDtypes::Fp8KvBf16Q);
+                let wg = backend != Backend::Portable && rows > 16 && dtypes != DecodeDtypes::Fp16;
                 assert_eq!(has(Tile::Wg64N64), wg, "{backend:?} {dtypes:?} rows {rows}");
                 // The 32-row tile: sm_90a (and the reference backend, as above), fp8 caches.
                 let m32 = backend != Backend::Portable
@@ -831,10 +829,17 @@ fn backend_defaults_and_candidates() {
     }
     let tactic: Tactic = "tile=m32n64,waves=1,splits<=128".parse().unwrap();
     assert_eq!(tactic.tile, Tile::M32N64);
-    assert_eq!(
-        Tile::default_for_plan(33, 64, 4096, Backend::Sm90a, DecodeDtypes::Fp8KvBf16Q),
-        Tile::Wg64N64
-    );
+    for dtypes in [DecodeDtypes::Fp8KvBf16Q, DecodeDtypes::Fp8] {
+        assert_eq!(
+            Tile::default_for_plan(33, 64, 4096, Backend::Sm90a, dtypes),
+            Tile::Wg64N64
+        );
+    }
+    let e = Tile::Wg64N64
+        .check(Backend::Sm90a, DecodeDtypes::Fp16)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("wg64n64") && e.contains("Fp16"), "{e}");
     assert_eq!(
         Tile::default_for_plan(32, 64, 4096, Backend::Sm90a, DecodeDtypes::Bf16),
         Tile::Wg64N64

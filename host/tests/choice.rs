@@ -114,6 +114,28 @@ fn fp8_tma_needs_three_blocks_per_split() {
     assert_eq!(tiled.even_blocks_per_split(&shape), 4);
 }
 
+/// fp8 Q with an fp8 cache runs the fp8-cache `wgmma` kernels (Q widened to bf16 as it
+/// loads): its own `cp.async` and TMA decodes, under the same request-time rule.
+#[test]
+fn fp8_q_takes_the_wgmma_and_tma_decodes() {
+    let fp8 = DecodeDtypes::Fp8;
+    assert_eq!(tile_kernel(Tile::Wg64N64, fp8).symbol, names::DECODE_WG_FP8);
+    let k = kernels(Backend::Sm90a, Tile::Wg64N64, fp8, 64, 32).with_wave_splits(66);
+    assert_eq!(k.decode.symbol, names::DECODE_WG_FP8);
+    assert_eq!(k.tma.map(|t| t.symbol), Some(names::DECODE_TMA_FP8));
+    let (req, shape) = request(fp8, 64, 128);
+    assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_TMA_FP8);
+    // Two blocks per split at the even share: the cp.async decode, as with bf16 Q.
+    let (req, shape) = request(fp8, 64, 64);
+    assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_WG_FP8);
+    // A cache that is not fp8 never takes it (validation rejects that request anyway).
+    let (mut req, shape) = request(fp8, 64, 128);
+    req.kv_cache.dtype = ElemType::Bf16;
+    assert!(mla_host::tmap::tma_unsupported(&req, &shape).is_some());
+    let k = kernels(Backend::Sm90a, Tile::Wg64N64, fp8, 8, 32);
+    assert_eq!(k.tma, None);
+}
+
 #[test]
 fn small_pages_and_other_backends_take_no_tma() {
     let k = kernels(Backend::Sm90a, Tile::Wg64N64, DecodeDtypes::Bf16, 8, 32);
@@ -240,6 +262,7 @@ fn every_tile_and_dtype_names_a_kernel_of_the_table() {
         names::SCHEDULE,
         names::DECODE_TMA_BF16,
         names::DECODE_TMA_FP8KV_BF16Q,
+        names::DECODE_TMA_FP8,
         names::COMBINE_BF16,
         names::COMBINE_FP16,
         names::COMBINE_WIDE_BF16,
@@ -262,7 +285,12 @@ fn every_tile_and_dtype_names_a_kernel_of_the_table() {
         );
         assert_eq!(
             a.params.second().is_some(),
-            [names::DECODE_TMA_BF16, names::DECODE_TMA_FP8KV_BF16Q].contains(&a.symbol),
+            [
+                names::DECODE_TMA_BF16,
+                names::DECODE_TMA_FP8KV_BF16Q,
+                names::DECODE_TMA_FP8
+            ]
+            .contains(&a.symbol),
             "{}",
             a.symbol
         );

@@ -223,6 +223,17 @@ pub unsafe extern "ptx-kernel" fn mla_decode_wg_fp8kv_bf16q(p: DecodeParams) {
     unsafe { decode::wg::decode_wg::<DecodeFp8KvBf16Q>(p) }
 }
 
+/// `mla_decode_wg_fp8`: see [`decode::wg`] (sm_90a image only). fp8 Q widens exactly to
+/// bf16 as it loads, then runs as the fp8-cache kernel with bf16 Q.
+#[cfg(mla_wgmma)]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mla_decode_wg_fp8(p: DecodeParams) {
+    decode_entry();
+    // SAFETY: launched by the host with the documented grid on validated params (fp8 e4m3
+    // Q and cache).
+    unsafe { decode::wg::decode_wg::<DecodeFp8>(p) }
+}
+
 /// A TMA decode entry (`decode::tma`, sm_90a image only) for kind `$kind`. `tmap` is the
 /// cache's tensor map by value: the copies are issued from the parameter's own address
 /// (generic, through `cvta.param`), as `__grid_constant__` parameters are in CUDA C++, so
@@ -246,7 +257,7 @@ macro_rules! tma_decode_kernel {
                 );
             }
             // SAFETY: launched by the host with the documented grid on validated params
-            // (bf16 Q; a bf16, or fp8 e4m3, cache with pages of at least TMA_MIN_PAGE
+            // (bf16 Q with a bf16 or fp8 e4m3 cache, or fp8 Q with an fp8 cache; pages of at least TMA_MIN_PAGE
             // tokens) and the cache's tensor map.
             unsafe { decode::tma::decode_tma::<$kind>(p, tmap as *const u8) }
         }
@@ -255,6 +266,7 @@ macro_rules! tma_decode_kernel {
 
 tma_decode_kernel!(mla_decode_tma_bf16, DecodeBf16);
 tma_decode_kernel!(mla_decode_tma_fp8kv_bf16q, DecodeFp8KvBf16Q);
+tma_decode_kernel!(mla_decode_tma_fp8, DecodeFp8);
 
 /// `mla_schedule`: see [`schedule`].
 #[unsafe(no_mangle)]

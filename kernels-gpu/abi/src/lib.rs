@@ -227,8 +227,8 @@ pub mod decode_tile {
     const _: () = assert!(WG_SMEM_BYTES <= 227 * 1024);
     const _: () = assert!(BLOCK_M == 16 * (WARPS / 2));
 
-    /// The TMA-fed `wgmma` decode (sm_90a only, `names::DECODE_TMA_BF16` and
-    /// `DECODE_TMA_FP8KV_BF16Q`, bf16 or fp8 caches with pages of at least `TMA_MIN_PAGE`
+    /// The TMA-fed `wgmma` decode (sm_90a only, `names::DECODE_TMA_BF16`,
+    /// `DECODE_TMA_FP8KV_BF16Q` and `DECODE_TMA_FP8`, bf16 or fp8 caches with pages of at least `TMA_MIN_PAGE`
     /// tokens; an fp8 box lands as raw 64-byte rows in its slab's upper half, widened to
     /// f16 in place): the same block and params (plus the cache's `TensorMap`, by value);
     /// grid `min(row tiles * batch * splits, SMs)`, persistent over that virtual grid
@@ -505,10 +505,14 @@ pub mod names {
     /// The 32-row fp8-cache decodes (`decode_tile::SMEM_F8X2`): only in the sm_90a image.
     pub const DECODE32_FP8KV_BF16Q: &str = "mla_decode_mma32_fp8kv_bf16q";
     pub const DECODE32_FP8: &str = "mla_decode_mma32_fp8";
-    /// The `wgmma` decodes (64-row tile; bf16 Q with a bf16 or an fp8 cache): only in the
+    /// The `wgmma` decodes (64-row tile; bf16 Q with a bf16 or an fp8 cache, fp8 Q with an
+    /// fp8 cache): only in the
     /// sm_90a image (`super::kernels::Images::Sm90aOnly`).
     pub const DECODE_WG_BF16: &str = "mla_decode_wg_bf16";
     pub const DECODE_WG_FP8KV_BF16Q: &str = "mla_decode_wg_fp8kv_bf16q";
+    /// fp8 Q with an fp8 cache: Q widened to bf16 (exact) as it loads, then as
+    /// `DECODE_WG_FP8KV_BF16Q`.
+    pub const DECODE_WG_FP8: &str = "mla_decode_wg_fp8";
     /// The TMA-fed `wgmma` decode (bf16; `decode_tile::TMA_*`). Its entry takes a second
     /// parameter after the `DecodeParams`: the cache's `TensorMap`, by value.
     pub const DECODE_TMA_BF16: &str = "mla_decode_tma_bf16";
@@ -516,6 +520,9 @@ pub mod names {
     /// row into f16, each box landing raw in its slab's upper half and widened to f16 in
     /// place by the warpgroup that computes the block.
     pub const DECODE_TMA_FP8KV_BF16Q: &str = "mla_decode_tma_fp8kv_bf16q";
+    /// fp8 Q with an fp8 cache: Q widened to bf16 (exact) as it loads, then as
+    /// `DECODE_TMA_FP8KV_BF16Q`.
+    pub const DECODE_TMA_FP8: &str = "mla_decode_tma_fp8";
     pub const COMBINE_BF16: &str = "mla_combine_bf16";
     pub const COMBINE_FP16: &str = "mla_combine_fp16";
     pub const COMBINE_WIDE_BF16: &str = "mla_combine_wide_bf16";
@@ -711,6 +718,12 @@ pub mod kernels {
             decode_tile::WG_SMEM_BYTES,
         )),
         sm90a(k(
+            DECODE_WG_FP8,
+            Params::Decode,
+            DT,
+            decode_tile::WG_SMEM_BYTES,
+        )),
+        sm90a(k(
             DECODE_TMA_BF16,
             Params::DecodeWithMap,
             DT,
@@ -718,6 +731,12 @@ pub mod kernels {
         )),
         sm90a(k(
             DECODE_TMA_FP8KV_BF16Q,
+            Params::DecodeWithMap,
+            DT,
+            decode_tile::TMA_SMEM_BYTES,
+        )),
+        sm90a(k(
+            DECODE_TMA_FP8,
             Params::DecodeWithMap,
             DT,
             decode_tile::TMA_SMEM_BYTES,

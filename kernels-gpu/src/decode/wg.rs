@@ -1,5 +1,5 @@
 //! The `wgmma` decode (sm_90a only; `--cfg mla_wgmma`): bf16 Q with a bf16 or fp8 e4m3
-//! cache, the 64-row tile, the same grid, params and outputs as [`crate::decode`]'s 64-row
+//! cache, or fp8 Q (widened exactly to bf16 as it loads) with an fp8 cache; the 64-row tile, the same grid, params and outputs as [`crate::decode`]'s 64-row
 //! kernel, so the host's split schedule, workspace and combine are shared.
 //!
 //! - Grid `(ceil(s_q * heads / 64), batch, max_splits)`, block 256 (two warpgroups),
@@ -526,7 +526,8 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
 ///
 /// # Safety
 /// Launched with the grid, block and shared memory above on params the host validated
-/// (bf16 Q, a bf16 or (`K::KV_FP8`) fp8 e4m3 cache, shapes, strides, workspace capacity).
+/// (bf16 Q with a bf16 or (`K::KV_FP8`) fp8 e4m3 cache, or (`K::Q_FP8`) fp8 Q with an fp8
+/// cache; shapes, strides, workspace capacity).
 #[inline(always)]
 pub unsafe fn decode_wg<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
     // SAFETY: every thread of the CTA, converged, first.
