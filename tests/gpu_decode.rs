@@ -255,6 +255,10 @@ fn corner_cases() {
         // 64 or more one), with a partial last box and block.
         CaseSpec::new(DecodeDtypes::Bf16, 32, 128, 1, vec![1, 31, 33, 1000, 2049]),
         CaseSpec::new(DecodeDtypes::Fp8KvBf16Q, 32, 32, 2, vec![32, 65, 777, 3000]),
+        // fp8 Q on the fp8-cache TMA and `wgmma` decodes: partial boxes, and one-block
+        // splits beside long ones.
+        CaseSpec::new(DecodeDtypes::Fp8, 32, 128, 1, vec![1, 31, 200, 3000]),
+        CaseSpec::new(DecodeDtypes::Fp8, 256, 64, 2, vec![5000, 700, 64]),
     ];
     let mut shared = CaseSpec::new(DecodeDtypes::Bf16, 16, 32, 2, vec![500, 613, 700, 801]);
     shared.share_prefix_pages = true;
