@@ -228,12 +228,13 @@ const SYNC_SITES: &[(&str, SyncSites)] = &[
             &[(1, 1), (2, 1), (3, 1), (4, 1)],
         ),
     ),
-    // fp8 Q: the same sites (Q widens as it loads).
+    // fp8 Q: the same sites but Q's conversion to f16 and its CTA barrier (Q widens to f16
+    // as it loads).
     (
         "mla_decode_tma_fp8",
         (
             8,
-            &[(0, 7), (1, 1), (2, 1), (3, 1), (4, 1), (5, 8), (6, 8)],
+            &[(0, 6), (1, 1), (2, 1), (3, 1), (4, 1), (5, 8), (6, 8)],
             &[(1, 1), (2, 1), (3, 1), (4, 1)],
         ),
     ),

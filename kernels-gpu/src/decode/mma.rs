@@ -313,7 +313,7 @@ impl<'a, K: DecodeKind, L: Layout> Cta<'a, K, L> {
         // SAFETY: the Q tile, ring slots and stages are regions of decode_tile; q and the
         // cache rows are validated.
         unsafe {
-            load_q_tile::<K, L>(p, b, self.row0, self.q_smem(), qk_off);
+            load_q_tile::<K, L, K::Mma>(p, b, self.row0, self.q_smem(), qk_off);
             if Self::RING {
                 unroll!(h in [0, 1, 2, 3] {
                     let h = h as u32;

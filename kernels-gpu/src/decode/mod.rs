@@ -251,9 +251,10 @@ const _: () = assert!(FP8_ROW_CHUNKS.is_multiple_of(KV_TPR));
 const _: () = assert!(HALF_TPR * HALF_N == THREADS && ROW_CHUNKS.is_multiple_of(HALF_TPR));
 
 /// Loads the CTA's `BM` query rows into the Q tile, chunk `k` of row `r` at `tile_off(r, k)`
-/// (zeros past the last row).
+/// (zeros past the last row); fp8 Q widens exactly to `H` as it loads (16-bit Q is copied
+/// as it is, and `H` is unused).
 #[inline(always)]
-pub(crate) unsafe fn load_q_tile<K: DecodeKind, L: Layout>(
+pub(crate) unsafe fn load_q_tile<K: DecodeKind, L: Layout, H: Half16>(
     p: &DecodeParams,
     b: u32,
     row0: u32,
@@ -297,7 +298,7 @@ pub(crate) unsafe fn load_q_tile<K: DecodeKind, L: Layout>(
                     // 8-byte aligned.
                     let raw =
                         unsafe { *(base.add((off + 8 * kc as u64) as usize) as *const [u32; 2]) };
-                    fp8x8_to_half::<K::Mma>(raw)
+                    fp8x8_to_half::<H>(raw)
                 }
                 None => [0; 4],
             };

@@ -33,7 +33,8 @@
 //!   arrivals in an order that keeps every shared buffer's reader ahead of its next
 //!   writer (see `Cta::step_a` and `Cta::step_b`).
 //!
-//! - An fp8 cache computes in f16: Q is scaled per row into f16 once ([`Cta::q_to_f16`]),
+//! - An fp8 cache computes in f16: bf16 Q is scaled per row into f16 once ([`Cta::q_to_f16`];
+//!   fp8 Q widens to f16 as it loads, unscaled),
 //!   each box lands raw in its slab's upper half and the warpgroup that computes the
 //!   block widens it in place just before its S (`Cta::convert`, one `cvt` per two
 //!   values, exact), and P is packed as f16. Everything else is the bf16 schedule.
@@ -48,7 +49,7 @@
 use crate::arch::{self, bulk, cp_async, smem, sync, wgmma};
 use crate::decode::wg::{SLAB, SLAB_TILE, aligned_base, slab_off};
 use crate::decode::{self, DecodeKind, M64};
-use crate::elem::{Bf16, Half16};
+use crate::elem::{Bf16, Fp16, Half16};
 use core::marker::PhantomData;
 use mla_abi::DecodeParams;
 use mla_abi::decode_tile as T;
@@ -110,7 +111,7 @@ struct Cta<'a, K: DecodeKind<Mma = Bf16>> {
     /// Causal visibility of this thread's two rows.
     vis_r: [u32; 2],
     /// The logit scale (log2 units) of this thread's two rows: the softmax scale, times
-    /// the row's Q scale-down with an fp8 cache ([`Cta::q_to_f16`]).
+    /// the row's Q scale-down with an fp8 cache and bf16 Q ([`Cta::q_to_f16`]).
     scale_r: [f32; 2],
     o: [[f32; 4]; 32],
     m_run: [f32; 2],
@@ -286,34 +287,29 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     /// in every thread (its epilogue's CTA barrier).
     #[inline(always)]
     unsafe fn prologue(&mut self, s: &mut [f32; 32], phase: u32) {
-        let (p, b, len) = (self.p, self.b, self.len);
+        let (p, b) = (self.p, self.b);
         let (kb0, kb1) = (self.kb0, self.kb1);
-        let tid = arch::thread_idx_x();
         // SAFETY: thread 0 initialised the mbarriers before any copy; every thread passes
         // the CTA barriers; the Q tile holds 64 slab-layout rows of a validated q.
         unsafe {
-            decode::load_q_tile::<K, M64>(p, b, self.row0, self.base, slab_off);
-            cp_async::cp_async_commit_group();
-            if tid == 0 {
-                let mut blk = kb0;
-                while blk < kb1 && blk < kb0 + 2 {
-                    let st = blk - kb0;
-                    // Thread 0 is warpgroup 0's issuer: its page slots are free until
-                    // the first pair's fetch, which this thread issues after these reads.
-                    let slot = self.pages_s(st);
-                    smem::st_shared_v4(slot, block_pages(p, b, blk, len).map(|x| x as u32));
-                    self.issue_half(slot, blk, st, 0);
-                    self.issue_half(slot, blk, st, 1);
-                    blk += 1;
-                }
+            if K::Q_FP8 {
+                // fp8 Q (with an fp8 cache: f16 operands) widens exactly to f16 as it loads,
+                // unscaled (|e4m3| <= 448), with loads the thread waits for: the first
+                // pair's copies go out before it.
+                self.issue_first_pair();
+                decode::load_q_tile::<K, M64, Fp16>(p, b, self.row0, self.base, slab_off);
+            } else {
+                decode::load_q_tile::<K, M64, Fp16>(p, b, self.row0, self.base, slab_off);
+                cp_async::cp_async_commit_group();
+                self.issue_first_pair();
+                cp_async::cp_async_wait_group::<0>();
             }
-            cp_async::cp_async_wait_group::<0>();
             wgmma::fence_proxy_async_shared();
             sync::bar_sync();
             // Behind a branch on a kernel parameter (uniform to ptxas, and always taken:
             // validation keeps heads >= 1): straight-line, ptxas serialized the wgmmas
             // (C7520) after the conversion's stores.
-            if K::KV_FP8 && p.heads != 0 {
+            if K::KV_FP8 && !K::Q_FP8 && p.heads != 0 {
                 self.q_to_f16();
             }
         }
@@ -324,6 +320,33 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                 self.qk(s, self.wg, (phase >> self.wg) & 1, own0, &|| {});
                 wgmma::wgmma_wait_group::<0>();
                 self.zero_tail(self.wg, own0);
+            }
+        }
+    }
+
+    /// Thread 0 issues the cell's first pair (both halves of each block) through its page
+    /// slots; the other threads do nothing.
+    ///
+    /// # Safety
+    /// Every thread, in the prologue: thread 0 initialised the mbarriers before; its page
+    /// slots are free (the previous cell's last fetch was read).
+    #[inline(always)]
+    unsafe fn issue_first_pair(&self) {
+        let (p, b, len, kb0, kb1) = (self.p, self.b, self.len, self.kb0, self.kb1);
+        if arch::thread_idx_x() == 0 {
+            let mut blk = kb0;
+            while blk < kb1 && blk < kb0 + 2 {
+                let st = blk - kb0;
+                // Thread 0 is warpgroup 0's issuer: its page slots are free until the first
+                // pair's fetch, which this thread issues after these reads.
+                let slot = self.pages_s(st);
+                // SAFETY: forwarded from the caller; the slot is this issuer's.
+                unsafe {
+                    smem::st_shared_v4(slot, block_pages(p, b, blk, len).map(|x| x as u32));
+                    self.issue_half(slot, blk, st, 0);
+                    self.issue_half(slot, blk, st, 1);
+                }
+                blk += 1;
             }
         }
     }

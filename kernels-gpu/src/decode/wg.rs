@@ -283,9 +283,17 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     #[inline(always)]
     unsafe fn prologue(&mut self) {
         let (kb0, kb1) = (self.w.kb0, self.w.kb1);
-        // SAFETY: the Q tile holds 64 slab-layout rows of a validated q.
-        unsafe { decode::load_q_tile::<K, M64>(self.p, self.b, self.row0, self.base, slab_off) };
-        if kb0 < kb1 {
+        // fp8 Q converts as it loads (loads the thread waits for), so the first block's
+        // copies go out before it; 16-bit Q is copied by `cp.async` ahead of them.
+        if K::Q_FP8 && kb0 < kb1 {
+            self.issue(self.entry_of(kb0), kb0, 0);
+        }
+        // SAFETY: the Q tile holds 64 slab-layout rows of a validated q (bf16, as the
+        // converted cache).
+        unsafe {
+            decode::load_q_tile::<K, M64, K::Mma>(self.p, self.b, self.row0, self.base, slab_off)
+        };
+        if !K::Q_FP8 && kb0 < kb1 {
             self.issue(self.entry_of(kb0), kb0, 0);
         }
         cp_async::cp_async_commit_group();
