@@ -4,7 +4,8 @@
 
 Speed ratio = best peer's time / our time (> 1: we are faster), per shape, for bf16 KV
 against the best BF16 peer (FlashMLA, FlashInfer, FA3-MLA; torch_naive excluded), and for fp8 KV
-against our own bf16 throughput (tokens/s) and FlashMLA's fp8 kernel where both ran.
+against our own bf16 throughput (tokens/s) and FlashMLA's fp8 kernel where both ran; for fp8 Q
+with an fp8 cache (peer mla_rs_fp8q_fp8) against the best BF16 peer.
 """
 import json
 import sys
@@ -25,7 +26,7 @@ def main():
         rows.setdefault(key, {})[r["peer"]] = r
     sep = " | " if md else "  "
     head = ["H", "s_q", "B", "L", "ours us", "GB/s", "TFLOP/s", "%copy", "best peer", "peer us", "speed x",
-            "fp8 us", "fp8/bf16 tok/s", "vs flashmla_fp8"]
+            "fp8 us", "fp8/bf16 tok/s", "vs flashmla_fp8", "fp8q us", "fp8q vs best"]
     print(f"same-run copy bandwidth: {copy:.0f} GB/s" if copy else "no copy bandwidth in meta")
     if md:
         print("| " + " | ".join(head) + " |")
@@ -40,12 +41,15 @@ def main():
         best = min((peers[p] for p in BF16_PEERS if p in peers), key=lambda r: r["us"], default=None)
         f8 = peers.get(ours + "_fp8")
         fm8 = peers.get("flashmla_fp8")
+        f8q = peers.get("mla_rs_fp8q_fp8")
         cells = [key[0], key[1], key[2], key[3], f"{o['us']:.1f}", f"{o['gbps']:.0f}", f"{o['tflops']:.1f}",
                  f"{100 * o['gbps'] / copy:.1f}" if copy else "-",
                  best["peer"] if best else "-", f"{best['us']:.1f}" if best else "-",
                  f"{best['us'] / o['us']:.2f}" if best else "-",
                  f"{f8['us']:.1f}" if f8 else "-", f"{o['us'] / f8['us']:.2f}" if f8 else "-",
-                 f"{fm8['us'] / f8['us']:.2f}" if (f8 and fm8) else "-"]
+                 f"{fm8['us'] / f8['us']:.2f}" if (f8 and fm8) else "-",
+                 f"{f8q['us']:.1f}" if f8q else "-",
+                 f"{best['us'] / f8q['us']:.2f}" if (f8q and best) else "-"]
         if md:
             print("| " + " | ".join(str(c) for c in cells) + " |")
         else:
