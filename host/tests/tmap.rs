@@ -50,18 +50,25 @@ fn bf16_and_fp8_kv_pages_of_16_and_more_are_taken() {
 
 #[test]
 fn other_dtypes_small_pages_and_unaligned_caches_are_not() {
-    for d in [DecodeDtypes::Fp16, DecodeDtypes::Fp8] {
-        let (r, s) = req(d, 64);
+    let (r, s) = req(DecodeDtypes::Fp16, 64);
+    assert!(tma_unsupported(&r, &s).is_some());
+    // fp8 Q with an fp8 cache takes it (Q widens as it loads).
+    let (r, s) = req(DecodeDtypes::Fp8, 64);
+    assert_eq!(tma_unsupported(&r, &s), None);
+    // An fp8-cache request whose cache tensor is not fp8, and the reverse.
+    for d in [DecodeDtypes::Fp8KvBf16Q, DecodeDtypes::Fp8] {
+        let (mut r, s) = req(d, 64);
+        r.kv_cache.dtype = ElemType::Bf16;
         assert!(tma_unsupported(&r, &s).is_some(), "{d:?}");
     }
-    // An fp8-cache request whose cache tensor is not fp8, and the reverse.
-    let (mut r, s) = req(DecodeDtypes::Fp8KvBf16Q, 64);
-    r.kv_cache.dtype = ElemType::Bf16;
-    assert!(tma_unsupported(&r, &s).is_some());
     let (mut r, s) = req(DecodeDtypes::Bf16, 64);
     r.kv_cache.dtype = ElemType::Fp8E4m3;
     assert!(tma_unsupported(&r, &s).is_some());
-    for d in [DecodeDtypes::Bf16, DecodeDtypes::Fp8KvBf16Q] {
+    for d in [
+        DecodeDtypes::Bf16,
+        DecodeDtypes::Fp8KvBf16Q,
+        DecodeDtypes::Fp8,
+    ] {
         for page in [1, 2, 4, 8] {
             let (r, s) = req(d, page);
             assert!(tma_unsupported(&r, &s).is_some(), "{d:?} page {page}");
