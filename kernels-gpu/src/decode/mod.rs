@@ -262,17 +262,16 @@ pub(crate) unsafe fn load_q_tile<K: DecodeKind, L: Layout, H: Half16>(
     tile_off: fn(u32, u32) -> u32,
 ) {
     let rows = p.s_q * p.heads;
-    let mut c = arch::thread_idx_x();
-    while c < L::BM * ROW_CHUNKS {
-        let r = c / ROW_CHUNKS;
-        let k = c % ROW_CHUNKS;
+    let total = L::BM * ROW_CHUNKS;
+    // Chunk c of the tile (8 dims of a row): the latent part from q, the rope part from
+    // q_pe, as (base pointer, element offset of the row, chunk within the part); `None`
+    // past the last row.
+    let source = |c: u32| {
+        let (r, k) = (c / ROW_CHUNKS, c % ROW_CHUNKS);
         let gr = row0 + r;
-        let dst = q_smem + tile_off(r, k);
-        // Chunk k of the row (8 dims): the latent part from q, the rope part from q_pe
-        // (base pointer, element offset, chunk within the part).
-        let row_off = if gr < rows {
+        (gr < rows).then(|| {
             let (t, h) = (gr / p.heads, gr % p.heads);
-            Some(if k < 64 {
+            if k < 64 {
                 (
                     p.q.ptr() as *const u8,
                     b as u64 * p.q_stride_b + t as u64 * p.q_stride_s + h as u64 * p.q_stride_h,
@@ -286,26 +285,41 @@ pub(crate) unsafe fn load_q_tile<K: DecodeKind, L: Layout, H: Half16>(
                         + h as u64 * p.q_pe_stride_h,
                     k - 64,
                 )
-            })
-        } else {
-            None
-        };
-        if K::Q_FP8 {
-            // 8 fp8 values -> 8 16-bit values (one 16-byte chunk).
-            let v = match row_off {
-                Some((base, off, kc)) => {
+            }
+        })
+    };
+    let dst = |c: u32| q_smem + tile_off(c / ROW_CHUNKS, c % ROW_CHUNKS);
+    let tid = arch::thread_idx_x();
+    if K::Q_FP8 {
+        // 8 fp8 values -> 8 16-bit values (one 16-byte chunk). The loads go out a batch at
+        // a time before any conversion: loaded and stored one by one, each chunk cost a
+        // global load's latency (18 per thread at 64 rows).
+        const BATCH: u32 = 3;
+        let mut c0 = tid;
+        while c0 < total {
+            let mut raw = [[0u32; 2]; BATCH as usize];
+            unroll!(i in [0, 1, 2] {
+                let c = c0 + i as u32 * THREADS;
+                if c < total && let Some((base, off, kc)) = source(c) {
                     // SAFETY: row off + 8 kc .. +8 lies in the validated q (or q_pe) row;
                     // 8-byte aligned.
-                    let raw =
-                        unsafe { *(base.add((off + 8 * kc as u64) as usize) as *const [u32; 2]) };
-                    fp8x8_to_half::<H>(raw)
+                    raw[i] = unsafe { *(base.add((off + 8 * kc as u64) as usize) as *const [u32; 2]) };
                 }
-                None => [0; 4],
-            };
-            // SAFETY: dst is a 16-byte aligned address inside the Q tile.
-            unsafe { smem::st_shared_v4(dst, v) };
-        } else {
-            let (src, n) = match row_off {
+            });
+            unroll!(i in [0, 1, 2] {
+                let c = c0 + i as u32 * THREADS;
+                if c < total {
+                    // SAFETY: a 16-byte aligned address inside the Q tile; zeros past the
+                    // last row (e4m3 zero widens to zero).
+                    unsafe { smem::st_shared_v4(dst(c), fp8x8_to_half::<H>(raw[i])) };
+                }
+            });
+            c0 += BATCH * THREADS;
+        }
+    } else {
+        let mut c = tid;
+        while c < total {
+            let (src, n) = match source(c) {
                 // SAFETY: 16-byte chunk kc of a validated, 16-byte aligned q (or q_pe) row.
                 Some((base, off, kc)) => (
                     unsafe { base.add(((off * 2) + 16 * kc as u64) as usize) },
@@ -314,9 +328,9 @@ pub(crate) unsafe fn load_q_tile<K: DecodeKind, L: Layout, H: Half16>(
                 None => (p.q.ptr() as *const u8, 0),
             };
             // SAFETY: dst inside the Q tile; src valid when n == 16, unread when n == 0.
-            unsafe { cp_async::cp_async_cg_16(dst, src, n) };
+            unsafe { cp_async::cp_async_cg_16(dst(c), src, n) };
+            c += THREADS;
         }
-        c += THREADS;
     }
 }
 
