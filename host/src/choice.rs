@@ -165,8 +165,9 @@ impl DecodeKernels {
         } else {
             tile_kernel(tile, dtypes)
         };
-        // The TMA decode: the `wgmma` tile's kernel (bf16 or fp8 cache, bf16 or fp8 Q), fed by tensor
-        // copies; pages of fewer than TMA_MIN_PAGE tokens make boxes too small to pay.
+        // The TMA decode: the `wgmma` tile's kernel (bf16 or fp8 cache, bf16 or fp8 Q), fed
+        // by tensor copies; pages of fewer than TMA_MIN_PAGE tokens make boxes too small to
+        // pay.
         let tma_symbol = match decode.symbol {
             names::DECODE_WG_BF16 => Some(names::DECODE_TMA_BF16),
             names::DECODE_WG_FP8KV_BF16Q => Some(names::DECODE_TMA_FP8KV_BF16Q),

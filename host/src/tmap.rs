@@ -1,10 +1,10 @@
 //! The tensor map the TMA decodes (`names::DECODE_TMA_BF16`, `DECODE_TMA_FP8KV_BF16Q`,
 //! `DECODE_TMA_FP8`) copy the cache through: a 3-D view `{576 dims, page_size tokens,
 //! num_pages pages}` of a paged cache with the cache's own strides and box `{64 dims,
-//! min(page_size, 64) tokens, 1 page}`. A bf16 cache's map has the 128-byte swizzle, so one box lands as the rows of one
-//! 64-dim slab (`decode_tile::TMA_*`); an fp8 cache's has none: its boxes land as raw 64-byte
-//! rows, which the kernel widens. Coordinates outside the view (pages past `num_pages`,
-//! negative entries) read as zeros.
+//! min(page_size, 64) tokens, 1 page}`. A bf16 cache's map has the 128-byte swizzle, so one
+//! box lands as the rows of one 64-dim slab (`decode_tile::TMA_*`); an fp8 cache's has
+//! none: its boxes land as raw 64-byte rows, which the kernel widens. Coordinates outside
+//! the view (pages past `num_pages`, negative entries) read as zeros.
 //!
 //! The map is encoded on the host (`cuTensorMapEncodeTiled`, no device work) at each
 //! launch and passed by value as the kernel's second parameter ([`mla_abi::TensorMap`]):

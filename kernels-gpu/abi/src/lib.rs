@@ -228,16 +228,16 @@ pub mod decode_tile {
     const _: () = assert!(BLOCK_M == 16 * (WARPS / 2));
 
     /// The TMA-fed `wgmma` decode (sm_90a only, `names::DECODE_TMA_BF16`,
-    /// `DECODE_TMA_FP8KV_BF16Q` and `DECODE_TMA_FP8`, bf16 or fp8 caches with pages of at least `TMA_MIN_PAGE`
-    /// tokens; an fp8 box lands as raw 64-byte rows in its slab's upper half, widened to
-    /// f16 in place): the same block and params (plus the cache's `TensorMap`, by value);
-    /// grid `min(row tiles * batch * splits, SMs)`, persistent over that virtual grid
-    /// (`DecodeParams::persist_splits`). Each warpgroup owns every other block of a split (blocks are taken in
-    /// pairs, one per KV stage). Offsets from the 1024-byte aligned base: Q, two KV stages
-    /// filled by `cp.async.bulk.tensor` (box `{64 dims, min(page, 64) tokens, 1 page}`,
-    /// 128-byte swizzle: one box per slab and page), the first warpgroup's P (the second's
-    /// goes to stage 1's slab 8 once S is done with it), the exchange (max and scale of
-    /// each warpgroup, then each one's row sums: 6 x 64 f32), eighteen mbarriers (one per
+    /// `DECODE_TMA_FP8KV_BF16Q` and `DECODE_TMA_FP8`, bf16 or fp8 caches with pages of at least
+    /// `TMA_MIN_PAGE` tokens; an fp8 box lands as raw 64-byte rows in its slab's upper half,
+    /// widened to f16 in place): the same block and params (plus the cache's `TensorMap`, by
+    /// value); grid `min(row tiles * batch * splits, SMs)`, persistent over that virtual grid
+    /// (`DecodeParams::persist_splits`). Each warpgroup owns every other block of a split
+    /// (blocks are taken in pairs, one per KV stage). Offsets from the 1024-byte aligned base:
+    /// Q, two KV stages filled by `cp.async.bulk.tensor` (box `{64 dims, min(page, 64) tokens,
+    /// 1 page}`, 128-byte swizzle: one box per slab and page), the first warpgroup's P (the
+    /// second's goes to stage 1's slab 8 once S is done with it), the exchange (max and scale
+    /// of each warpgroup, then each one's row sums: 6 x 64 f32), eighteen mbarriers (one per
     /// stage and slab), the page entries the copies are issued with and the marks of a
     /// persistent CTA's cells.
     pub const TMA_SMEM_P0: usize = 3 * QK_TILE_BYTES;
@@ -506,8 +506,7 @@ pub mod names {
     pub const DECODE32_FP8KV_BF16Q: &str = "mla_decode_mma32_fp8kv_bf16q";
     pub const DECODE32_FP8: &str = "mla_decode_mma32_fp8";
     /// The `wgmma` decodes (64-row tile; bf16 Q with a bf16 or an fp8 cache, fp8 Q with an
-    /// fp8 cache): only in the
-    /// sm_90a image (`super::kernels::Images::Sm90aOnly`).
+    /// fp8 cache): only in the sm_90a image (`super::kernels::Images::Sm90aOnly`).
     pub const DECODE_WG_BF16: &str = "mla_decode_wg_bf16";
     pub const DECODE_WG_FP8KV_BF16Q: &str = "mla_decode_wg_fp8kv_bf16q";
     /// fp8 Q with an fp8 cache: Q widened to bf16 (exact) as it loads, then as
@@ -520,7 +519,7 @@ pub mod names {
     /// row into f16, each box landing raw in its slab's upper half and widened to f16 in
     /// place by the warpgroup that computes the block.
     pub const DECODE_TMA_FP8KV_BF16Q: &str = "mla_decode_tma_fp8kv_bf16q";
-    /// fp8 Q with an fp8 cache: Q widened to bf16 (exact) as it loads, then as
+    /// fp8 Q with an fp8 cache: Q widened to f16 (exact, unscaled) as it loads, then as
     /// `DECODE_TMA_FP8KV_BF16Q`.
     pub const DECODE_TMA_FP8: &str = "mla_decode_tma_fp8";
     pub const COMBINE_BF16: &str = "mla_combine_bf16";

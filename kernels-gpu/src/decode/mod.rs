@@ -303,7 +303,9 @@ pub(crate) unsafe fn load_q_tile<K: DecodeKind, L: Layout, H: Half16>(
                 if c < total && let Some((base, off, kc)) = source(c) {
                     // SAFETY: row off + 8 kc .. +8 lies in the validated q (or q_pe) row;
                     // 8-byte aligned.
-                    raw[i] = unsafe { *(base.add((off + 8 * kc as u64) as usize) as *const [u32; 2]) };
+                    raw[i] = unsafe {
+                        *(base.add((off + 8 * kc as u64) as usize) as *const [u32; 2])
+                    };
                 }
             });
             unroll!(i in [0, 1, 2] {

@@ -1,6 +1,6 @@
 //! The TMA-fed `wgmma` decode (sm_90a only; `--cfg mla_wgmma`): bf16 Q and a bf16 or fp8
-//! e4m3 cache, or fp8 Q (widened exactly to bf16 as it loads) and an fp8 cache, with pages of at least `decode_tile::TMA_MIN_PAGE` tokens. Same block, params
-//! and outputs as [`crate::decode::wg`], plus the cache's tensor map as a second kernel
+//! e4m3 cache, or fp8 Q (widened exactly to f16 as it loads) and an fp8 cache, with pages of
+//! at least `decode_tile::TMA_MIN_PAGE` tokens. Same block, params and outputs as [`crate::decode::wg`], plus the cache's tensor map as a second kernel
 //! parameter (by value, so every launch, eager or captured, carries the map of its own
 //! cache), so the host's split schedule, workspace and combine are shared. Persistent: at
 //! most one CTA per SM, each walking its cells of the virtual grid `(row tiles, batch,

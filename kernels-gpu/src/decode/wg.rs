@@ -1,6 +1,7 @@
 //! The `wgmma` decode (sm_90a only; `--cfg mla_wgmma`): bf16 Q with a bf16 or fp8 e4m3
-//! cache, or fp8 Q (widened exactly to bf16 as it loads) with an fp8 cache; the 64-row tile, the same grid, params and outputs as [`crate::decode`]'s 64-row
-//! kernel, so the host's split schedule, workspace and combine are shared.
+//! cache, or fp8 Q (widened exactly to bf16 as it loads) with an fp8 cache; the 64-row
+//! tile, the same grid, params and outputs as [`crate::decode`]'s 64-row kernel, so the
+//! host's split schedule, workspace and combine are shared.
 //!
 //! - Grid `(ceil(s_q * heads / 64), batch, max_splits)`, block 256 (two warpgroups),
 //!   dynamic shared memory `decode_tile::WG_SMEM_BYTES`: up to 1 KB of alignment slack, Q
