@@ -157,7 +157,7 @@ impl Tile {
 
     /// Whether `backend`'s image has this tile for `dtypes`: the `wgmma` tile needs the sm_90a
     /// image (`wgmma` is sm_90a only; the sm_100a image does not have it) and bf16 Q with a
-    /// bf16 or fp8 cache, or fp8 Q with an fp8 cache (widened exactly to bf16 as it loads).
+    /// bf16 or fp8 cache, or fp8 Q with an fp8 cache (widened exactly as it loads).
     pub fn check(self, backend: Backend, dtypes: DecodeDtypes) -> Result<(), MlaError> {
         if self == Tile::M32N64 {
             return Self::check_m32(backend, dtypes);

@@ -24,8 +24,7 @@ use crate::request::{DecodeDtypes, DecodeRequest, DecodeShape};
 pub fn tma_unsupported(req: &DecodeRequest, shape: &DecodeShape) -> Option<&'static str> {
     let [stride_page, stride_token, _] = req.kv_cache.strides;
     let bf16 = shape.dtypes == DecodeDtypes::Bf16 && req.kv_cache.dtype == ElemType::Bf16;
-    let fp8 = matches!(shape.dtypes, DecodeDtypes::Fp8KvBf16Q | DecodeDtypes::Fp8)
-        && req.kv_cache.dtype == ElemType::Fp8E4m3;
+    let fp8 = shape.dtypes.kv() == ElemType::Fp8E4m3 && req.kv_cache.dtype == ElemType::Fp8E4m3;
     if !bf16 && !fp8 {
         Some("the TMA decode reads bf16 caches, or fp8 caches with bf16 or fp8 q, only")
     } else if shape.page_size < decode_tile::TMA_MIN_PAGE {

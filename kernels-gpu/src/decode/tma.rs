@@ -1,8 +1,9 @@
 //! The TMA-fed `wgmma` decode (sm_90a only; `--cfg mla_wgmma`): bf16 Q and a bf16 or fp8
 //! e4m3 cache, or fp8 Q (widened exactly to f16 as it loads) and an fp8 cache, with pages of
-//! at least `decode_tile::TMA_MIN_PAGE` tokens. Same block, params and outputs as [`crate::decode::wg`], plus the cache's tensor map as a second kernel
-//! parameter (by value, so every launch, eager or captured, carries the map of its own
-//! cache), so the host's split schedule, workspace and combine are shared. Persistent: at
+//! at least `decode_tile::TMA_MIN_PAGE` tokens. Same block, params and outputs as
+//! [`crate::decode::wg`], plus the cache's tensor map as a second kernel parameter (by
+//! value, so every launch, eager or captured, carries the map of its own cache), so the
+//! host's split schedule, workspace and combine are shared. Persistent: at
 //! most one CTA per SM, each walking its cells of the virtual grid `(row tiles, batch,
 //! persist_splits)` that have work (`decode_tma`).
 //!
@@ -204,10 +205,10 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         self.base + T::TMA_SMEM_PAGES as u32 + 32 * self.wg + 16 * which
     }
 
-    /// An fp8 cache (f16 operands): scales each bf16 Q row of the tile (fp8 Q was widened
-    /// to bf16 as it loaded) by the power of two
-    /// that puts its largest magnitude in `[2^14, 2^15)` and stores it back as f16 (exact
-    /// down to `2^-17` of that magnitude), then takes this thread's rows' scale-downs into
+    /// An fp8 cache with bf16 Q (f16 operands): scales each bf16 Q row of the tile by the
+    /// power of two that puts its largest magnitude in `[2^14, 2^15)` and stores it back as
+    /// f16 (exact down to `2^-17` of that magnitude), then takes this thread's rows'
+    /// scale-downs into
     /// [`Cta::scale_r`]. Four threads per row, 18 of its 72 chunks each; the scale-downs
     /// pass through exchange entry 4 (free until the epilogue).
     ///
@@ -630,8 +631,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
 /// Launched with `decode_tile::THREADS` threads, at most `tiles * batch * persist_splits`
 /// CTAs in x, and `TMA_SMEM_BYTES` of dynamic shared memory on params the host validated
 /// (bf16 Q with a bf16 or (`K::KV_FP8`) fp8 cache, or (`K::Q_FP8`) fp8 Q with an fp8 cache;
-/// pages of at least `TMA_MIN_PAGE` tokens,
-/// `persist_splits >= 1`); `tmap` is the generic address of the cache's map as
+/// pages of at least `TMA_MIN_PAGE` tokens, `persist_splits >= 1`); `tmap` is the generic address of the cache's map as
 /// `decode_tile` describes it, in the kernel's parameter space.
 #[inline(always)]
 pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *const u8) {
