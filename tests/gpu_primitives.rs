@@ -5,6 +5,8 @@
 //! - the `wgmma` decode's layouts: 128-byte-swizzled K-major A and B over four k-steps;
 //!   an MN-major (transposed) B in two 8 KB slabs with A from shared memory and from
 //!   registers (m64n128k16), which also pins down which descriptor offset strides along K;
+//! - the e4m3 layouts: `m64n64k32` over 64-byte-swizzled K-major tiles, P quantised to e4m3
+//!   from the accumulators into the A registers, against a token-permuted V^T;
 //! - `cp.async.bulk` rows gathered by index into shared memory on an `mbarrier`;
 //! - TMA (`cp.async.bulk.tensor`, a host-encoded 3-D tensor map with the 128-byte swizzle)
 //!   writing a paged bf16 block exactly in the `wgmma` decode's slab layout, pages of 64
@@ -23,10 +25,10 @@ use cudarc::driver::{CudaContext, CudaStream, DevicePtr};
 use cudarc::nvrtc::Ptx;
 use mla::abi::DevPtr;
 use mla::abi::primitives::{
-    BULK_COPY, BULK_MAX_ROW_BYTES, BULK_MAX_ROWS, BULK_SMEM_BYTES, BulkCopyParams, EXCHANGE,
-    EXCHANGE_SMEM_BYTES, ExchangeParams, TMA_SLABS, TMA_SMEM_BYTES, TmaSlabsParams,
-    WGMMA_LAYOUT_SMEM_BYTES, WGMMA_M64N64K16_BF16, WGMMA_RS_MN_B, WGMMA_SMEM_BYTES,
-    WGMMA_SW128_KMAJOR, WGMMA_SW128_MN_B, WgmmaLayoutParams, WgmmaPrimParams,
+    BULK_COPY, BULK_MAX_ROW_BYTES, BULK_MAX_ROWS, BULK_SMEM_BYTES, BulkCopyParams, E4M3_SMEM_BYTES,
+    E4m3PrimParams, EXCHANGE, EXCHANGE_SMEM_BYTES, ExchangeParams, TMA_SLABS, TMA_SMEM_BYTES,
+    TmaSlabsParams, WGMMA_E4M3, WGMMA_LAYOUT_SMEM_BYTES, WGMMA_M64N64K16_BF16, WGMMA_RS_MN_B,
+    WGMMA_SMEM_BYTES, WGMMA_SW128_KMAJOR, WGMMA_SW128_MN_B, WgmmaLayoutParams, WgmmaPrimParams,
 };
 use mla_dev::numeric;
 use mla_dev::rng::SplitMix64;
@@ -284,6 +286,99 @@ fn wgmma_mn_major_b_matches_cpu() {
     }
     eprintln!("[{test}] seed {seed}");
     assert!(failures.is_empty(), "{failures:?}");
+}
+
+/// `e <= bound`, false for NaN.
+fn within(e: f64, bound: f64) -> bool {
+    e <= bound
+}
+
+/// The e4m3 path's pieces (`mla_prim_wgmma_e4m3`): S from two 64-byte-swizzled K-major
+/// tiles, and O = e4m3(S * p_scale) . V with P packed from S's accumulators into the A
+/// registers against V^T in the permuted token order. The CPU reference quantises the
+/// kernel's own S, so O's check covers the packing and V^T alone. fp8 products are exact;
+/// the bound allows for the tensor cores' accumulation (relative to the sum of magnitudes).
+#[test]
+fn wgmma_e4m3_matches_cpu() {
+    let test = "prim_wgmma_e4m3";
+    let seed = common::seed(test);
+    let Some((stream, module)) = prim_module(test) else {
+        return;
+    };
+    let mut rng = SplitMix64::new(seed);
+    let mut e4m3 = |n: usize| -> Vec<u8> {
+        (0..n)
+            .map(|_| numeric::e4m3_from_f32(rng.normal() as f32 * 4.0))
+            .collect()
+    };
+    let (q, kv) = (e4m3(64 * 64), e4m3(64 * 64));
+    let f = |b: &[u8]| {
+        b.iter()
+            .map(|&x| numeric::e4m3_to_f32(x) as f64)
+            .collect::<Vec<_>>()
+    };
+    let (qf, kf) = (f(&q), f(&kv));
+    let mut s_ref = vec![0.0f64; 64 * 64];
+    let mut s_mag = vec![0.0f64; 64 * 64];
+    for r in 0..64 {
+        for t in 0..64 {
+            for d in 0..64 {
+                s_ref[r * 64 + t] += qf[r * 64 + d] * kf[t * 64 + d];
+                s_mag[r * 64 + t] += (qf[r * 64 + d] * kf[t * 64 + d]).abs();
+            }
+        }
+    }
+    let s_max = s_ref.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    let p_scale = (200.0 / s_max) as f32;
+    let dq = stream.clone_htod(&q).unwrap();
+    let dkv = stream.clone_htod(&kv).unwrap();
+    let ds = stream.clone_htod(&vec![f32::NAN; 64 * 64]).unwrap();
+    let dout = stream.clone_htod(&vec![f32::NAN; 64 * 64]).unwrap();
+    let p = E4m3PrimParams {
+        q: DevPtr::from_addr(dq.device_ptr(&stream).0),
+        kv: DevPtr::from_addr(dkv.device_ptr(&stream).0),
+        s: DevPtr::from_addr(ds.device_ptr(&stream).0),
+        o: DevPtr::from_addr(dout.device_ptr(&stream).0),
+        p_scale,
+    };
+    launch_one(&stream, &module, WGMMA_E4M3, &p, E4M3_SMEM_BYTES);
+    let s: Vec<f32> = stream.clone_dtoh(&ds).unwrap();
+    let o: Vec<f32> = stream.clone_dtoh(&dout).unwrap();
+    let bad_s = (0..64 * 64)
+        .filter(|&i| {
+            let e = (s[i] as f64 - s_ref[i]).abs();
+            !within(e, 1e-3 * s_mag[i] + 1e-6)
+        })
+        .count();
+    // P from the kernel's S, quantised as the kernel does (f32 product, then RNE to e4m3).
+    let pq: Vec<f64> = s
+        .iter()
+        .map(|&x| numeric::e4m3_to_f32(numeric::e4m3_from_f32(x * p_scale)) as f64)
+        .collect();
+    let mut bad_o = 0;
+    let mut worst_o = (0.0f64, 0usize);
+    for r in 0..64 {
+        for n in 0..64 {
+            let (mut want, mut mag) = (0.0f64, 0.0f64);
+            for t in 0..64 {
+                want += pq[r * 64 + t] * kf[t * 64 + n];
+                mag += (pq[r * 64 + t] * kf[t * 64 + n]).abs();
+            }
+            let e = (o[r * 64 + n] as f64 - want).abs();
+            if !within(e, 1e-3 * mag + 1e-6) {
+                bad_o += 1;
+            }
+            if e.is_nan() || e > worst_o.0 {
+                worst_o = (e, r * 64 + n);
+            }
+        }
+    }
+    eprintln!(
+        "[{test}] S: {bad_s} of 4096 off; O: {bad_o} of 4096 off (worst {:.3e} at {}); p_scale {p_scale} (seed {seed})",
+        worst_o.0, worst_o.1
+    );
+    assert_eq!(bad_s, 0, "S from the 64-byte-swizzled e4m3 tiles");
+    assert_eq!(bad_o, 0, "O from P in registers against the permuted V^T");
 }
 
 #[test]

@@ -316,6 +316,11 @@ prim_kernel!(
     mla_abi::primitives::WgmmaLayoutParams
 );
 prim_kernel!(
+    mla_prim_wgmma_e4m3,
+    wgmma_e4m3,
+    mla_abi::primitives::E4m3PrimParams
+);
+prim_kernel!(
     mla_prim_bulk_copy,
     bulk_copy,
     mla_abi::primitives::BulkCopyParams

@@ -9,11 +9,11 @@
 //! core `(row group, k group)` at `(row group * 2 + k group) * 128`, so the descriptors have
 //! LBO = 128 B (next core in K) and SBO = 256 B (next core in M / N).
 
-use crate::arch::{self, bulk, smem, sync, wgmma};
+use crate::arch::{self, bulk, cvt, smem, sync, wgmma};
 use crate::decode::wg::aligned_base;
 use mla_abi::primitives::{
-    BulkCopyParams, EXCHANGE_TILE_A, ExchangeParams, TmaSlabsParams, WgmmaLayoutParams,
-    WgmmaPrimParams,
+    BulkCopyParams, E4m3PrimParams, EXCHANGE_TILE_A, ExchangeParams, TmaSlabsParams,
+    WgmmaLayoutParams, WgmmaPrimParams,
 };
 
 /// Byte offset of element `(r, k)` of a `64 x 16` operand in the no-swizzle K-major layout.
@@ -90,6 +90,93 @@ unsafe fn store_sw128(src: *const u16, rows: u32, cols: u32, tile: u32, slab_byt
             smem::st_shared_u16(tile + (c / 64) * slab_bytes + sw128_off(r, c % 64), v);
         }
         i += 128;
+    }
+}
+
+/// Byte offset of byte `b` (`< 64`) of row `r` in a tile of 64-byte rows with the 64-byte
+/// swizzle: 16-byte chunk `b / 16` of row `r` sits at chunk `(b / 16) ^ ((r / 2) % 4)`. Eight
+/// rows make one 512-byte atom; the tile must be 512-byte aligned.
+#[inline(always)]
+fn sw64_off(r: u32, b: u32) -> u32 {
+    r * 64 + ((((b / 16) ^ ((r / 2) % 4)) << 4) | (b % 16))
+}
+
+/// The token at k-position `p` of V^T: in each 16 positions, `4 c + i` holds token
+/// `2 c + (i % 2) + 8 (i / 2)`, the order of a lane's accumulator columns.
+#[inline(always)]
+fn vt_token(p: u32) -> u32 {
+    let q = p % 16;
+    (p - q) + 2 * (q / 4) + (q % 2) + 8 * ((q / 2) % 2)
+}
+
+/// `mla_prim_wgmma_e4m3`: see `mla_abi::primitives`.
+///
+/// # Safety
+/// Launched with one CTA of 128 threads and `E4M3_SMEM_BYTES` of dynamic shared memory; the
+/// pointers hold the documented shapes (4-byte aligned).
+#[inline(always)]
+pub unsafe fn wgmma_e4m3(p: E4m3PrimParams) {
+    let tid = arch::thread_idx_x();
+    let base = aligned_base();
+    let (sq, skv, svt) = (base, base + 4096, base + 8192);
+    // One word (4 bytes of a row) per step: q and kv as they are; V^T word (n, positions
+    // 4w .. 4w + 4) gathered from kv's column n.
+    let mut i = tid;
+    while i < 64 * 16 {
+        let (r, w) = (i / 16, i % 16);
+        // SAFETY: word i < 1024 of q and kv; bytes (t, n) < 64 x 64 of kv; the offsets stay
+        // inside each 4 KB tile.
+        unsafe {
+            let vq = *(p.q.ptr() as *const u32).add(i as usize);
+            let vk = *(p.kv.ptr() as *const u32).add(i as usize);
+            smem::st_shared_u32(sq + sw64_off(r, 4 * w), vq);
+            smem::st_shared_u32(skv + sw64_off(r, 4 * w), vk);
+            let mut vt = 0u32;
+            unroll!(j in [0, 1, 2, 3] {
+                let t = vt_token(4 * w + j as u32);
+                vt |= (*p.kv.ptr().add((t * 64 + r) as usize) as u32) << (8 * j);
+            });
+            smem::st_shared_u32(svt + sw64_off(r, 4 * w), vt);
+        }
+        i += 128;
+    }
+    wgmma::fence_proxy_async_shared();
+    let mut s = [0.0f32; 32];
+    let mut o = [0.0f32; 32];
+    // SAFETY: all 128 threads (one warpgroup) run this straight-line code; the descriptors
+    // address the three tiles.
+    unsafe {
+        sync::bar_sync();
+        wgmma::wgmma_fence();
+        unroll!(kk in [0, 1] {
+            let step = 32 * kk as u32;
+            let da = wgmma::smem_desc(sq + step, 16, 512, wgmma::Swizzle::B64);
+            let db = wgmma::smem_desc(skv + step, 16, 512, wgmma::Swizzle::B64);
+            wgmma::wgmma_m64n64k32_e4m3(&mut s, da, db, kk > 0);
+        });
+        wgmma::wgmma_commit_group();
+        wgmma::wgmma_wait_group::<0>();
+        store_acc(p.s.ptr(), &s);
+        let sc = p.p_scale;
+        // k-step kk: 8-column groups 4 kk .. 4 kk + 4; words 0 / 2 row g, 1 / 3 row g + 8.
+        let frag = |kk: usize| {
+            let q = |j: usize, e: usize| s[4 * (4 * kk + j) + e] * sc;
+            [
+                cvt::pack_e4m3x4([q(0, 0), q(0, 1), q(1, 0), q(1, 1)]),
+                cvt::pack_e4m3x4([q(0, 2), q(0, 3), q(1, 2), q(1, 3)]),
+                cvt::pack_e4m3x4([q(2, 0), q(2, 1), q(3, 0), q(3, 1)]),
+                cvt::pack_e4m3x4([q(2, 2), q(2, 3), q(3, 2), q(3, 3)]),
+            ]
+        };
+        let a = [frag(0), frag(1)];
+        wgmma::wgmma_fence();
+        unroll!(kk in [0, 1] {
+            let db = wgmma::smem_desc(svt + 32 * kk as u32, 16, 512, wgmma::Swizzle::B64);
+            wgmma::wgmma_m64n64k32_rs_e4m3(&mut o, a[kk], db, kk > 0);
+        });
+        wgmma::wgmma_commit_group();
+        wgmma::wgmma_wait_group::<0>();
+        store_acc(p.o.ptr(), &o);
     }
 }
 

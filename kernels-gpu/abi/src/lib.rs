@@ -1141,6 +1141,34 @@ pub mod primitives {
     /// 1 KB of alignment slack + an 8 KB A tile + 16 KB for B.
     pub const WGMMA_LAYOUT_SMEM_BYTES: usize = 1024 + 8192 + 16384;
 
+    /// `mla_prim_wgmma_e4m3`: the layouts an e4m3 decode needs, in one warpgroup. Tiles of
+    /// 64-byte rows with the 64-byte swizzle (a TMA box of 64 fp8 dims lands so), 8-row atoms
+    /// of 512 bytes. `s [64, 64] = q . kv^T` (`m64n64k32` e4m3, both K-major, two k-steps at
+    /// +32 bytes); then P = e4m3(`s * p_scale`) packed from the accumulators into the A
+    /// registers and `o [64, 64] = P . kv` against V^T (`kv` transposed, each 16 tokens
+    /// stored in the order `2c, 2c + 1, 2c + 8, 2c + 9` for `c = 0..4`, which puts each
+    /// lane's accumulators in its A fragment as they are).
+    pub const WGMMA_E4M3: &str = "mla_prim_wgmma_e4m3";
+
+    /// Params of `mla_prim_wgmma_e4m3`: grid `(1)`, block 128, `E4M3_SMEM_BYTES`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug)]
+    pub struct E4m3PrimParams {
+        /// `[64, 64]` e4m3, row-major (query rows x dims).
+        pub q: DevPtr<u8>,
+        /// `[64, 64]` e4m3, row-major (tokens x dims): K for `s`, V for `o`.
+        pub kv: DevPtr<u8>,
+        /// `[64, 64]` f32, row-major.
+        pub s: DevPtr<f32>,
+        /// `[64, 64]` f32, row-major.
+        pub o: DevPtr<f32>,
+        /// P's quantisation scale.
+        pub p_scale: f32,
+    }
+
+    /// 1 KB of alignment slack + the q, kv and V^T tiles (4 KB each).
+    pub const E4M3_SMEM_BYTES: usize = 1024 + 3 * 4096;
+
     /// `mla_prim_bulk_copy`: `cp.async.bulk` rows `idx[r]` of `src` (rows of `row_bytes`) into
     /// shared memory row `r`, completed on an `mbarrier` (one arrival with the expected
     /// bytes), then written back to `dst` row `r` with ordinary loads and stores.
@@ -1242,6 +1270,7 @@ pub mod primitives {
         ),
         (WGMMA_SW128_MN_B, core::mem::size_of::<WgmmaLayoutParams>()),
         (WGMMA_RS_MN_B, core::mem::size_of::<WgmmaLayoutParams>()),
+        (WGMMA_E4M3, core::mem::size_of::<E4m3PrimParams>()),
         (BULK_COPY, core::mem::size_of::<BulkCopyParams>()),
         (TMA_SLABS, core::mem::size_of::<TmaSlabsParams>()),
         (EXCHANGE, core::mem::size_of::<ExchangeParams>()),

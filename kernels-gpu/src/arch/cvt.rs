@@ -110,6 +110,24 @@ pub fn e4m3x2_to_f32x2(pair: u32) -> (f32, f32) {
     }
 }
 
+/// Two f32 to two fp8 e4m3 (`lo` in bits 0-7, `hi` in bits 8-15), round to nearest even,
+/// saturating to +-448 (`cvt.rn.satfinite.e4m3x2.f32`, sm_89 and later).
+#[inline(always)]
+pub fn pack_e4m3x2(lo: f32, hi: f32) -> u32 {
+    let r: u16;
+    // SAFETY: a pure conversion.
+    unsafe {
+        asm!("cvt.rn.satfinite.e4m3x2.f32 {r}, {h}, {l};", r = out(reg16) r, h = in(reg32) hi, l = in(reg32) lo, options(nostack, pure, nomem))
+    }
+    r as u32
+}
+
+/// Four f32 to four fp8 e4m3 in one word (`v[i]` in byte `i`), as [`pack_e4m3x2`].
+#[inline(always)]
+pub fn pack_e4m3x4(v: [f32; 4]) -> u32 {
+    pack_e4m3x2(v[0], v[1]) | (pack_e4m3x2(v[2], v[3]) << 16)
+}
+
 /// f32 to fp8 e4m3, round to nearest even, saturating to +-448; NaN stays NaN.
 #[inline(always)]
 pub fn f32_to_e4m3_sat(x: f32) -> u32 {

@@ -76,17 +76,34 @@ pub unsafe fn wgmma_wait_group<const N: u32>() {
 /// instances below).
 macro_rules! wgmma_m64n64k16_fn {
     ($(#[$doc:meta])* $name:ident, $ty:literal) => {
+        wgmma_m64n64_fn!(
+            $(#[$doc])* $name,
+            concat!("m64n64k16.f32.", $ty, ".", $ty),
+            desc_a: u64,
+            "{desc_a}",
+            "1, 1, 0, 0",
+            [desc_a = in(reg64) desc_a,]
+        );
+    };
+}
+
+/// Defines `$name`: `wgmma.mma_async.sync.aligned.$instr` with N = 64 (32 accumulators), A
+/// as `$a: $at` (a descriptor or four registers) written `$a_text`, and the immediates
+/// `$tail` after the predicate.
+macro_rules! wgmma_m64n64_fn {
+    ($(#[$doc:meta])* $name:ident, $instr:expr, $a:ident: $at:ty, $a_text:literal,
+     $tail:literal, [$($a_ops:tt)*]) => {
         $(#[$doc])*
         #[inline(always)]
-        pub unsafe fn $name(d: &mut [f32; 32], desc_a: u64, desc_b: u64, accumulate: bool) {
+        pub unsafe fn $name(d: &mut [f32; 32], $a: $at, desc_b: u64, accumulate: bool) {
             let scale_d: u32 = accumulate as u32;
-            // SAFETY: the caller guarantees convergence and valid descriptors.
+            // SAFETY: the caller guarantees convergence and valid operands.
             unsafe {
                 asm!(
                     "{{",
                     ".reg .pred p;",
                     "setp.ne.b32 p, {scale_d}, 0;",
-                    concat!("wgmma.mma_async.sync.aligned.m64n64k16.f32.", $ty, ".", $ty, " {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {desc_a}, {desc_b}, p, 1, 1, 0, 0;"),
+                    concat!("wgmma.mma_async.sync.aligned.", $instr, " {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, ", $a_text, ", {desc_b}, p, ", $tail, ";"),
                     "}}",
                     d0 = inout(reg32) d[0],
                     d1 = inout(reg32) d[1],
@@ -120,7 +137,7 @@ macro_rules! wgmma_m64n64k16_fn {
                     d29 = inout(reg32) d[29],
                     d30 = inout(reg32) d[30],
                     d31 = inout(reg32) d[31],
-                    desc_a = in(reg64) desc_a,
+                    $($a_ops)*
                     desc_b = in(reg64) desc_b,
                     scale_d = in(reg32) scale_d,
                     options(nostack)
@@ -148,6 +165,37 @@ wgmma_m64n64k16_fn!(
     /// As [`wgmma_m64n64k16_bf16`].
     wgmma_m64n64k16_f16,
     "f16"
+);
+
+wgmma_m64n64_fn!(
+    /// `wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 d, desc_a, desc_b, p, 1, 1`:
+    /// `d = A * B^T + (accumulate ? d : 0)` with A `64 x 32` and B `64 x 32` fp8 e4m3, both
+    /// K-major in shared memory (8-bit operands have no transposed form).
+    ///
+    /// # Safety
+    /// As [`wgmma_m64n64k16_bf16`].
+    wgmma_m64n64k32_e4m3,
+    "m64n64k32.f32.e4m3.e4m3",
+    desc_a: u64,
+    "{desc_a}",
+    "1, 1",
+    [desc_a = in(reg64) desc_a,]
+);
+
+wgmma_m64n64_fn!(
+    /// As [`wgmma_m64n64k32_e4m3`] with A from registers: thread `t` of warp `w` holds rows
+    /// `16 w + g` (words 0 and 2) and `16 w + g + 8` (words 1 and 3), k `4 c .. 4 c + 4`
+    /// (words 0 and 1) and `16 + 4 c ..` (words 2 and 3), lowest k in the lowest byte
+    /// (`g = lane / 4`, `c = lane % 4`).
+    ///
+    /// # Safety
+    /// As [`wgmma_m64n64k16_bf16`].
+    wgmma_m64n64k32_rs_e4m3,
+    "m64n64k32.f32.e4m3.e4m3",
+    a: [u32; 4],
+    "{{{a0}, {a1}, {a2}, {a3}}}",
+    "1, 1",
+    [a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],]
 );
 
 /// The `m64n128k16` bf16 `wgmma` with its 64 accumulator operands (`$d`, `[f32; 64]`)
