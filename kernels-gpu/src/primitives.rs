@@ -109,6 +109,41 @@ fn vt_token(p: u32) -> u32 {
     (p - q) + 2 * (q / 4) + (q % 2) + 8 * ((q / 2) % 2)
 }
 
+/// V^T of a 64-token x 64-dim e4m3 tile: `kv` (token rows of 64 bytes) into `vt` (dim
+/// rows of 64 k-positions, [`vt_token`] order), both with the 64-byte swizzle. Thread
+/// `t` of `threads` takes 4 x 4 byte blocks (four tokens of a position word, four dims):
+/// four 32-bit loads, eight `prmt`, four 32-bit stores per block.
+///
+/// # Safety
+/// `kv` and `vt` are 512-byte aligned 4 KB tiles in shared memory; `kv` is complete (a
+/// barrier after its stores); nothing else writes `vt` until the caller's barrier.
+#[inline(always)]
+unsafe fn transpose_v_e4m3(kv: u32, vt: u32, t: u32, threads: u32) {
+    let mut item = t;
+    // 16 groups of four dims x 16 words of four positions.
+    while item < 256 {
+        let (n0, w) = (4 * (item / 16), item % 16);
+        // SAFETY: rows < 64, bytes < 64 of each tile (forwarded from the caller).
+        unsafe {
+            let ld = |j: u32| smem::ld_shared_f32(kv + sw64_off(vt_token(4 * w + j), n0)).to_bits();
+            let (w0, w1, w2, w3) = (ld(0), ld(1), ld(2), ld(3));
+            // Byte d of word j goes to byte j of dim n0 + d's word.
+            let (lo01, hi01) = (cvt::prmt(w0, w1, 0x5140), cvt::prmt(w0, w1, 0x7362));
+            let (lo23, hi23) = (cvt::prmt(w2, w3, 0x5140), cvt::prmt(w2, w3, 0x7362));
+            let out = [
+                cvt::prmt(lo01, lo23, 0x5410),
+                cvt::prmt(lo01, lo23, 0x7632),
+                cvt::prmt(hi01, hi23, 0x5410),
+                cvt::prmt(hi01, hi23, 0x7632),
+            ];
+            unroll!(d in [0, 1, 2, 3] {
+                smem::st_shared_u32(vt + sw64_off(n0 + d as u32, 4 * w), out[d]);
+            });
+        }
+        item += threads;
+    }
+}
+
 /// `mla_prim_wgmma_e4m3`: see `mla_abi::primitives`.
 ///
 /// # Safety
@@ -119,26 +154,24 @@ pub unsafe fn wgmma_e4m3(p: E4m3PrimParams) {
     let tid = arch::thread_idx_x();
     let base = aligned_base();
     let (sq, skv, svt) = (base, base + 4096, base + 8192);
-    // One word (4 bytes of a row) per step: q and kv as they are; V^T word (n, positions
-    // 4w .. 4w + 4) gathered from kv's column n.
+    // One word (4 bytes of a row) per step: q and kv as they are.
     let mut i = tid;
     while i < 64 * 16 {
         let (r, w) = (i / 16, i % 16);
-        // SAFETY: word i < 1024 of q and kv; bytes (t, n) < 64 x 64 of kv; the offsets stay
-        // inside each 4 KB tile.
+        // SAFETY: word i < 1024 of q and kv; the offsets stay inside each 4 KB tile.
         unsafe {
             let vq = *(p.q.ptr() as *const u32).add(i as usize);
             let vk = *(p.kv.ptr() as *const u32).add(i as usize);
             smem::st_shared_u32(sq + sw64_off(r, 4 * w), vq);
             smem::st_shared_u32(skv + sw64_off(r, 4 * w), vk);
-            let mut vt = 0u32;
-            unroll!(j in [0, 1, 2, 3] {
-                let t = vt_token(4 * w + j as u32);
-                vt |= (*p.kv.ptr().add((t * 64 + r) as usize) as u32) << (8 * j);
-            });
-            smem::st_shared_u32(svt + sw64_off(r, 4 * w), vt);
         }
         i += 128;
+    }
+    wgmma::fence_proxy_async_shared();
+    // SAFETY: every thread passes the barrier; the transpose reads kv only after it.
+    unsafe {
+        sync::bar_sync();
+        transpose_v_e4m3(skv, svt, tid, 128);
     }
     wgmma::fence_proxy_async_shared();
     let mut s = [0.0f32; 32];

@@ -1145,9 +1145,9 @@ pub mod primitives {
     /// 64-byte rows with the 64-byte swizzle (a TMA box of 64 fp8 dims lands so), 8-row atoms
     /// of 512 bytes. `s [64, 64] = q . kv^T` (`m64n64k32` e4m3, both K-major, two k-steps at
     /// +32 bytes); then P = e4m3(`s * p_scale`) packed from the accumulators into the A
-    /// registers and `o [64, 64] = P . kv` against V^T (`kv` transposed, each 16 tokens
-    /// stored in the order `2c, 2c + 1, 2c + 8, 2c + 9` for `c = 0..4`, which puts each
-    /// lane's accumulators in its A fragment as they are).
+    /// registers and `o [64, 64] = P . kv` against V^T (`kv` transposed in shared memory by
+    /// 4 x 4 byte blocks, each 16 tokens stored in the order `2c, 2c + 1, 2c + 8, 2c + 9`
+    /// for `c = 0..4`, which puts each lane's accumulators in its A fragment as they are).
     pub const WGMMA_E4M3: &str = "mla_prim_wgmma_e4m3";
 
     /// Params of `mla_prim_wgmma_e4m3`: grid `(1)`, block 128, `E4M3_SMEM_BYTES`.
