@@ -493,9 +493,21 @@ fn fp8_accuracy_report() {
                 .map(|(a, b)| (a - b).powi(2))
                 .sum();
             let qrel = (qnum / den).sqrt();
+            // The kernel against the f64 oracle on the same fp8 data: its own arithmetic
+            // (with fp8 Q, H=128: the e4m3 tensor cores, P in e4m3), within the check's
+            // tolerance above.
+            let knum: f64 = got
+                .0
+                .iter()
+                .zip(&refs.0.out)
+                .map(|(a, b)| (*a as f64 - b).powi(2))
+                .sum();
+            let kden: f64 = refs.0.out.iter().map(|b| b * b).sum();
+            let krel = (knum / kden).sqrt();
             eprintln!(
                 "[{test}] {} H={heads} S_q={s_q}: kernel vs unquantised f64 rel L2 = {rel:.4e}; \
-                 f64 on fp8 data vs unquantised = {qrel:.4e} (quantisation alone)",
+                 f64 on fp8 data vs unquantised = {qrel:.4e} (quantisation alone); kernel vs \
+                 f64 on fp8 data = {krel:.4e} (arithmetic alone)",
                 d.name()
             );
             if rel.is_nan() || rel > 2.0 * qrel + 1e-2 {

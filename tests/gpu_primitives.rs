@@ -425,8 +425,15 @@ fn bulk_copy_gathers_rows_exactly() {
 /// cache `[num_pages, rows, 576]`: box `{64 dims, rows tokens, 1 page}`, 128-byte swizzle
 /// (so a box lands as one slab's rows), as the 128 bytes the kernel reads.
 fn encode_cache_map(cache: u64, rows: usize, num_pages: usize) -> [u8; 128] {
-    let map = mla::tmap::encode_paged_map(cache, false, rows, num_pages, 576, rows * 576)
-        .expect("cuTensorMapEncodeTiled");
+    let map = mla::tmap::encode_paged_map(
+        cache,
+        mla::tmap::MapLayout::Bf16Swizzle128,
+        rows,
+        num_pages,
+        576,
+        rows * 576,
+    )
+    .expect("cuTensorMapEncodeTiled");
     let mut bytes = [0u8; 128];
     for (i, w) in map.words.iter().enumerate() {
         bytes[8 * i..8 * i + 8].copy_from_slice(&w.to_le_bytes());

@@ -228,13 +228,14 @@ const SYNC_SITES: &[(&str, SyncSites)] = &[
             &[(1, 1), (2, 1), (3, 1), (4, 1)],
         ),
     ),
-    // fp8 Q: the same sites but Q's conversion to f16 and its CTA barrier (Q widens to f16
-    // as it loads).
+    // fp8 Q (the e4m3 path): the bf16 sites, with two warpgroup barriers per S (the tail
+    // zeroing of the raw rows before it, the V^T transpose after it; in the prologue and
+    // each pair step) instead of `zero_tail`'s one.
     (
         "mla_decode_tma_fp8",
         (
             8,
-            &[(0, 6), (1, 1), (2, 1), (3, 1), (4, 1), (5, 8), (6, 8)],
+            &[(0, 6), (1, 1), (2, 1), (3, 1), (4, 1), (5, 4), (6, 4)],
             &[(1, 1), (2, 1), (3, 1), (4, 1)],
         ),
     ),

@@ -290,12 +290,16 @@ pub fn copy_bandwidth(rt: &Runtime, stream: &Arc<CudaStream>) -> Result<f64, Mla
     Ok(2.0 * n as f64 / (best * 1e-3) * 1e-9)
 }
 
-/// The default grid: the peers' reference shapes at page 64, bf16 and fp8 KV, plus H = 16
-/// with S_q = 2; shapes of up to 32 rows (`H * S_q`) with the 16- and 64-row tiles, more
-/// than 16 rows with the 64-row `mma.sync` and `wgmma` tiles.
+/// The default grid: the peers' reference shapes at page 64, bf16, fp8 KV and fp8 Q with
+/// fp8 KV, plus H = 16 with S_q = 2; shapes of up to 32 rows (`H * S_q`) with the 16- and
+/// 64-row tiles, more than 16 rows with the 64-row `mma.sync` and `wgmma` tiles.
 pub fn default_shapes() -> Vec<BenchShape> {
     let mut v = Vec::new();
-    for dtypes in [DecodeDtypes::Bf16, DecodeDtypes::Fp8KvBf16Q] {
+    for dtypes in [
+        DecodeDtypes::Bf16,
+        DecodeDtypes::Fp8KvBf16Q,
+        DecodeDtypes::Fp8,
+    ] {
         for (heads, s_q) in [(16, 1), (16, 2), (128, 1), (128, 2)] {
             for (batch, len) in [(1, 4096), (8, 4096), (64, 4096), (128, 4096), (64, 16384)] {
                 for tile in Tile::ALL {

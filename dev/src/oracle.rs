@@ -199,12 +199,19 @@ fn attend(
         );
     };
 
-    // Pass 1: s_j = softmax_scale * q . k_j for every head, and each head's maximum.
+    // Pass 1: s_j = softmax_scale * q . k_j for every head, and each head's maximum. The
+    // e4m3 emulation raises each logit by its accumulation budget (`FP8_MMA_LOGIT_ERR` of
+    // softmax_scale * sum |q_i k_i|): the tolerance then covers the tensor cores' fp8 sums.
+    let fp8_mma = p_round == Some(ElemType::Fp8E4m3);
     logits.clear();
     for j in keys.clone() {
         load_kv(kv, j);
         for q_h in q.chunks_exact(D_QK) {
-            logits.push(inp.softmax_scale * dot(q_h, kv));
+            let mut x = inp.softmax_scale * dot(q_h, kv);
+            if fp8_mma {
+                x += FP8_MMA_LOGIT_ERR * inp.softmax_scale * dot_abs(q_h, kv);
+            }
+            logits.push(x);
         }
     }
     max.clear();
@@ -224,7 +231,7 @@ fn attend(
         for h in 0..heads {
             let p = (row[h] - max[h]).exp();
             sum[h] += p;
-            let p_mul = p_round.map_or(p, |ty| round_to(ty, p));
+            let p_mul = p_round.map_or(p, |ty| round_p(ty, p));
             axpy(p_mul, v, &mut o[h * D_V..(h + 1) * D_V]);
         }
     }
@@ -252,6 +259,11 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
         i += 1;
     }
     acc
+}
+
+/// `sum |a_i b_i|`.
+fn dot_abs(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| (x * y).abs()).sum()
 }
 
 /// `y += a * x`.
@@ -443,9 +455,28 @@ pub fn decode_split(inp: &OracleInput, splits: &[usize]) -> OracleOutput {
     })
 }
 
+/// The error budget of a logit from the e4m3 tensor cores, relative to its magnitude
+/// `softmax_scale * sum |q_i k_i|`. Their fp8 products are summed with about 13 bits below
+/// the largest addend's exponent (the sums are not f32-exact), over a row's 18 `k32`
+/// steps; on the H200 the log-sum-exp came out up to about 2^-13 of the magnitude off
+/// (1.9e-3 at magnitudes near 17, across 21840 decodes of the case matrix). [`decode_emulated`] with e4m3 P raises every logit by
+/// this much, so the tolerance is twice the resulting shift.
+pub const FP8_MMA_LOGIT_ERR: f64 = 1.0 / 4096.0;
+
+/// A probability `p <= 1` as a kernel feeds it to P x V in `ty`: rounded to `ty`; for fp8
+/// e4m3 (fp8 Q on the e4m3 tensor cores) quantised as `p * 2^8` (the row's max at 256, so
+/// small values stay normal) and scaled back.
+pub fn round_p(ty: ElemType, p: f64) -> f64 {
+    if ty == ElemType::Fp8E4m3 {
+        round_to(ty, p * 256.0) / 256.0
+    } else {
+        round_to(ty, p)
+    }
+}
+
 /// The reference that rounds like a kernel, used to set tolerances: [`decode`], except
 /// that each probability `exp(s_j - max)` is rounded to `p_type` (the type the kernel
-/// feeds its P x V product, bf16 or fp16) before it multiplies V, while the normaliser
+/// feeds its P x V product: bf16, fp16, or e4m3 as [`round_p`] does) before it multiplies V, while the normaliser
 /// sums the unrounded values, and the scaled output is rounded to `out_type`. A kernel
 /// may be off the exact result by about twice what this one is (see [`compare`]).
 pub fn decode_emulated(inp: &OracleInput, p_type: ElemType, out_type: ElemType) -> OracleOutput {

@@ -2,8 +2,9 @@
 //! `DECODE_TMA_FP8`) copy the cache through: a 3-D view `{576 dims, page_size tokens,
 //! num_pages pages}` of a paged cache with the cache's own strides and box `{64 dims,
 //! min(page_size, 64) tokens, 1 page}`. A bf16 cache's map has the 128-byte swizzle, so one
-//! box lands as the rows of one 64-dim slab (`decode_tile::TMA_*`); an fp8 cache's has
-//! none: its boxes land as raw 64-byte rows, which the kernel widens. Coordinates outside
+//! box lands as the rows of one 64-dim slab (`decode_tile::TMA_*`); an fp8 cache's has none
+//! under bf16 Q (its boxes land as raw 64-byte rows, which the kernel widens) and the
+//! 64-byte swizzle under fp8 Q (the rows are the e4m3 `wgmma`'s operands). Coordinates outside
 //! the view (pages past `num_pages`, negative entries) read as zeros.
 //!
 //! The map is encoded on the host (`cuTensorMapEncodeTiled`, no device work) at each
@@ -62,12 +63,35 @@ pub fn tma_pays(max_seq_len: usize, grid_splits: usize) -> bool {
 /// at S_q=2; B=8 L=4096 (8 blocks) 46.8 against 52.0 (H200, docs/PERF.md 3.4).
 pub const FP8_TMA_MIN_BLOCKS: usize = 3;
 
+/// How a map's boxes land in shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapLayout {
+    /// bf16 rows of 128 bytes with the 128-byte swizzle: one box is one slab's rows.
+    Bf16Swizzle128,
+    /// fp8 e4m3 rows of 64 bytes as they are (the kernel widens them to f16).
+    Fp8Raw,
+    /// fp8 e4m3 rows of 64 bytes with the 64-byte swizzle: the K-major operand layout of
+    /// the e4m3 `wgmma` (the decode with fp8 Q).
+    Fp8Swizzle64,
+}
+
+impl MapLayout {
+    /// The layout the TMA decode of these dtypes reads.
+    pub fn of(dtypes: DecodeDtypes) -> Self {
+        match dtypes {
+            DecodeDtypes::Fp8 => Self::Fp8Swizzle64,
+            DecodeDtypes::Fp8KvBf16Q => Self::Fp8Raw,
+            DecodeDtypes::Bf16 | DecodeDtypes::Fp16 => Self::Bf16Swizzle128,
+        }
+    }
+}
+
 /// The map of the request's cache (the TMA decode's second parameter).
 pub fn encode_kv_map(req: &DecodeRequest, shape: &DecodeShape) -> Result<TensorMap> {
     let [stride_page, stride_token, _] = req.kv_cache.strides;
     encode_paged_map(
         req.kv_cache.ptr,
-        req.kv_cache.dtype == ElemType::Fp8E4m3,
+        MapLayout::of(shape.dtypes),
         shape.page_size,
         shape.num_pages,
         stride_token,
@@ -75,30 +99,36 @@ pub fn encode_kv_map(req: &DecodeRequest, shape: &DecodeShape) -> Result<TensorM
     )
 }
 
-/// [`encode_kv_map`] from the cache's parts: a bf16 (or, with `fp8`, an fp8 e4m3) cache at
-/// device address `ptr` of `num_pages` pages of `page_size` token rows of 576 elements,
-/// `stride_token` and `stride_page` elements apart. Also what the TMA primitive's GPU test
-/// lands boxes with.
+/// [`encode_kv_map`] from the cache's parts: a bf16 (or, for the fp8 layouts, an fp8
+/// e4m3) cache at device address `ptr` of `num_pages` pages of `page_size` token rows of 576
+/// elements, `stride_token` and `stride_page` elements apart, landing as `layout` says.
+/// Also what the TMA primitive's GPU test lands boxes with.
 pub fn encode_paged_map(
     ptr: u64,
-    fp8: bool,
+    layout: MapLayout,
     page_size: usize,
     num_pages: usize,
     stride_token: usize,
     stride_page: usize,
 ) -> Result<TensorMap> {
-    let (elem, data_type, swizzle) = if fp8 {
-        (
+    use sys::CUtensorMapDataType as Ty;
+    use sys::CUtensorMapSwizzle as Sw;
+    let (elem, data_type, swizzle) = match layout {
+        MapLayout::Fp8Raw => (
             1u64,
-            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
-        )
-    } else {
-        (
+            Ty::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+            Sw::CU_TENSOR_MAP_SWIZZLE_NONE,
+        ),
+        MapLayout::Fp8Swizzle64 => (
+            1u64,
+            Ty::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+            Sw::CU_TENSOR_MAP_SWIZZLE_64B,
+        ),
+        MapLayout::Bf16Swizzle128 => (
             2u64,
-            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-        )
+            Ty::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            Sw::CU_TENSOR_MAP_SWIZZLE_128B,
+        ),
     };
     let rows = page_size.min(decode_tile::BLOCK_N) as u32;
     let dims: [u64; 3] = [D_QK as u64, page_size as u64, num_pages as u64];

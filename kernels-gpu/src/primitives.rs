@@ -10,7 +10,7 @@
 //! LBO = 128 B (next core in K) and SBO = 256 B (next core in M / N).
 
 use crate::arch::{self, bulk, cvt, smem, sync, wgmma};
-use crate::decode::wg::aligned_base;
+use crate::decode::wg::{aligned_base, sw64_off, vt_token};
 use mla_abi::primitives::{
     BulkCopyParams, E4m3PrimParams, EXCHANGE_TILE_A, ExchangeParams, TmaSlabsParams,
     WgmmaLayoutParams, WgmmaPrimParams,
@@ -91,22 +91,6 @@ unsafe fn store_sw128(src: *const u16, rows: u32, cols: u32, tile: u32, slab_byt
         }
         i += 128;
     }
-}
-
-/// Byte offset of byte `b` (`< 64`) of row `r` in a tile of 64-byte rows with the 64-byte
-/// swizzle: 16-byte chunk `b / 16` of row `r` sits at chunk `(b / 16) ^ ((r / 2) % 4)`. Eight
-/// rows make one 512-byte atom; the tile must be 512-byte aligned.
-#[inline(always)]
-fn sw64_off(r: u32, b: u32) -> u32 {
-    r * 64 + ((((b / 16) ^ ((r / 2) % 4)) << 4) | (b % 16))
-}
-
-/// The token at k-position `p` of V^T: in each 16 positions, `4 c + i` holds token
-/// `2 c + (i % 2) + 8 (i / 2)`, the order of a lane's accumulator columns.
-#[inline(always)]
-fn vt_token(p: u32) -> u32 {
-    let q = p % 16;
-    (p - q) + 2 * (q / 4) + (q % 2) + 8 * ((q / 2) % 2)
 }
 
 /// V^T of a 64-token x 64-dim e4m3 tile: `kv` (token rows of 64 bytes) into `vt` (dim

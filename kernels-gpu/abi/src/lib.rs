@@ -253,6 +253,19 @@ pub mod decode_tile {
     /// the swizzle atoms; 16 keeps a block at four boxes per slab at most).
     pub const TMA_MIN_PAGE: usize = 16;
     const _: () = assert!(TMA_SMEM_BYTES <= 227 * 1024);
+
+    /// The e4m3 TMA decode (`names::DECODE_TMA_FP8`: fp8 Q and an fp8 cache, e4m3 tensor
+    /// cores) packs its 64-byte rows: Q and each stage's nine raw slabs are `TMA_E4_SLAB`
+    /// apart (64 rows of 64 bytes, 64-byte swizzle; the map's swizzle is 64 bytes). Inside a
+    /// stage (`QK_TILE_BYTES` apart, as above): the raw slabs, then V^T at `TMA_E4_VT` (512
+    /// dim rows of 64 tokens, 64-byte swizzle), then the second warpgroup's P at
+    /// `TMA_E4_P1` (stage 1; 64 rows of 64 e4m3). The first warpgroup's P is at
+    /// `TMA_SMEM_P0`; the rest as above.
+    pub const TMA_E4_SLAB: usize = BLOCK_N * 64;
+    pub const TMA_E4_VT: usize = 9 * TMA_E4_SLAB;
+    pub const TMA_E4_P1: usize = TMA_E4_VT + 512 * 64;
+    const _: () = assert!(TMA_E4_P1 + TMA_E4_SLAB <= QK_TILE_BYTES);
+    const _: () = assert!(TMA_E4_VT.is_multiple_of(1024) && TMA_E4_P1.is_multiple_of(1024));
 }
 
 /// The split-KV chunk rule, shared by the decode kernel and the host planner: of `blocks`

@@ -351,17 +351,15 @@ pub unsafe fn wgmma_m64n128k16_rs_bf16<const TB: u32>(
 /// The `m64n256k16` bf16 `wgmma` with its 128 accumulator operands (`$d`, `[[f32; 4]; 32]`)
 /// written once: `$a` is the A operand's text (a descriptor or four registers), `$tail` the
 /// immediates after the predicate, then the other operands.
-macro_rules! wgmma_m64n256k16_asm {
-    ($ty:literal, $d:ident, $a:literal, $tail:literal, $($operands:tt)*) => {
+macro_rules! wgmma_m64n256_asm {
+    ($instr:expr, $d:ident, $a:literal, $tail:literal, $($operands:tt)*) => {
         asm!(
             "{{",
             ".reg .pred p;",
             "setp.ne.b32 p, {scale_d}, 0;",
             concat!(
-                "wgmma.mma_async.sync.aligned.m64n256k16.f32.",
-                $ty,
-                ".",
-                $ty,
+                "wgmma.mma_async.sync.aligned.",
+                $instr,
                 " {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}, {d32}, {d33}, {d34}, {d35}, {d36}, {d37}, {d38}, {d39}, {d40}, {d41}, {d42}, {d43}, {d44}, {d45}, {d46}, {d47}, {d48}, {d49}, {d50}, {d51}, {d52}, {d53}, {d54}, {d55}, {d56}, {d57}, {d58}, {d59}, {d60}, {d61}, {d62}, {d63}, {d64}, {d65}, {d66}, {d67}, {d68}, {d69}, {d70}, {d71}, {d72}, {d73}, {d74}, {d75}, {d76}, {d77}, {d78}, {d79}, {d80}, {d81}, {d82}, {d83}, {d84}, {d85}, {d86}, {d87}, {d88}, {d89}, {d90}, {d91}, {d92}, {d93}, {d94}, {d95}, {d96}, {d97}, {d98}, {d99}, {d100}, {d101}, {d102}, {d103}, {d104}, {d105}, {d106}, {d107}, {d108}, {d109}, {d110}, {d111}, {d112}, {d113}, {d114}, {d115}, {d116}, {d117}, {d118}, {d119}, {d120}, {d121}, {d122}, {d123}, {d124}, {d125}, {d126}, {d127}}}, ",
                 $a,
                 ", {desc_b}, p, ",
@@ -519,8 +517,8 @@ macro_rules! wgmma_m64n256k16_fn {
             let scale_d: u32 = accumulate as u32;
             // SAFETY: the caller guarantees convergence and valid operands.
             unsafe {
-                wgmma_m64n256k16_asm!(
-                    $ty,
+                wgmma_m64n256_asm!(
+                    concat!("m64n256k16.f32.", $ty, ".", $ty),
                     d,
                     $a_text,
                     $tail,
@@ -628,5 +626,55 @@ wgmma_m64n256k16_fn!(
     desc_a: u64,
     "{desc_a}",
     "1, 1, 0, {tb}",
+    [desc_a = in(reg64) desc_a,]
+);
+
+/// Defines `$name`: the m64n256k32 e4m3 `wgmma` (8-bit operands: both K-major, no transpose
+/// immediates) with A as `$a: $at`, written `$a_text`.
+macro_rules! wgmma_m64n256k32_e4m3_fn {
+    ($(#[$doc:meta])* $name:ident, $a:ident: $at:ty, $a_text:literal, [$($a_ops:tt)*]) => {
+        $(#[$doc])*
+        #[inline(always)]
+        pub unsafe fn $name(d: &mut [[f32; 4]; 32], $a: $at, desc_b: u64, accumulate: bool) {
+            let scale_d: u32 = accumulate as u32;
+            // SAFETY: the caller guarantees convergence and valid operands.
+            unsafe {
+                wgmma_m64n256_asm!(
+                    "m64n256k32.f32.e4m3.e4m3",
+                    d,
+                    $a_text,
+                    "1, 1",
+                    $($a_ops)*
+                    desc_b = in(reg64) desc_b,
+                    scale_d = in(reg32) scale_d,
+                    options(nostack)
+                )
+            }
+        }
+    };
+}
+
+wgmma_m64n256k32_e4m3_fn!(
+    /// `wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 d, {a0, a1, a2, a3}, desc_b, p,
+    /// 1, 1`: `d = A * B^T (+ d)` with A `64 x 32` e4m3 from registers (the fragment of
+    /// [`wgmma_m64n64k32_rs_e4m3`]) and B `256 x 32` e4m3, K-major in shared memory; the
+    /// accumulators as [`wgmma_m64n256k16_rs_bf16`]'s.
+    ///
+    /// # Safety
+    /// As [`wgmma_m64n64k16_bf16`].
+    wgmma_m64n256k32_rs_e4m3,
+    a: [u32; 4],
+    "{{{a0}, {a1}, {a2}, {a3}}}",
+    [a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],]
+);
+
+wgmma_m64n256k32_e4m3_fn!(
+    /// As [`wgmma_m64n256k32_rs_e4m3`] with A (`64 x 32`, K-major) from shared memory.
+    ///
+    /// # Safety
+    /// As [`wgmma_m64n64k16_bf16`].
+    wgmma_m64n256k32_ss_e4m3,
+    desc_a: u64,
+    "{desc_a}",
     [desc_a = in(reg64) desc_a,]
 );

@@ -67,6 +67,7 @@ const BAR_P1: u32 = 4;
 /// Per warpgroup: the V rows it zeroed are written before its own P.V.
 const BAR_WG: [u32; 2] = [5, 6];
 
+mod e4m3;
 mod issue;
 mod math;
 
@@ -171,6 +172,11 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         }
     }
 
+    /// fp8 Q (with an fp8 cache): the e4m3 tensor-core path ([`e4m3`]).
+    const E4: bool = K::Q_FP8;
+    /// An fp8 cache under bf16 Q: widened to f16 in place before S.
+    const WIDEN: bool = K::KV_FP8 && !K::Q_FP8;
+
     #[inline(always)]
     fn kv_s(&self, st: u32) -> u32 {
         self.base + SLAB_TILE + st * SLAB_TILE
@@ -182,6 +188,8 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     fn p_s(&self, st: u32) -> u32 {
         if st == 0 {
             self.base + T::TMA_SMEM_P0 as u32
+        } else if Self::E4 {
+            self.kv_s(1) + T::TMA_E4_P1 as u32
         } else {
             self.kv_s(1) + 8 * SLAB
         }
@@ -293,18 +301,14 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         // SAFETY: thread 0 initialised the mbarriers before any copy; every thread passes
         // the CTA barriers; the Q tile holds 64 slab-layout rows of a validated q.
         unsafe {
-            if K::Q_FP8 {
-                // fp8 Q (with an fp8 cache: f16 operands) widens exactly to f16 as it loads,
-                // unscaled (|e4m3| <= 448), with loads the thread waits for: the first
-                // pair's copies go out before it.
-                self.issue_first_pair();
-                decode::load_q_tile::<K, M64, Fp16>(p, b, self.row0, self.base, slab_off);
+            if Self::E4 {
+                self.load_q_e4m3();
             } else {
                 decode::load_q_tile::<K, M64, Fp16>(p, b, self.row0, self.base, slab_off);
-                cp_async::cp_async_commit_group();
-                self.issue_first_pair();
-                cp_async::cp_async_wait_group::<0>();
             }
+            cp_async::cp_async_commit_group();
+            self.issue_first_pair();
+            cp_async::cp_async_wait_group::<0>();
             wgmma::fence_proxy_async_shared();
             sync::bar_sync();
             // Behind a branch on a kernel parameter (uniform to ptxas, and always taken:
@@ -403,7 +407,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             self.st_rows(0, m0);
             self.st_rows(1, scale0);
             sync::bar_arrive_named::<BAR_SCALE0, 256>();
-            let l_a = exp_rows(s, self.scale_r, m0_ref);
+            let l_a = exp_rows(s, self.scale_r, Self::p_ref(m0_ref));
             self.rescale(scale0);
             self.l_run = [
                 self.l_run[0] * scale0[0] + l_a[0],
@@ -491,7 +495,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             // Without a block B, s holds no S: P is computed but not summed, and the
             // P.V below multiplies zeros by A's (finite) V, so that no wgmma sits behind
             // a branch.
-            let l_b = exp_rows(s, self.scale_r, m1_ref);
+            let l_b = exp_rows(s, self.scale_r, Self::p_ref(m1_ref));
             if has_b {
                 self.l_run = [self.l_run[0] + l_b[0], self.l_run[1] + l_b[1]];
             }
@@ -524,8 +528,13 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     /// All threads of the CTA, once, last (a CTA barrier inside); the host sized out, lse
     /// and the workspace (validated).
     #[inline(always)]
-    unsafe fn epilogue(self) {
+    unsafe fn epilogue(mut self) {
         let wg = self.wg;
+        // The e4m3 path's P and row sums are 2^8 times the softmax's; the log-sum-exp takes
+        // that out (the normalised output needs nothing: both carry it).
+        if Self::E4 {
+            self.m_run = self.m_run.map(|m| m - e4m3::P_LOG2_SCALE);
+        }
         // SAFETY: forwarded from the caller; converged warps.
         unsafe {
             let l_own = [

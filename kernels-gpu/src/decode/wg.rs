@@ -48,6 +48,22 @@ pub(crate) fn slab_off(r: u32, k: u32) -> u32 {
     (k / 8) * SLAB + r * 128 + (((k % 8) ^ (r % 8)) << 4)
 }
 
+/// Byte offset of byte `b` (`< 64`) of row `r` in a tile of 64-byte rows with the 64-byte
+/// swizzle: 16-byte chunk `b / 16` of row `r` sits at chunk `(b / 16) ^ ((r / 2) % 4)`. Eight
+/// rows make one 512-byte atom; the tile must be 512-byte aligned.
+#[inline(always)]
+pub(crate) fn sw64_off(r: u32, b: u32) -> u32 {
+    r * 64 + ((((b / 16) ^ ((r / 2) % 4)) << 4) | (b % 16))
+}
+
+/// The token at k-position `p` of V^T: in each 16 positions, `4 c + i` holds token
+/// `2 c + (i % 2) + 8 (i / 2)`, the order of a lane's accumulator columns.
+#[inline(always)]
+pub(crate) fn vt_token(p: u32) -> u32 {
+    let q = p % 16;
+    (p - q) + 2 * (q / 4) + (q % 2) + 8 * ((q / 2) % 2)
+}
+
 /// The 1024-byte aligned start of the dynamic shared memory (the kernels ask for 1 KB of
 /// slack).
 #[inline(always)]

@@ -80,14 +80,17 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         let rows = p.page_size.min(BLOCK_N);
         let row_in_page = (blk * BLOCK_N) & (p.page_size - 1);
         // A slab's bytes, where they start in it, and the bytes of one landed row.
-        let (bytes, at, row_bytes) = if K::KV_FP8 {
-            (SLAB / 2, SLAB / 2, 64)
+        // (The e4m3 path: packed 4 KB slabs, 64-byte swizzled by the map.)
+        let (bytes, at, row_bytes, stride) = if K::Q_FP8 {
+            (SLAB / 2, 0, 64, SLAB / 2)
+        } else if K::KV_FP8 {
+            (SLAB / 2, SLAB / 2, 64, SLAB)
         } else {
-            (SLAB, 0, 128)
+            (SLAB, 0, 128, SLAB)
         };
         let slab = |i: u32| if h == 0 && i == 4 { 8 } else { 4 * h + i };
         // SAFETY: each box lands inside its slab (rows * (64 / rows) rows of `row_bytes`),
-        // at a multiple of 1024 bytes (rows >= 16); the map is valid (host); the page
+        // at a multiple of 1024 bytes (rows >= 16; 512 on the e4m3 path's 64-byte rows); the map is valid (host); the page
         // words are the caller's.
         unsafe {
             for i in 0..5 - h {
@@ -102,7 +105,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                 for i in 0..5 - h {
                     let s = slab(i);
                     let c = [(64 * s) as i32, row_in_page as i32, page];
-                    bulk::tma_load_3d(dst + s * SLAB + at, self.tmap, c, bars + 8 * s);
+                    bulk::tma_load_3d(dst + s * stride + at, self.tmap, c, bars + 8 * s);
                 }
                 q += 1;
             }
@@ -141,7 +144,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     /// # Safety
     /// The whole warpgroup, converged.
     #[inline(always)]
-    unsafe fn wg_sync(&self) {
+    pub(super) unsafe fn wg_sync(&self) {
         // SAFETY: forwarded from the caller.
         unsafe {
             if self.wg == 0 {

@@ -46,36 +46,55 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         // SAFETY: forwarded from the caller; each slab is read only once its mbarrier says
         // it landed; the descriptors address Q and the stage.
         unsafe {
+            if Self::E4 {
+                self.zero_raw_tail(st, parity, blk);
+            }
             wgmma::wgmma_fence();
             unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
                 if j == 5 {
                     wgmma::wgmma_commit_group();
                     mid();
                 }
-                // An fp8 cache: this group's slabs, widened before its first wgmma.
-                if K::KV_FP8 && j == 0 {
+                // An fp8 cache under bf16 Q: this group's slabs, widened before its first
+                // wgmma.
+                if Self::WIDEN && j == 0 {
                     self.convert(st, parity, blk, [0, 1, 2, 3, 4].map(order), 5);
                 }
-                if K::KV_FP8 && j == 5 {
+                if Self::WIDEN && j == 5 {
                     self.convert(st, parity, blk, [5, 6, 7, 8, 0].map(order), 4);
                 }
                 let slab = order(j as u32);
-                if !K::KV_FP8 {
+                if !Self::WIDEN {
                     bulk::mbarrier_wait_parity_warp(self.bars(st) + 8 * slab, parity);
                 }
-                let da = wgmma::smem_desc(q_s + slab * SLAB, 16, 1024, wgmma::Swizzle::B128);
-                let db = wgmma::smem_desc(kv + slab * SLAB, 16, 1024, wgmma::Swizzle::B128);
-                // k-step kk of the slab: 32 bytes on, 2 in the descriptors' address field.
-                unroll!(kk in [0, 1, 2, 3] {
-                    let k = 2 * kk as u64;
-                    if K::KV_FP8 {
-                        wgmma::wgmma_m64n64k16_f16(s, da + k, db + k, j > 0 || kk > 0);
-                    } else {
-                        wgmma::wgmma_m64n64k16_bf16(s, da + k, db + k, j > 0 || kk > 0);
-                    }
-                });
+                if Self::E4 {
+                    // Two k32 steps of 32 bytes (2 in the address field) per 4 KB tile.
+                    let at = slab * (SLAB / 2);
+                    let da = wgmma::smem_desc(q_s + at, 16, 512, wgmma::Swizzle::B64);
+                    let db = wgmma::smem_desc(kv + at, 16, 512, wgmma::Swizzle::B64);
+                    unroll!(kk in [0, 1] {
+                        let k = 2 * kk as u64;
+                        wgmma::wgmma_m64n64k32_e4m3(s, da + k, db + k, j > 0 || kk > 0);
+                    });
+                } else {
+                    let da = wgmma::smem_desc(q_s + slab * SLAB, 16, 1024, wgmma::Swizzle::B128);
+                    let db = wgmma::smem_desc(kv + slab * SLAB, 16, 1024, wgmma::Swizzle::B128);
+                    // k-step kk of the slab: 32 bytes on, 2 in the descriptors' address field.
+                    unroll!(kk in [0, 1, 2, 3] {
+                        let k = 2 * kk as u64;
+                        if K::KV_FP8 {
+                            wgmma::wgmma_m64n64k16_f16(s, da + k, db + k, j > 0 || kk > 0);
+                        } else {
+                            wgmma::wgmma_m64n64k16_bf16(s, da + k, db + k, j > 0 || kk > 0);
+                        }
+                    });
+                }
             });
             wgmma::wgmma_commit_group();
+            // The e4m3 path: the block's V^T, while S runs.
+            if Self::E4 {
+                self.transpose_vt(st);
+            }
         }
     }
 
@@ -124,6 +143,10 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     /// swizzle).
     #[inline(always)]
     pub(super) fn store_p(&self, a: &[[u32; 4]; 4], ps: u32) {
+        if Self::E4 {
+            self.store_p_e4m3(a, ps);
+            return;
+        }
         let r_loc = self.r_loc;
         // Rows r_loc and r_loc + 8 share r % 8 = g: chunk ch of either is its row's
         // chunk-0 address with (ch << 4) XORed in.
@@ -153,6 +176,15 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         // SAFETY: forwarded from the caller.
         unsafe {
             wgmma::wgmma_fence();
+            if Self::E4 {
+                unroll!(kk in [0, 1] {
+                    let da = wgmma::smem_desc(arch::opaque(self.p_s(st)) + 32 * kk as u32, 16, 512, wgmma::Swizzle::B64);
+                    let db = self.vt_desc(st, kk as u32);
+                    wgmma::wgmma_m64n256k32_ss_e4m3(&mut self.o, da, db, true);
+                });
+                wgmma::wgmma_commit_group();
+                return;
+            }
             unroll!(kk in [0, 1, 2, 3] {
                 let da = wgmma::smem_desc(arch::opaque(self.p_s(st)) + 32 * kk as u32, 16, 1024, wgmma::Swizzle::B128);
                 let db = self.v_desc(st, kk as u32);
@@ -176,6 +208,14 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         // SAFETY: forwarded from the caller.
         unsafe {
             wgmma::wgmma_fence();
+            if Self::E4 {
+                unroll!(kk in [0, 1] {
+                    let db = self.vt_desc(st, kk as u32);
+                    wgmma::wgmma_m64n256k32_rs_e4m3(&mut self.o, a[kk], db, true);
+                });
+                wgmma::wgmma_commit_group();
+                return;
+            }
             unroll!(kk in [0, 1, 2, 3] {
                 let db = self.v_desc(st, kk as u32);
                 if K::KV_FP8 {
@@ -247,6 +287,9 @@ fn unpack<K: DecodeKind>(bits: u16) -> f32 {
 /// P as the A fragments of the block's four k-steps.
 #[inline(always)]
 pub(super) fn frags_of<K: DecodeKind>(s: &[f32; 32]) -> [[u32; 4]; 4] {
+    if K::Q_FP8 {
+        return super::e4m3::frags_e4m3(s);
+    }
     let mut a = [[0u32; 4]; 4];
     unroll!(kk in [0, 1, 2, 3] {
         let t0 = 8 * kk;
@@ -264,6 +307,9 @@ pub(super) fn frags_of<K: DecodeKind>(s: &[f32; 32]) -> [[u32; 4]; 4] {
 /// Fragments times a per-row factor (rows g: words 0 and 2, g + 8: words 1 and 3).
 #[inline(always)]
 pub(super) fn scaled<K: DecodeKind>(a: &[[u32; 4]; 4], f: [f32; 2]) -> [[u32; 4]; 4] {
+    if K::Q_FP8 {
+        return super::e4m3::scaled_e4m3(a, f);
+    }
     let mut out = [[0u32; 4]; 4];
     unroll!(kk in [0, 1, 2, 3] {
         unroll!(w in [0, 1, 2, 3] {

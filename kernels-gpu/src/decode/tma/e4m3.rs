@@ -1,0 +1,228 @@
+//! The TMA decode's e4m3 path (fp8 Q with an fp8 cache: `names::DECODE_TMA_FP8`): both
+//! products on the e4m3 tensor cores, no widening.
+//!
+//! - Q lands raw with `cp.async` in nine 4 KB tiles of 64 rows x 64 bytes (64-byte swizzle,
+//!   `decode_tile::TMA_E4_SLAB` apart); each box of the cache lands the same way through the
+//!   map's 64-byte swizzle. S of a block is 18 `m64n64k32` e4m3 steps, two per slab.
+//! - e4m3 `wgmma` reads B only K-major, so V is transposed: the warpgroup that computes a
+//!   block's S writes its V^T (512 dim rows of 64 tokens, `TMA_E4_VT`) while S runs, in
+//!   4 x 4 byte blocks (`prmt`). In a sequence's last block the raw rows past the end are
+//!   zeroed first (`zero_raw_tail`), so V^T holds zeros there. V^T's
+//!   k-positions are in [`vt_token`] order, the order in which a lane's S accumulators
+//!   sit, so P packs from the accumulators into the A registers of `m64n256k32` in place.
+//! - P is quantised per row with the row's running max at `2^8` (`exp2(S - m + 8)`, at most
+//!   256 of e4m3's 448): the row sums carry the same factor, so the normalised output needs
+//!   nothing and the log-sum-exp subtracts 8 (log2) once, in the epilogue.
+
+use super::{BLOCK_N, Cta};
+use crate::arch::{self, cp_async, cvt, smem, wgmma};
+use crate::decode::DecodeKind;
+use crate::decode::wg::{sw64_off, vt_token};
+use crate::elem::Bf16;
+use mla_abi::decode_tile as T;
+
+/// log2 of the factor P is quantised with (P <= 1 before it).
+pub(super) const P_LOG2_SCALE: f32 = 8.0;
+
+const E4_SLAB: u32 = T::TMA_E4_SLAB as u32;
+const E4_VT: u32 = T::TMA_E4_VT as u32;
+
+/// P of a block as the A fragments of its two `k32` steps (the other two words unused):
+/// k-step `kk` packs 8-column groups `4 kk .. 4 kk + 4` of the accumulators; words 0 and 2
+/// hold row `g`, 1 and 3 row `g + 8`, each four positions of [`vt_token`] order.
+#[inline(always)]
+pub(super) fn frags_e4m3(s: &[f32; 32]) -> [[u32; 4]; 4] {
+    let mut a = [[0u32; 4]; 4];
+    unroll!(kk in [0, 1] {
+        let q = |j: usize, e: usize| s[4 * (4 * kk + j) + e];
+        a[kk] = [
+            cvt::pack_e4m3x4([q(0, 0), q(0, 1), q(1, 0), q(1, 1)]),
+            cvt::pack_e4m3x4([q(0, 2), q(0, 3), q(1, 2), q(1, 3)]),
+            cvt::pack_e4m3x4([q(2, 0), q(2, 1), q(3, 0), q(3, 1)]),
+            cvt::pack_e4m3x4([q(2, 2), q(2, 3), q(3, 2), q(3, 3)]),
+        ];
+    });
+    a
+}
+
+/// [`frags_e4m3`] times a per-row factor (words 0 and 2: `f[0]`, 1 and 3: `f[1]`),
+/// requantised.
+#[inline(always)]
+pub(super) fn scaled_e4m3(a: &[[u32; 4]; 4], f: [f32; 2]) -> [[u32; 4]; 4] {
+    let mut out = [[0u32; 4]; 4];
+    unroll!(kk in [0, 1] {
+        unroll!(w in [0, 1, 2, 3] {
+            let x = a[kk][w];
+            let (v0, v1) = cvt::e4m3x2_to_f32x2(x & 0xffff);
+            let (v2, v3) = cvt::e4m3x2_to_f32x2(x >> 16);
+            let k = f[w % 2];
+            out[kk][w] = cvt::pack_e4m3x4([v0 * k, v1 * k, v2 * k, v3 * k]);
+        });
+    });
+    out
+}
+
+impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
+    /// The exponent reference P is computed against: the row's max, lowered by
+    /// [`P_LOG2_SCALE`] on the e4m3 path.
+    #[inline(always)]
+    pub(super) fn p_ref(m_ref: [f32; 2]) -> [f32; 2] {
+        if Self::E4 {
+            m_ref.map(|m| m - P_LOG2_SCALE)
+        } else {
+            m_ref
+        }
+    }
+
+    /// Raw slab `s` (64 tokens x 64 bytes) of stage `st`.
+    #[inline(always)]
+    pub(super) fn raw_s(&self, st: u32, s: u32) -> u32 {
+        self.kv_s(st) + s * E4_SLAB
+    }
+
+    /// fp8 Q into its nine 64-byte-swizzled tiles with `cp.async`, 16 bytes (16 dims) at a
+    /// time; rows past the last query row as zeros. The caller commits and waits.
+    ///
+    /// # Safety
+    /// Every thread of the CTA; the Q tiles are free (the previous cell's epilogue barrier).
+    #[inline(always)]
+    pub(super) unsafe fn load_q_e4m3(&self) {
+        let p = self.p;
+        let rows = p.s_q * p.heads;
+        let mut c = arch::thread_idx_x();
+        while c < 64 * 36 {
+            let (r, k) = (c / 36, c % 36);
+            let gr = self.row0 + r;
+            let dst = self.base + (k / 4) * E4_SLAB + sw64_off(r, 16 * (k % 4));
+            let (src, n) = if gr < rows {
+                let (t, h) = (gr / p.heads, gr % p.heads);
+                let b = self.b as u64;
+                let (base, off, kc) = if k < 32 {
+                    let off = b * p.q_stride_b + t as u64 * p.q_stride_s + h as u64 * p.q_stride_h;
+                    (p.q.ptr() as *const u8, off, k)
+                } else {
+                    let off = b * p.q_pe_stride_b
+                        + t as u64 * p.q_pe_stride_s
+                        + h as u64 * p.q_pe_stride_h;
+                    (p.q_pe.ptr() as *const u8, off, k - 32)
+                };
+                // SAFETY: bytes 16 kc .. +16 of a validated fp8 q (or q_pe) row, 16-byte
+                // aligned (validation: rows and bases at 16 bytes).
+                (unsafe { base.add((off + 16 * kc as u64) as usize) }, 16)
+            } else {
+                (p.q.ptr() as *const u8, 0)
+            };
+            // SAFETY: dst is inside the Q tiles; src is read only when n == 16.
+            unsafe { cp_async::cp_async_cg_16(dst, src, n) };
+            c += T::THREADS as u32;
+        }
+    }
+
+    /// V^T of the block in stage `st` (all 512 dims) from its raw slabs 0-7. Thread `t` of
+    /// the warpgroup takes position word `w = t % 16` (four tokens) and, in four items, the
+    /// 16-byte chunk `c = (t / 16) % 4` of slabs `t / 64 + 2 i`: four 16-byte loads (one per
+    /// token), four 4 x 4 byte transposes (`prmt`), sixteen 4-byte stores. Each 8-lane phase
+    /// of a load, and each store, meets every bank at most twice. Ends with a proxy fence and
+    /// a warpgroup barrier: this warpgroup's P.V reads it next; the other's reads it after a
+    /// named barrier this warpgroup arrives at later.
+    ///
+    /// # Safety
+    /// The whole warpgroup, converged, after waiting for slabs 0-7 of the block (with rows
+    /// past the sequence end zeroed, [`Cta::zero_raw_tail`]); no `wgmma` still reads the
+    /// stage's V^T (its last P.V completed before the slabs were reissued).
+    #[inline(always)]
+    pub(super) unsafe fn transpose_vt(&self, st: u32) {
+        // Opaque: computed where used, not held through the pair loop.
+        let t = arch::opaque(arch::thread_idx_x() % 128);
+        let (w, u) = (t % 16, t / 16);
+        let c = u % 4;
+        let raw = arch::opaque(self.raw_s(st, 0)) + (u / 4) * E4_SLAB;
+        let vt = raw + E4_VT;
+        let src = |j: u32| raw + sw64_off(vt_token(4 * w + j), 16 * c);
+        unroll!(i in [0, 1, 2, 3] {
+            let at = 2 * i as u32 * E4_SLAB;
+            // SAFETY: tokens < 64, chunk c < 4 of raw slab u / 4 + 2 i < 8; dims
+            // 16 c + 4 q + d < 64 of that slab's V^T rows, bytes 4 w .. + 4 < 64.
+            unsafe {
+                let v = [0, 1, 2, 3].map(|j| smem::ld_shared_v4(src(j) + at));
+                unroll!(q in [0, 1, 2, 3] {
+                    let (w0, w1, w2, w3) = (v[0][q], v[1][q], v[2][q], v[3][q]);
+                    // Byte d of token j's word goes to byte j of dim 4 q + d's word.
+                    let (lo01, hi01) = (cvt::prmt(w0, w1, 0x5140), cvt::prmt(w0, w1, 0x7362));
+                    let (lo23, hi23) = (cvt::prmt(w2, w3, 0x5140), cvt::prmt(w2, w3, 0x7362));
+                    let out = [
+                        cvt::prmt(lo01, lo23, 0x5410),
+                        cvt::prmt(lo01, lo23, 0x7632),
+                        cvt::prmt(hi01, hi23, 0x5410),
+                        cvt::prmt(hi01, hi23, 0x7632),
+                    ];
+                    unroll!(d in [0, 1, 2, 3] {
+                        let n = 16 * c + 4 * q as u32 + d as u32;
+                        smem::st_shared_u32(vt + at + sw64_off(n, 4 * w), out[d]);
+                    });
+                });
+            }
+        });
+        wgmma::fence_proxy_async_shared();
+        // SAFETY: the whole warpgroup (forwarded).
+        unsafe { self.wg_sync() };
+    }
+
+    /// The last block of a sequence (`valid < 64` tokens): waits for its raw slabs 0-7 and
+    /// zeroes their rows past the end, so that V^T holds zeros there (P's zeros must not
+    /// meet NaN). Rolled: cold code beside the pair loop. S masks those keys anyway.
+    ///
+    /// # Safety
+    /// The whole warpgroup, converged, before S of the block is issued (a warpgroup barrier
+    /// inside, behind a uniform branch); the slabs' copies are issued on the stage's
+    /// mbarriers (phase `parity`).
+    #[inline(always)]
+    pub(super) unsafe fn zero_raw_tail(&self, st: u32, parity: u32, blk: u32) {
+        let valid = self.len.saturating_sub(blk * BLOCK_N);
+        if valid < BLOCK_N {
+            // SAFETY: forwarded from the caller; rows valid .. 64 of slabs 0-7.
+            unsafe {
+                for s in 0..8 {
+                    arch::no_unroll();
+                    crate::arch::bulk::mbarrier_wait_parity_warp(self.bars(st) + 8 * s, parity);
+                }
+                let mut i = arch::thread_idx_x() % 128;
+                while i < (BLOCK_N - valid) * 32 {
+                    arch::no_unroll();
+                    let (s, r, ch) = (
+                        i / (4 * (BLOCK_N - valid)),
+                        valid + (i / 4) % (BLOCK_N - valid),
+                        i % 4,
+                    );
+                    smem::st_shared_v4(self.raw_s(st, s) + r * 64 + 16 * ch, [0; 4]);
+                    i += 128;
+                }
+                self.wg_sync();
+            }
+        }
+    }
+
+    /// Stores P's e4m3 fragments ([`frags_e4m3`]) as the 64 x 64 byte K-major tile at `ps`
+    /// (64-byte swizzle), the other warpgroup's shared-memory A.
+    #[inline(always)]
+    pub(super) fn store_p_e4m3(&self, a: &[[u32; 4]; 4], ps: u32) {
+        let (r0, c) = (self.r_loc, self.c);
+        let ps = arch::opaque(ps);
+        unroll!(kk in [0, 1] {
+            unroll!(w in [0, 1, 2, 3] {
+                let r = r0 + 8 * (w % 2) as u32;
+                let byte = 32 * kk as u32 + 16 * (w / 2) as u32 + 4 * c;
+                // SAFETY: row < 64, bytes < 64 of the tile.
+                unsafe { smem::st_shared_u32(ps + sw64_off(r, byte), a[kk][w]) };
+            });
+        });
+        wgmma::fence_proxy_async_shared();
+    }
+
+    /// The descriptor of V^T's k-step `kk` (32 tokens) for this warpgroup's 256 dims.
+    #[inline(always)]
+    pub(super) fn vt_desc(&self, st: u32, kk: u32) -> u64 {
+        let at = arch::opaque(self.raw_s(st, 0) + E4_VT + self.wg * 256 * 64) + 32 * kk;
+        wgmma::smem_desc(at, 16, 512, wgmma::Swizzle::B64)
+    }
+}
