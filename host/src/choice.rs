@@ -219,8 +219,8 @@ impl DecodeKernels {
 
     /// The decode kernel for a validated request: the TMA decode where the request's cache
     /// suits it ([`crate::tmap::tma_unsupported`]) and its splits hold two or more blocks
-    /// ([`crate::tmap::tma_pays`]; an fp8 cache three or more at the batch's even share,
-    /// [`crate::tmap::FP8_TMA_MIN_BLOCKS`]), else [`DecodeKernels::decode`].
+    /// ([`crate::tmap::tma_pays`]; an fp8 cache with bf16 Q three or more at the batch's
+    /// even share, [`crate::tmap::FP8_TMA_MIN_BLOCKS`]), else [`DecodeKernels::decode`].
     pub fn decode_for(&self, req: &DecodeRequest, shape: &DecodeShape) -> &'static Kernel {
         self.decode_for_parts(req, &SplitParts::default(), shape)
     }
@@ -238,7 +238,7 @@ impl DecodeKernels {
             Some(tma)
                 if parts.kpe_cache.is_none()
                     && crate::tmap::tma_pays(shape.max_seq_len(), self.grid_splits)
-                    && (shape.dtypes.kv() != ElemType::Fp8E4m3
+                    && (shape.dtypes != DecodeDtypes::Fp8KvBf16Q
                         || self.even_blocks_per_split(shape)
                             >= crate::tmap::FP8_TMA_MIN_BLOCKS)
                     && crate::tmap::tma_unsupported(req, shape).is_none() =>

@@ -56,9 +56,10 @@ pub fn tma_pays(max_seq_len: usize, grid_splits: usize) -> bool {
         >= 2
 }
 
-/// Fewest KV blocks per split (at the batch's even share) for which the fp8 TMA decode
-/// runs; below, the `cp.async` fp8 decode does. Its prologue scales the whole Q tile into
-/// f16 behind a CTA barrier, which two blocks do not pay back: `mla bench` plan path, B=1
+/// Fewest KV blocks per split (at the batch's even share) for which the TMA decode of an fp8
+/// cache with bf16 Q runs; below, the `cp.async` fp8 decode does. Its prologue scales the
+/// whole Q tile into f16 behind a CTA barrier, which two blocks do not pay back (fp8 Q on the
+/// e4m3 path loads Q raw and keeps the bf16 rule, [`tma_pays`]): `mla bench` plan path, B=1
 /// L=4096 H=128 (32 splits of 2 blocks), 26.7 us against 24.2 at S_q=1, 30.0 against 28.0
 /// at S_q=2; B=8 L=4096 (8 blocks) 46.8 against 52.0 (H200, docs/PERF.md 3.4).
 pub const FP8_TMA_MIN_BLOCKS: usize = 3;

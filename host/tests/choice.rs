@@ -114,8 +114,8 @@ fn fp8_tma_needs_three_blocks_per_split() {
     assert_eq!(tiled.even_blocks_per_split(&shape), 4);
 }
 
-/// fp8 Q with an fp8 cache runs the fp8-cache `wgmma` kernels (Q widened to bf16 as it
-/// loads): its own `cp.async` and TMA decodes, under the same request-time rule.
+/// fp8 Q with an fp8 cache runs its own `cp.async` `wgmma` decode (Q widened to bf16 as it
+/// loads) and its e4m3 TMA decode, under the bf16 rule (two blocks per split).
 #[test]
 fn fp8_q_takes_the_wgmma_and_tma_decodes() {
     let fp8 = DecodeDtypes::Fp8;
@@ -125,8 +125,12 @@ fn fp8_q_takes_the_wgmma_and_tma_decodes() {
     assert_eq!(k.tma.map(|t| t.symbol), Some(names::DECODE_TMA_FP8));
     let (req, shape) = request(fp8, 64, 128);
     assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_TMA_FP8);
-    // Two blocks per split at the even share: the cp.async decode, as with bf16 Q.
+    // Two blocks per split at the even share: still the TMA decode (Q lands raw, no
+    // widening prologue); one block per split: the cp.async decode.
     let (req, shape) = request(fp8, 64, 64);
+    assert_eq!(k.even_blocks_per_split(&shape), 2);
+    assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_TMA_FP8);
+    let (req, shape) = request(fp8, 64, 32);
     assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_WG_FP8);
     // A cache that is not fp8 never takes it (validation rejects that request anyway).
     let (mut req, shape) = request(fp8, 64, 128);

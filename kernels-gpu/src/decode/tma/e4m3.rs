@@ -5,8 +5,8 @@
 //!   `decode_tile::TMA_E4_SLAB` apart); each box of the cache lands the same way through the
 //!   map's 64-byte swizzle. S of a block is 18 `m64n64k32` e4m3 steps, two per slab.
 //! - e4m3 `wgmma` reads B only K-major, so V is transposed: the warpgroup that computes a
-//!   block's S writes its V^T (512 dim rows of 64 tokens, `TMA_E4_VT`) while S runs, in
-//!   4 x 4 byte blocks (`prmt`). In a sequence's last block the raw rows past the end are
+//!   block's S writes its V^T (512 dim rows of 64 tokens, `TMA_E4_VT`) while S runs, two
+//!   tokens' bytes paired per dim by `prmt` and stored transposed by `stmatrix`. In a sequence's last block the raw rows past the end are
 //!   zeroed first (`zero_raw_tail`), so V^T holds zeros there. V^T's
 //!   k-positions are in [`vt_token`] order, the order in which a lane's S accumulators
 //!   sit, so P packs from the accumulators into the A registers of `m64n256k32` in place.
@@ -15,7 +15,7 @@
 //!   nothing and the log-sum-exp subtracts 8 (log2) once, in the epilogue.
 
 use super::{BLOCK_N, Cta};
-use crate::arch::{self, cp_async, cvt, smem, wgmma};
+use crate::arch::{self, cp_async, cvt, ldmatrix, smem, wgmma};
 use crate::decode::DecodeKind;
 use crate::decode::wg::{sw64_off, vt_token};
 use crate::elem::Bf16;
@@ -118,13 +118,17 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         }
     }
 
-    /// V^T of the block in stage `st` (all 512 dims) from its raw slabs 0-7. Thread `t` of
-    /// the warpgroup takes position word `w = t % 16` (four tokens) and, in four items, the
-    /// 16-byte chunk `c = (t / 16) % 4` of slabs `t / 64 + 2 i`: four 16-byte loads (one per
-    /// token), four 4 x 4 byte transposes (`prmt`), sixteen 4-byte stores. Each 8-lane phase
-    /// of a load, and each store, meets every bank at most twice. Ends with a proxy fence and
-    /// a warpgroup barrier: this warpgroup's P.V reads it next; the other's reads it after a
-    /// named barrier this warpgroup arrives at later.
+    /// V^T of the block in stage `st` (all 512 dims) from its raw slabs 0-7, as 8 x 8 matrices
+    /// of 16-bit elements (two tokens of one dim) stored transposed by `stmatrix`. Lane
+    /// `l = 4 p + c` of warp `w` takes token group `c` (16 tokens), its `p`-th pair in
+    /// [`vt_token`] order (tokens `16 c + 2 (p / 2) + 8 (p % 2)` and `+ 1`) and 16-byte dim
+    /// chunk `(c + w) % 4` of every slab: two 16-byte loads (the odd-`p` lanes load the odd
+    /// token first, so each 8-lane phase meets every bank once), eight `prmt` pairing the two
+    /// tokens' bytes per dim, two `stmatrix.x4.trans` whose stored rows are V^T rows' 16-byte
+    /// token chunks. Matrix `i` of store `a` holds dims `16 ((j / 2 + w) % 4) + 8 a + 2 i +
+    /// j % 2` (row `j`), whose 64-byte swizzle is `i`, so its eight rows meet every bank once.
+    /// Ends with a proxy fence and a warpgroup barrier: this warpgroup's P.V reads it next;
+    /// the other's reads it after a named barrier this warpgroup arrives at later.
     ///
     /// # Safety
     /// The whole warpgroup, converged, after waiting for slabs 0-7 of the block (with rows
@@ -134,32 +138,39 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     pub(super) unsafe fn transpose_vt(&self, st: u32) {
         // Opaque: computed where used, not held through the pair loop.
         let t = arch::opaque(arch::thread_idx_x() % 128);
-        let (w, u) = (t % 16, t / 16);
-        let c = u % 4;
-        let raw = arch::opaque(self.raw_s(st, 0)) + (u / 4) * E4_SLAB;
-        let vt = raw + E4_VT;
-        let src = |j: u32| raw + sw64_off(vt_token(4 * w + j), 16 * c);
-        unroll!(i in [0, 1, 2, 3] {
-            let at = 2 * i as u32 * E4_SLAB;
-            // SAFETY: tokens < 64, chunk c < 4 of raw slab u / 4 + 2 i < 8; dims
-            // 16 c + 4 q + d < 64 of that slab's V^T rows, bytes 4 w .. + 4 < 64.
+        let (w, l) = (t / 32, t % 32);
+        let (p, c) = (l / 4, l % 4);
+        let chunk = 16 * ((c + w) % 4);
+        let odd = p % 2;
+        let t0 = vt_token(16 * c + 2 * p);
+        let raw = arch::opaque(self.raw_s(st, 0));
+        let (ld0, ld1) = (
+            raw + sw64_off(t0 + odd, chunk),
+            raw + sw64_off(t0 + 1 - odd, chunk),
+        );
+        // Bytes (t0 d, t0 + 1 d, t0 d + 1, t0 + 1 d + 1) for d = 4 k and 4 k + 2 of word k,
+        // whichever of the two loads holds t0.
+        let (sel_lo, sel_hi) = if odd == 0 {
+            (0x5140, 0x7362)
+        } else {
+            (0x1504, 0x3726)
+        };
+        let (i, j) = (l / 8, l % 8);
+        let n = 16 * ((j / 2 + w) % 4) + 2 * i + j % 2;
+        let vt = raw + E4_VT + n * 64 + (((j / 2) ^ i) << 4);
+        unroll!(s in [0, 1, 2, 3, 4, 5, 6, 7] {
+            let at = s as u32 * E4_SLAB;
+            // SAFETY: tokens < 64 and a 16-byte chunk < 64 of raw slab s < 8; V^T rows
+            // n + 8 a < 64 of slab s, 16-byte chunks < 4; the warp is converged.
             unsafe {
-                let v = [0, 1, 2, 3].map(|j| smem::ld_shared_v4(src(j) + at));
-                unroll!(q in [0, 1, 2, 3] {
-                    let (w0, w1, w2, w3) = (v[0][q], v[1][q], v[2][q], v[3][q]);
-                    // Byte d of token j's word goes to byte j of dim 4 q + d's word.
-                    let (lo01, hi01) = (cvt::prmt(w0, w1, 0x5140), cvt::prmt(w0, w1, 0x7362));
-                    let (lo23, hi23) = (cvt::prmt(w2, w3, 0x5140), cvt::prmt(w2, w3, 0x7362));
-                    let out = [
-                        cvt::prmt(lo01, lo23, 0x5410),
-                        cvt::prmt(lo01, lo23, 0x7632),
-                        cvt::prmt(hi01, hi23, 0x5410),
-                        cvt::prmt(hi01, hi23, 0x7632),
-                    ];
-                    unroll!(d in [0, 1, 2, 3] {
-                        let n = 16 * c + 4 * q as u32 + d as u32;
-                        smem::st_shared_u32(vt + at + sw64_off(n, 4 * w), out[d]);
+                let x = smem::ld_shared_v4(ld0 + at);
+                let y = smem::ld_shared_v4(ld1 + at);
+                unroll!(a in [0, 1] {
+                    let r = [0, 1, 2, 3].map(|m| {
+                        let k = 2 * a + m / 2;
+                        cvt::prmt(x[k], y[k], if m % 2 == 0 { sel_lo } else { sel_hi })
                     });
+                    ldmatrix::stmatrix_x4_trans(vt + at + 512 * a as u32, r);
                 });
             }
         });
