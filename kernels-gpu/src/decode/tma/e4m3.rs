@@ -158,19 +158,24 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         let (i, j) = (l / 8, l % 8);
         let n = 16 * ((j / 2 + w) % 4) + 2 * i + j % 2;
         let vt = raw + E4_VT + n * 64 + (((j / 2) ^ i) << 4);
-        unroll!(s in [0, 1, 2, 3, 4, 5, 6, 7] {
-            let at = s as u32 * E4_SLAB;
-            // SAFETY: tokens < 64 and a 16-byte chunk < 64 of raw slab s < 8; V^T rows
-            // n + 8 a < 64 of slab s, 16-byte chunks < 4; the warp is converged.
+        // Two slabs at a time: both slabs' loads are in flight before the first `prmt`.
+        unroll!(h in [0, 1, 2, 3] {
+            let at = 2 * h as u32 * E4_SLAB;
+            // SAFETY: tokens < 64 and a 16-byte chunk < 64 of raw slabs 2 h, 2 h + 1 < 8;
+            // V^T rows n + 8 a < 64 of those slabs, 16-byte chunks < 4; the warp is
+            // converged.
             unsafe {
-                let x = smem::ld_shared_v4(ld0 + at);
-                let y = smem::ld_shared_v4(ld1 + at);
-                unroll!(a in [0, 1] {
-                    let r = [0, 1, 2, 3].map(|m| {
-                        let k = 2 * a + m / 2;
-                        cvt::prmt(x[k], y[k], if m % 2 == 0 { sel_lo } else { sel_hi })
+                let x = [0, 1].map(|e| smem::ld_shared_v4(ld0 + at + e * E4_SLAB));
+                let y = [0, 1].map(|e| smem::ld_shared_v4(ld1 + at + e * E4_SLAB));
+                unroll!(e in [0, 1] {
+                    unroll!(a in [0, 1] {
+                        let r = [0, 1, 2, 3].map(|m| {
+                            let k = 2 * a + m / 2;
+                            cvt::prmt(x[e][k], y[e][k], if m % 2 == 0 { sel_lo } else { sel_hi })
+                        });
+                        let to = vt + at + e as u32 * E4_SLAB + 512 * a as u32;
+                        ldmatrix::stmatrix_x4_trans(to, r);
                     });
-                    ldmatrix::stmatrix_x4_trans(vt + at + 512 * a as u32, r);
                 });
             }
         });
