@@ -230,13 +230,25 @@ const SYNC_SITES: &[(&str, SyncSites)] = &[
     ),
     // fp8 Q (the e4m3 path): the bf16 sites, with two warpgroup barriers per S (the tail
     // zeroing of the raw rows before it, the V^T transpose after it; in the prologue and
-    // each pair step) instead of `zero_tail`'s one.
+    // each pair step) instead of `zero_tail`'s one; each pair step waits before its
+    // transpose for the other warpgroup's P.V of the stage (7, 8), whose arrivals sit
+    // after a P.V wait (warpgroup 0's in both branches of its S).
     (
         "mla_decode_tma_fp8",
         (
             8,
-            &[(0, 6), (1, 1), (2, 1), (3, 1), (4, 1), (5, 4), (6, 4)],
-            &[(1, 1), (2, 1), (3, 1), (4, 1)],
+            &[
+                (0, 6),
+                (1, 1),
+                (2, 1),
+                (3, 1),
+                (4, 1),
+                (5, 4),
+                (6, 4),
+                (7, 1),
+                (8, 1),
+            ],
+            &[(1, 1), (2, 1), (3, 1), (4, 1), (7, 1), (8, 2)],
         ),
     ),
     ("mla_decode_wg_bf16", (2, &[(0, 1), (1, 2), (2, 1)], &[])),

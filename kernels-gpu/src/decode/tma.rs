@@ -29,6 +29,10 @@
 //!   other. Boxes past the sequence end, and pages
 //!   outside `0..num_pages`, read as zeros (TMA's out-of-bounds fill); V rows of a page
 //!   past the end are zeroed in shared memory.
+//! - The e4m3 path (fp8 Q, [`e4m3`]) reads a stage's raw slabs only in its owner's S and
+//!   V^T transpose, so the owner reloads its whole stage for the next pair as soon as its
+//!   P.V of the current block is issued (warpgroup 0 stage 0, warpgroup 1 stage 1); the
+//!   V^T the next transpose overwrites is guarded by [`BAR_VT0`] / [`BAR_VT1`] instead.
 //! - Named barriers (one warpgroup arrives, the other waits; 0 is the CTA barrier):
 //!   [`BAR_SCALE0`], [`BAR_SCALE1`], [`BAR_P0`], [`BAR_P1`]; each warpgroup passes its
 //!   arrivals in an order that keeps every shared buffer's reader ahead of its next
@@ -66,6 +70,11 @@ const BAR_P0: u32 = 3;
 const BAR_P1: u32 = 4;
 /// Per warpgroup: the V rows it zeroed are written before its own P.V.
 const BAR_WG: [u32; 2] = [5, 6];
+/// The e4m3 path: warpgroup 1's P.V of block A is done, so warpgroup 0 may write the next
+/// A's V^T (stage 0).
+const BAR_VT0: u32 = 7;
+/// The e4m3 path: warpgroup 0's P.V of block B is done (stage 1's V^T is free).
+const BAR_VT1: u32 = 8;
 
 mod e4m3;
 mod issue;
@@ -322,7 +331,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         if own0 < kb1 {
             // SAFETY: converged warpgroup; the first pair's copies are issued.
             unsafe {
-                self.qk(s, self.wg, (phase >> self.wg) & 1, own0, &|| {});
+                self.qk(s, self.wg, (phase >> self.wg) & 1, own0, &|| {}, &|| {});
                 wgmma::wgmma_wait_group::<0>();
                 self.zero_tail(self.wg, own0);
             }
@@ -415,6 +424,11 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             ];
             let a = frags_of::<K>(s);
             self.pv_regs(&a, 0);
+            // The e4m3 path: stage 0's raw slabs were last read by S of A and its transpose.
+            if Self::E4 {
+                self.reissue(next_a, blk_a + 2, 0, 0);
+                self.reissue(next_a, blk_a + 2, 0, 1);
+            }
             // Warpgroup 1's final max and scale; A's P with that scale to warpgroup 1.
             sync::bar_sync_named::<BAR_SCALE1, 256>();
             self.m_run = self.ld_rows(2);
@@ -423,7 +437,9 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             sync::bar_arrive_named::<BAR_P0, 256>();
             wgmma::wgmma_wait_group::<0>();
             // Slabs 0-3 and 8 of stage 0: last read by the P.V above (and S of A).
-            self.reissue(next_a, blk_a + 2, 0, 0);
+            if !Self::E4 {
+                self.reissue(next_a, blk_a + 2, 0, 0);
+            }
             self.rescale(scale1);
             self.l_run = [self.l_run[0] * scale1[0], self.l_run[1] * scale1[1]];
             if has_b {
@@ -441,11 +457,22 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                     } else {
                         wgmma::wgmma_wait_group::<0>();
                     }
-                    self.reissue(next_b, blk_b + 2, 1, 0);
+                    if !Self::E4 {
+                        self.reissue(next_b, blk_b + 2, 1, 0);
+                    } else if next_b {
+                        // Stage 1's V^T is free for warpgroup 1's next transpose.
+                        sync::bar_arrive_named::<BAR_VT1, 256>();
+                    }
+                }
+            };
+            // The e4m3 path: warpgroup 1's P.V of A (stage 0's V^T) is done.
+            let vt_free = || {
+                if Self::E4 {
+                    sync::bar_sync_named::<BAR_VT0, 256>();
                 }
             };
             if next_a {
-                self.qk(s, 0, parity ^ 1, blk_a + 2, &|| free_b(true));
+                self.qk(s, 0, parity ^ 1, blk_a + 2, &|| free_b(true), &vt_free);
             } else {
                 free_b(false);
             }
@@ -507,14 +534,31 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             sync::bar_sync_named::<BAR_P0, 256>();
             self.pv_shared(0);
             self.pv_regs(&a, has_b as u32);
+            // The e4m3 path: stage 1's raw slabs were last read by S of B and its transpose.
+            if Self::E4 {
+                self.reissue(next_b, blk_b + 2, 1, 0);
+                self.reissue(next_b, blk_b + 2, 1, 1);
+            }
             wgmma::wgmma_wait_group::<1>();
             // Slabs 4-7 of stage 0: last read by A's P.V above.
-            self.reissue(next_a, blk_a + 2, 0, 1);
+            if !Self::E4 {
+                self.reissue(next_a, blk_a + 2, 0, 1);
+            } else if next_a {
+                // Stage 0's V^T is free for warpgroup 0's next transpose.
+                sync::bar_arrive_named::<BAR_VT0, 256>();
+            }
             wgmma::wgmma_wait_group::<0>();
             // Slabs 4-7 of stage 1: last read by B's P.V.
-            self.reissue(next_b, blk_b + 2, 1, 1);
+            if !Self::E4 {
+                self.reissue(next_b, blk_b + 2, 1, 1);
+            }
+            let vt_free = || {
+                if Self::E4 {
+                    sync::bar_sync_named::<BAR_VT1, 256>();
+                }
+            };
             if next_b {
-                self.qk(s, 1, parity ^ 1, blk_b + 2, &|| {});
+                self.qk(s, 1, parity ^ 1, blk_b + 2, &|| {}, &vt_free);
                 wgmma::wgmma_wait_group::<0>();
                 self.zero_tail(1, blk_b + 2);
             }

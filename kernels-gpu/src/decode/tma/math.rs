@@ -15,7 +15,8 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     /// the other four, each group after its conversion, [`Cta::convert`], the second
     /// overlapping the first group's `wgmma`s). `mid` runs
     /// once this warpgroup's first half is issued and committed (its own group), before
-    /// the second.
+    /// the second; `pre_vt` on the e4m3 path once all of S is issued, before the block's
+    /// V^T transpose (the wait for the stage's V^T to be free).
     ///
     /// # Safety
     /// Converged warpgroup; the block's copies are issued on the stage's mbarriers.
@@ -27,6 +28,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         parity: u32,
         blk: u32,
         mid: &dyn Fn(),
+        pre_vt: &dyn Fn(),
     ) {
         let kv = arch::opaque(self.kv_s(st));
         let q_s = arch::opaque(self.base);
@@ -93,6 +95,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             wgmma::wgmma_commit_group();
             // The e4m3 path: the block's V^T, while S runs.
             if Self::E4 {
+                pre_vt();
                 self.transpose_vt(st);
             }
         }
