@@ -6,10 +6,11 @@
 //!   map's 64-byte swizzle. S of a block is 18 `m64n64k32` e4m3 steps, two per slab.
 //! - e4m3 `wgmma` reads B only K-major, so V is transposed: the warpgroup that computes a
 //!   block's S writes its V^T (512 dim rows of 64 tokens, `TMA_E4_VT`) while S runs, two
-//!   tokens' bytes paired per dim by `prmt` and stored transposed by `stmatrix`. In a sequence's last block the raw rows past the end are
-//!   zeroed first (`zero_raw_tail`), so V^T holds zeros there. V^T's
-//!   k-positions are in [`vt_token`] order, the order in which a lane's S accumulators
-//!   sit, so P packs from the accumulators into the A registers of `m64n256k32` in place.
+//!   tokens' bytes paired per dim by `prmt` and stored transposed by `stmatrix`. In a
+//!   sequence's last block the raw rows past the end are zeroed first (`zero_raw_tail`), so
+//!   V^T holds zeros there. V^T's k-positions are in [`vt_token`] order, the order in which
+//!   a lane's S accumulators sit, so P packs from the accumulators into the A registers of
+//!   `m64n256k32` in place.
 //! - P is quantised per row with the row's running max at `2^8` (`exp2(S - m + 8)`, at most
 //!   256 of e4m3's 448): the row sums carry the same factor, so the normalised output needs
 //!   nothing and the log-sum-exp subtracts 8 (log2) once, in the epilogue.
