@@ -494,7 +494,7 @@ fn fp8_accuracy_report() {
                 .sum();
             let qrel = (qnum / den).sqrt();
             // The kernel against the f64 oracle on the same fp8 data: its own arithmetic
-            // (with fp8 Q, H=128: the e4m3 tensor cores, P in e4m3), within the check's
+            // (an fp8 cache at H=128: the e4m3 tensor cores, P in e4m3), within the check's
             // tolerance above.
             let knum: f64 = got
                 .0

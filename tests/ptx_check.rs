@@ -206,6 +206,22 @@ fn nvdisasm_beside(ptxas: &str) -> Option<std::path::PathBuf> {
 /// its row. Per kernel: (`wgmma.wait_group` count, `bar.sync` (id, count), `bar.arrive`
 /// (id, count)).
 type SyncSites = (usize, &'static [(u32, usize)], &'static [(u32, usize)]);
+/// The e4m3 path's sites (see its rows).
+const E4M3_SITES: SyncSites = (
+    8,
+    &[
+        (0, 6),
+        (1, 1),
+        (2, 1),
+        (3, 1),
+        (4, 1),
+        (5, 4),
+        (6, 4),
+        (7, 1),
+        (8, 1),
+    ],
+    &[(1, 1), (2, 1), (3, 1), (4, 1), (7, 1), (8, 2)],
+);
 const SYNC_SITES: &[(&str, SyncSites)] = &[
     // CTA barriers: two around each marking of a persistent CTA's cells, the prologue's,
     // the epilogue's, two in the staged output store.
@@ -217,40 +233,13 @@ const SYNC_SITES: &[(&str, SyncSites)] = &[
             &[(1, 1), (2, 1), (3, 1), (4, 1)],
         ),
     ),
-    // The fp8 cache's conversions: two per S (`convert`), each with two warpgroup
-    // barriers, in the prologue (either warpgroup) and in each warpgroup's pair step;
-    // no `zero_tail`; one more CTA barrier after Q's conversion to f16.
-    (
-        "mla_decode_tma_fp8kv_bf16q",
-        (
-            8,
-            &[(0, 7), (1, 1), (2, 1), (3, 1), (4, 1), (5, 8), (6, 8)],
-            &[(1, 1), (2, 1), (3, 1), (4, 1)],
-        ),
-    ),
-    // fp8 Q (the e4m3 path): the bf16 sites, with two warpgroup barriers per S (the tail
-    // zeroing of the raw rows before it, the V^T transpose after it; in the prologue and
-    // each pair step) instead of `zero_tail`'s one; each pair step waits before its
-    // transpose for the other warpgroup's P.V of the stage (7, 8), whose arrivals sit
-    // after a P.V wait (warpgroup 0's in both branches of its S).
-    (
-        "mla_decode_tma_fp8",
-        (
-            8,
-            &[
-                (0, 6),
-                (1, 1),
-                (2, 1),
-                (3, 1),
-                (4, 1),
-                (5, 4),
-                (6, 4),
-                (7, 1),
-                (8, 1),
-            ],
-            &[(1, 1), (2, 1), (3, 1), (4, 1), (7, 1), (8, 2)],
-        ),
-    ),
+    // An fp8 cache under either Q (the e4m3 path): the bf16 sites, with two warpgroup
+    // barriers per S (the tail zeroing of the raw rows before it, the V^T transpose after
+    // it; in the prologue and each pair step) instead of `zero_tail`'s one; each pair step
+    // waits before its transpose for the other warpgroup's P.V of the stage (7, 8), whose
+    // arrivals sit after a P.V wait (warpgroup 0's in both branches of its S).
+    ("mla_decode_tma_fp8kv_bf16q", E4M3_SITES),
+    ("mla_decode_tma_fp8", E4M3_SITES),
     ("mla_decode_wg_bf16", (2, &[(0, 1), (1, 2), (2, 1)], &[])),
     (
         "mla_decode_wg_fp8kv_bf16q",

@@ -393,12 +393,13 @@ impl HostCase {
     /// f64 reference and the precision-emulating reference used for the tolerance.
     pub fn references(&self) -> (OracleOutput, OracleOutput) {
         let inp = self.oracle_input();
-        // fp8 Q takes the e4m3 tensor cores where it takes the TMA decode, with P in e4m3;
-        // its other kernels keep P in f16, well inside that budget.
+        // An fp8 cache takes the e4m3 tensor cores where it takes the TMA decode (under bf16
+        // Q too, whose Q enters as two e4m3 parts), with P in e4m3; its other kernels keep
+        // P in f16, well inside that budget.
         let p_type = match self.spec.dtypes {
             DecodeDtypes::Fp16 => ElemType::Fp16,
-            DecodeDtypes::Fp8 => ElemType::Fp8E4m3,
-            _ => ElemType::Bf16,
+            DecodeDtypes::Fp8 | DecodeDtypes::Fp8KvBf16Q => ElemType::Fp8E4m3,
+            DecodeDtypes::Bf16 => ElemType::Bf16,
         };
         (
             oracle::decode(&inp),

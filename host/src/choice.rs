@@ -18,10 +18,8 @@
 //! 3. Decode kernel: `mla_decode_wg_bf16`, and for a request whose bf16 cache is
 //!    contiguous and 16-byte aligned, with pages of at least 16 tokens and splits of two or
 //!    more 64-token blocks, the TMA decode `mla_decode_tma_bf16` instead (`decode_for`;
-//!    `crate::tmap` says why each condition holds). An fp8 cache's TMA decode
-//!    (`mla_decode_tma_fp8kv_bf16q`) also needs three or more blocks per split at the
-//!    batch's even share (`DecodeKernels::even_blocks_per_split`): B=1 L=4096 at H=128
-//!    (32 splits of 2 blocks) runs the `cp.async` fp8 decode.
+//!    `crate::tmap` says why each condition holds); an fp8 cache's TMA decodes
+//!    (`mla_decode_tma_fp8kv_bf16q`, `mla_decode_tma_fp8`) under the same rule.
 //! 4. Schedule: folded into the decode up to [`mla_abi::SCHED_FOLD_MAX_BATCH`] sequences,
 //!    the `mla_schedule` kernel above (always the kernel with the tactic's `fold=off`).
 //! 5. Combine: when the plan's grid has more than one split, the narrow or wide combine by
@@ -208,19 +206,9 @@ impl DecodeKernels {
         (self.wave_splits / batch.max(1)).clamp(1, self.grid_splits)
     }
 
-    /// KV blocks per split of the launch's longest possible sequence when the batch's
-    /// sequences are all that long (the schedule's even share).
-    pub fn even_blocks_per_split(&self, shape: &DecodeShape) -> usize {
-        shape
-            .max_seq_len()
-            .div_ceil(mla_abi::decode_tile::BLOCK_N)
-            .div_ceil(self.even_splits(shape.batch))
-    }
-
     /// The decode kernel for a validated request: the TMA decode where the request's cache
     /// suits it ([`crate::tmap::tma_unsupported`]) and its splits hold two or more blocks
-    /// ([`crate::tmap::tma_pays`]; an fp8 cache with bf16 Q three or more at the batch's
-    /// even share, [`crate::tmap::FP8_TMA_MIN_BLOCKS`]), else [`DecodeKernels::decode`].
+    /// ([`crate::tmap::tma_pays`]), else [`DecodeKernels::decode`].
     pub fn decode_for(&self, req: &DecodeRequest, shape: &DecodeShape) -> &'static Kernel {
         self.decode_for_parts(req, &SplitParts::default(), shape)
     }
@@ -238,9 +226,6 @@ impl DecodeKernels {
             Some(tma)
                 if parts.kpe_cache.is_none()
                     && crate::tmap::tma_pays(shape.max_seq_len(), self.grid_splits)
-                    && (shape.dtypes != DecodeDtypes::Fp8KvBf16Q
-                        || self.even_blocks_per_split(shape)
-                            >= crate::tmap::FP8_TMA_MIN_BLOCKS)
                     && crate::tmap::tma_unsupported(req, shape).is_none() =>
             {
                 tma

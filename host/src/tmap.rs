@@ -2,9 +2,8 @@
 //! `DECODE_TMA_FP8`) copy the cache through: a 3-D view `{576 dims, page_size tokens,
 //! num_pages pages}` of a paged cache with the cache's own strides and box `{64 dims,
 //! min(page_size, 64) tokens, 1 page}`. A bf16 cache's map has the 128-byte swizzle, so one
-//! box lands as the rows of one 64-dim slab (`decode_tile::TMA_*`); an fp8 cache's has none
-//! under bf16 Q (its boxes land as raw 64-byte rows, which the kernel widens) and the
-//! 64-byte swizzle under fp8 Q (the rows are the e4m3 `wgmma`'s operands). Coordinates outside
+//! box lands as the rows of one 64-dim slab (`decode_tile::TMA_*`); an fp8 cache's has the
+//! 64-byte swizzle (its rows are the e4m3 `wgmma`'s operands). Coordinates outside
 //! the view (pages past `num_pages`, negative entries) read as zeros.
 //!
 //! The map is encoded on the host (`cuTensorMapEncodeTiled`, no device work) at each
@@ -56,23 +55,13 @@ pub fn tma_pays(max_seq_len: usize, grid_splits: usize) -> bool {
         >= 2
 }
 
-/// Fewest KV blocks per split (at the batch's even share) for which the TMA decode of an fp8
-/// cache with bf16 Q runs; below, the `cp.async` fp8 decode does. Its prologue scales the
-/// whole Q tile into f16 behind a CTA barrier, which two blocks do not pay back (fp8 Q on the
-/// e4m3 path loads Q raw and keeps the bf16 rule, [`tma_pays`]): `mla bench` plan path, B=1
-/// L=4096 H=128 (32 splits of 2 blocks), 26.7 us against 24.2 at S_q=1, 30.0 against 28.0
-/// at S_q=2; B=8 L=4096 (8 blocks) 46.8 against 52.0 (H200, docs/PERF.md 3.4).
-pub const FP8_TMA_MIN_BLOCKS: usize = 3;
-
 /// How a map's boxes land in shared memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MapLayout {
     /// bf16 rows of 128 bytes with the 128-byte swizzle: one box is one slab's rows.
     Bf16Swizzle128,
-    /// fp8 e4m3 rows of 64 bytes as they are (the kernel widens them to f16).
-    Fp8Raw,
     /// fp8 e4m3 rows of 64 bytes with the 64-byte swizzle: the K-major operand layout of
-    /// the e4m3 `wgmma` (the decode with fp8 Q).
+    /// the e4m3 `wgmma` (the decodes of an fp8 cache).
     Fp8Swizzle64,
 }
 
@@ -80,8 +69,7 @@ impl MapLayout {
     /// The layout the TMA decode of these dtypes reads.
     pub fn of(dtypes: DecodeDtypes) -> Self {
         match dtypes {
-            DecodeDtypes::Fp8 => Self::Fp8Swizzle64,
-            DecodeDtypes::Fp8KvBf16Q => Self::Fp8Raw,
+            DecodeDtypes::Fp8 | DecodeDtypes::Fp8KvBf16Q => Self::Fp8Swizzle64,
             DecodeDtypes::Bf16 | DecodeDtypes::Fp16 => Self::Bf16Swizzle128,
         }
     }
@@ -115,11 +103,6 @@ pub fn encode_paged_map(
     use sys::CUtensorMapDataType as Ty;
     use sys::CUtensorMapSwizzle as Sw;
     let (elem, data_type, swizzle) = match layout {
-        MapLayout::Fp8Raw => (
-            1u64,
-            Ty::CU_TENSOR_MAP_DATA_TYPE_UINT8,
-            Sw::CU_TENSOR_MAP_SWIZZLE_NONE,
-        ),
         MapLayout::Fp8Swizzle64 => (
             1u64,
             Ty::CU_TENSOR_MAP_DATA_TYPE_UINT8,

@@ -71,47 +71,25 @@ fn bf16_h64_sq2_page16_on_sm90a() {
     assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_WG_BF16);
 }
 
-/// An fp8 cache takes its TMA decode only at three or more blocks per split at the batch's
-/// even share; bf16 at two (splits of one plan grid, H=128: 32 at most, 66 per lone
-/// sequence).
+/// An fp8 cache with bf16 Q takes its TMA decode under the bf16 rule (two or more blocks
+/// per split; splits of one plan grid, H=128: 32 at most).
 #[test]
-fn fp8_tma_needs_three_blocks_per_split() {
+fn fp8_cache_tma_takes_two_blocks_per_split() {
     let fp8 = DecodeDtypes::Fp8KvBf16Q;
     let k = kernels(Backend::Sm90a, Tile::Wg64N64, fp8, 64, 32).with_wave_splits(66);
     assert_eq!(k.tma.map(|t| t.symbol), Some(names::DECODE_TMA_FP8KV_BF16Q));
-    let bf16 =
-        kernels(Backend::Sm90a, Tile::Wg64N64, DecodeDtypes::Bf16, 64, 32).with_wave_splits(66);
-    // The request helper's batch is 2: 33 splits each, capped at the grid's 32.
-    // L=4096 (64 blocks): 2 per split; bf16 runs TMA, fp8 the cp.async decode.
+    // The request helper's batch is 2: 33 splits each, capped at the grid's 32. L=4096 (64
+    // blocks): 2 per split, the TMA decode; L=2048: 1, the cp.async decode.
     let (req, shape) = request(fp8, 64, 64);
-    assert_eq!(k.even_blocks_per_split(&shape), 2);
+    assert_eq!(
+        k.decode_for(&req, &shape).symbol,
+        names::DECODE_TMA_FP8KV_BF16Q
+    );
+    let (req, shape) = request(fp8, 64, 32);
     assert_eq!(
         k.decode_for(&req, &shape).symbol,
         names::DECODE_WG_FP8KV_BF16Q
     );
-    let (req16, shape16) = request(DecodeDtypes::Bf16, 64, 64);
-    assert_eq!(
-        bf16.decode_for(&req16, &shape16).symbol,
-        names::DECODE_TMA_BF16
-    );
-    // L=8192: 4 per split, both TMA.
-    let (req, shape) = request(fp8, 64, 128);
-    assert_eq!(k.even_blocks_per_split(&shape), 4);
-    assert_eq!(
-        k.decode_for(&req, &shape).symbol,
-        names::DECODE_TMA_FP8KV_BF16Q
-    );
-    // Eight sequences of L=4096: 8 splits of 8 blocks each: TMA.
-    let (req, mut shape) = request(fp8, 64, 64);
-    shape.batch = 8;
-    assert_eq!(k.even_blocks_per_split(&shape), 8);
-    assert_eq!(
-        k.decode_for(&req, &shape).symbol,
-        names::DECODE_TMA_FP8KV_BF16Q
-    );
-    // Host-chosen splits (no wave share): the grid's split count is the sequence's.
-    let tiled = kernels(Backend::Sm90a, Tile::Wg64N64, fp8, 64, 16);
-    assert_eq!(tiled.even_blocks_per_split(&shape), 4);
 }
 
 /// fp8 Q with an fp8 cache runs its own `cp.async` `wgmma` decode (Q widened to bf16 as it
@@ -125,10 +103,8 @@ fn fp8_q_takes_the_wgmma_and_tma_decodes() {
     assert_eq!(k.tma.map(|t| t.symbol), Some(names::DECODE_TMA_FP8));
     let (req, shape) = request(fp8, 64, 128);
     assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_TMA_FP8);
-    // Two blocks per split at the even share: still the TMA decode (Q lands raw, no
-    // widening prologue); one block per split: the cp.async decode.
+    // Two blocks per split: the TMA decode; one block per split: the cp.async decode.
     let (req, shape) = request(fp8, 64, 64);
-    assert_eq!(k.even_blocks_per_split(&shape), 2);
     assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_TMA_FP8);
     let (req, shape) = request(fp8, 64, 32);
     assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_WG_FP8);

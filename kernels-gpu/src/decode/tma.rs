@@ -1,9 +1,9 @@
-//! The TMA-fed `wgmma` decode (sm_90a only; `--cfg mla_wgmma`): bf16 Q and a bf16 or fp8
-//! e4m3 cache, or fp8 Q (widened exactly to f16 as it loads) and an fp8 cache, with pages of
-//! at least `decode_tile::TMA_MIN_PAGE` tokens. Same block, params and outputs as
-//! [`crate::decode::wg`], plus the cache's tensor map as a second kernel parameter (by
-//! value, so every launch, eager or captured, carries the map of its own cache), so the
-//! host's split schedule, workspace and combine are shared. Persistent: at
+//! The TMA-fed `wgmma` decode (sm_90a only; `--cfg mla_wgmma`): a bf16 cache under bf16
+//! Q, or an fp8 e4m3 cache under bf16 or fp8 Q (both products on the e4m3 tensor cores,
+//! [`e4m3`]), with pages of at least `decode_tile::TMA_MIN_PAGE` tokens. Same block, params
+//! and outputs as [`crate::decode::wg`], plus the cache's tensor map as a second kernel
+//! parameter (by value, so every launch, eager or captured, carries the map of its own
+//! cache), so the host's split schedule, workspace and combine are shared. Persistent: at
 //! most one CTA per SM, each walking its cells of the virtual grid `(row tiles, batch,
 //! persist_splits)` that have work (`decode_tma`).
 //!
@@ -29,7 +29,7 @@
 //!   other. Boxes past the sequence end, and pages
 //!   outside `0..num_pages`, read as zeros (TMA's out-of-bounds fill); V rows of a page
 //!   past the end are zeroed in shared memory.
-//! - The e4m3 path (fp8 Q, [`e4m3`]) reads a stage's raw slabs only in its owner's S and
+//! - The e4m3 path (an fp8 cache, [`e4m3`]) reads a stage's raw slabs only in its owner's S and
 //!   V^T transpose, so the owner reloads its whole stage for the next pair as soon as its
 //!   P.V of the current block is issued (warpgroup 0 stage 0, warpgroup 1 stage 1); the
 //!   V^T the next transpose overwrites is guarded by [`BAR_VT0`] / [`BAR_VT1`] instead.
@@ -37,12 +37,6 @@
 //!   [`BAR_SCALE0`], [`BAR_SCALE1`], [`BAR_P0`], [`BAR_P1`]; each warpgroup passes its
 //!   arrivals in an order that keeps every shared buffer's reader ahead of its next
 //!   writer (see `Cta::step_a` and `Cta::step_b`).
-//!
-//! - An fp8 cache computes in f16: bf16 Q is scaled per row into f16 once ([`Cta::q_to_f16`];
-//!   fp8 Q widens to f16 as it loads, unscaled),
-//!   each box lands raw in its slab's upper half and the warpgroup that computes the
-//!   block widens it in place just before its S (`Cta::convert`, one `cvt` per two
-//!   values, exact), and P is packed as f16. Everything else is the bf16 schedule.
 //!
 //! - A sequence of one split writes its output tile through shared memory in whole
 //!   16-byte chunks (`Cta::store_out`); a split's f32 partial goes straight from the
@@ -122,7 +116,7 @@ struct Cta<'a, K: DecodeKind<Mma = Bf16>> {
     /// Causal visibility of this thread's two rows.
     vis_r: [u32; 2],
     /// The logit scale (log2 units) of this thread's two rows: the softmax scale, times
-    /// the row's Q scale-down with an fp8 cache and bf16 Q ([`Cta::q_to_f16`]).
+    /// the row's Q scale-down with an fp8 cache and bf16 Q ([`Cta::load_q_split`]).
     scale_r: [f32; 2],
     o: [[f32; 4]; 32],
     m_run: [f32; 2],
@@ -181,10 +175,10 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         }
     }
 
-    /// fp8 Q (with an fp8 cache): the e4m3 tensor-core path ([`e4m3`]).
-    const E4: bool = K::Q_FP8;
-    /// An fp8 cache under bf16 Q: widened to f16 in place before S.
-    const WIDEN: bool = K::KV_FP8 && !K::Q_FP8;
+    /// An fp8 cache (fp8 or bf16 Q): the e4m3 tensor-core path ([`e4m3`]).
+    const E4: bool = K::KV_FP8;
+    /// bf16 Q with an fp8 cache: Q split into two e4m3 parts ([`Cta::load_q_split`]).
+    const SPLIT_Q: bool = K::KV_FP8 && !K::Q_FP8;
 
     #[inline(always)]
     fn kv_s(&self, st: u32) -> u32 {
@@ -220,57 +214,6 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     #[inline(always)]
     fn pages_s(&self, which: u32) -> u32 {
         self.base + T::TMA_SMEM_PAGES as u32 + 32 * self.wg + 16 * which
-    }
-
-    /// An fp8 cache with bf16 Q (f16 operands): scales each bf16 Q row of the tile by the
-    /// power of two that puts its largest magnitude in `[2^14, 2^15)` and stores it back as
-    /// f16 (exact down to `2^-17` of that magnitude), then takes this thread's rows'
-    /// scale-downs into
-    /// [`Cta::scale_r`]. Four threads per row, 18 of its 72 chunks each; the scale-downs
-    /// pass through exchange entry 4 (free until the epilogue).
-    ///
-    /// # Safety
-    /// All threads of the CTA, once, after Q landed (a CTA barrier inside).
-    #[inline(always)]
-    unsafe fn q_to_f16(&mut self) {
-        // Opaque: the chunk addresses are computed here, per cell, not hoisted out of the
-        // persistent loop into registers (or spills) that live through every cell.
-        let tid = arch::opaque(arch::thread_idx_x());
-        let (r, part) = (tid / 4, tid % 4);
-        let q_s = self.base;
-        let at = |i: u32| q_s + slab_off(r, part + 4 * i);
-        // SAFETY: row r < 64, chunks < 72 of the Q tile; every thread passes the barrier.
-        unsafe {
-            let mut m = 0u32;
-            unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17] {
-                let v = smem::ld_shared_v4(at(i as u32));
-                unroll!(j in [0, 1, 2, 3] {
-                    m = decode::bf16x2_max_mag(m, v[j]);
-                });
-            });
-            unroll!(x in [1, 2] {
-                m = m.max(sync::shfl_xor_f32(f32::from_bits(m), x as u32).to_bits());
-            });
-            let (up, down) = decode::f16_row_scale(m);
-            unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17] {
-                let v = smem::ld_shared_v4(at(i as u32));
-                let mut h = [0u32; 4];
-                unroll!(j in [0, 1, 2, 3] {
-                    h[j] = decode::bf16x2_to_f16x2_scaled(v[j], up);
-                });
-                smem::st_shared_v4(at(i as u32), h);
-            });
-            // Predicated, not branched on the lane (a branch here made ptxas serialize the
-            // `wgmma`s).
-            smem::st_shared_f32_if(self.red(4, r), down, (part == 0) as u32);
-            wgmma::fence_proxy_async_shared();
-            sync::bar_sync();
-            let rows_down = self.ld_rows(4);
-            self.scale_r = [
-                self.scale_r[0] * rows_down[0],
-                self.scale_r[1] * rows_down[1],
-            ];
-        }
     }
 
     /// Initialises the mbarriers (thread 0) and prefetches the map (the issuers), once per
@@ -310,21 +253,22 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         // SAFETY: thread 0 initialised the mbarriers before any copy; every thread passes
         // the CTA barriers; the Q tile holds 64 slab-layout rows of a validated q.
         unsafe {
-            if Self::E4 {
+            if K::Q_FP8 {
                 self.load_q_e4m3();
-            } else {
+            } else if !Self::SPLIT_Q {
                 decode::load_q_tile::<K, M64, Fp16>(p, b, self.row0, self.base, slab_off);
             }
             cp_async::cp_async_commit_group();
             self.issue_first_pair();
+            if Self::SPLIT_Q {
+                self.load_q_split();
+            }
             cp_async::cp_async_wait_group::<0>();
             wgmma::fence_proxy_async_shared();
             sync::bar_sync();
-            // Behind a branch on a kernel parameter (uniform to ptxas, and always taken:
-            // validation keeps heads >= 1): straight-line, ptxas serialized the wgmmas
-            // (C7520) after the conversion's stores.
-            if K::KV_FP8 && !K::Q_FP8 && p.heads != 0 {
-                self.q_to_f16();
+            if Self::SPLIT_Q {
+                let down = self.ld_rows(4);
+                self.scale_r = [self.scale_r[0] * down[0], self.scale_r[1] * down[1]];
             }
         }
         let own0 = kb0 + self.wg;

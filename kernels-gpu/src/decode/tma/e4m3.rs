@@ -16,8 +16,8 @@
 //!   nothing and the log-sum-exp subtracts 8 (log2) once, in the epilogue.
 
 use super::{BLOCK_N, Cta};
-use crate::arch::{self, cp_async, cvt, ldmatrix, smem, wgmma};
-use crate::decode::DecodeKind;
+use crate::arch::{self, cp_async, cvt, ldmatrix, smem, sync, wgmma};
+use crate::decode::{self, DecodeKind};
 use crate::decode::wg::{sw64_off, vt_token};
 use crate::elem::Bf16;
 use mla_abi::decode_tile as T;
@@ -27,6 +27,24 @@ pub(super) const P_LOG2_SCALE: f32 = 8.0;
 
 const E4_SLAB: u32 = T::TMA_E4_SLAB as u32;
 const E4_VT: u32 = T::TMA_E4_VT as u32;
+/// bf16 Q's `lo` tiles ([`Cta::load_q_split`]), past the nine `hi` tiles in Q's 72 KB.
+pub(super) const Q_LO: u32 = 9 * E4_SLAB;
+
+/// The powers of two `(up, down)`, `down = 1 / up`, that put a bf16 row whose largest
+/// magnitude has bits `m` ([`decode::bf16x2_max_mag`]) in `[2^7, 2^8)` once scaled up, so
+/// that its e4m3 `hi` part stays below 448. A row of zeros keeps `(1, 1)`; a row holding
+/// Inf or NaN gets `up = NaN` (its logits are NaN, as the reference's are).
+#[inline(always)]
+fn e4m3_row_scale(m: u32) -> (f32, f32) {
+    let s = if m == 0 {
+        0
+    } else {
+        (7 - ((m >> 7) as i32 - 127)).clamp(-100, 100)
+    };
+    let up = f32::from_bits(((127 + s) as u32) << 23);
+    let down = f32::from_bits(((127 - s) as u32) << 23);
+    if m >= 0x7f80 { (f32::NAN, down) } else { (up, down) }
+}
 
 /// P of a block as the A fragments of its two `k32` steps (the other two words unused):
 /// k-step `kk` packs 8-column groups `4 kk .. 4 kk + 4` of the accumulators; words 0 and 2
@@ -117,6 +135,89 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             unsafe { cp_async::cp_async_cg_16(dst, src, n) };
             c += T::THREADS as u32;
         }
+    }
+
+    /// bf16 Q (with an fp8 cache) as two e4m3 tiles, `hi` at the Q tiles and `lo` at
+    /// [`Q_LO`] past them (the same nine 64-byte-swizzled 4 KB tiles each): row `r` scaled
+    /// by the power of two `up` that puts its largest magnitude in `[2^7, 2^8)`, `hi =
+    /// e4m3(up q)` and `lo = e4m3(up q - hi)`. S takes both against the same K, so Q enters
+    /// it to within about half a bf16 ulp of each value (a value below `2^-3` of the row's
+    /// largest to within `2^-10` absolute of the scaled row, the reach of e4m3's
+    /// subnormals). A row holding Inf or NaN turns to NaN. Four threads per row, nine 16-dim
+    /// chunks each, read straight from global memory; the row's `1 / up` is stored to
+    /// exchange entry 4, which the caller reads after its CTA barrier into
+    /// [`Cta::scale_r`].
+    ///
+    /// # Safety
+    /// Every thread of the CTA; the Q tiles and exchange entry 4 are free (the previous
+    /// cell's epilogue barrier); a CTA barrier and a proxy fence follow before any read.
+    #[inline(always)]
+    pub(super) unsafe fn load_q_split(&self) {
+        let p = self.p;
+        let rows = p.s_q * p.heads;
+        // Opaque: computed per cell, not held through the persistent loop.
+        let tid = arch::opaque(arch::thread_idx_x());
+        let (r, part) = (tid / 4, tid % 4);
+        let gr = self.row0 + r;
+        let mut v = [[0u32; 8]; 9];
+        if gr < rows {
+            let (t, h) = (gr / p.heads, gr % p.heads);
+            let b = self.b as u64;
+            let off = b * p.q_stride_b + t as u64 * p.q_stride_s + h as u64 * p.q_stride_h;
+            let off_pe =
+                b * p.q_pe_stride_b + t as u64 * p.q_pe_stride_s + h as u64 * p.q_pe_stride_h;
+            unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+                let k = part + 4 * i as u32;
+                let (base, at) = if k < 32 {
+                    (p.q.ptr() as *const u16, off + 16 * k as u64)
+                } else {
+                    (p.q_pe.ptr() as *const u16, off_pe + 16 * (k - 32) as u64)
+                };
+                // SAFETY: dims 16 k' .. +16 of a validated bf16 q (or q_pe) row, 16-byte
+                // aligned (validation: rows and bases at 16 bytes); q is read-only here.
+                unsafe {
+                    let src = base.add(at as usize) as *const u8;
+                    let (x, y) = (smem::ld_global_nc_v4(src), smem::ld_global_nc_v4(src.add(16)));
+                    v[i] = [x[0], x[1], x[2], x[3], y[0], y[1], y[2], y[3]];
+                }
+            });
+        }
+        let mut m = 0u32;
+        unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+            unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7] {
+                m = decode::bf16x2_max_mag(m, v[i][j]);
+            });
+        });
+        // SAFETY: converged warps; a row's four threads are neighbouring lanes.
+        unsafe {
+            unroll!(x in [1, 2] {
+                m = m.max(sync::shfl_xor_f32(f32::from_bits(m), x as u32).to_bits());
+            });
+        }
+        let (up, down) = e4m3_row_scale(m);
+        unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+            let k = part + 4 * i as u32;
+            let mut hi = [0u32; 4];
+            let mut lo = [0u32; 4];
+            unroll!(n in [0, 1, 2, 3] {
+                let (w0, w1) = (v[i][2 * n], v[i][2 * n + 1]);
+                let x = [w0 << 16, w0 & 0xffff_0000, w1 << 16, w1 & 0xffff_0000]
+                    .map(|b| f32::from_bits(b) * up);
+                hi[n] = cvt::pack_e4m3x4(x);
+                let (h0, h1) = cvt::e4m3x2_to_f32x2(hi[n] & 0xffff);
+                let (h2, h3) = cvt::e4m3x2_to_f32x2(hi[n] >> 16);
+                lo[n] = cvt::pack_e4m3x4([x[0] - h0, x[1] - h1, x[2] - h2, x[3] - h3]);
+            });
+            let dst = self.base + (k / 4) * E4_SLAB + sw64_off(r, 16 * (k % 4));
+            // SAFETY: row r < 64, chunk k < 36 of the hi and lo tiles.
+            unsafe {
+                smem::st_shared_v4(dst, hi);
+                smem::st_shared_v4(dst + Q_LO, lo);
+            }
+        });
+        // Predicated, not branched on the lane.
+        // SAFETY: row r < 64 of the exchange.
+        unsafe { smem::st_shared_f32_if(self.red(4, r), down, (part == 0) as u32) };
     }
 
     /// V^T of the block in stage `st` (all 512 dims) from its raw slabs 0-7, as 8 x 8 matrices

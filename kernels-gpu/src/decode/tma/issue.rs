@@ -4,7 +4,7 @@
 //! past the sequence end once a block has landed.
 
 use super::{BAR_WG, BLOCK_N, Cta};
-use crate::arch::{self, bulk, cp_async, cvt, smem, sync, wgmma};
+use crate::arch::{self, bulk, cp_async, smem, sync, wgmma};
 use crate::decode::wg::{SLAB, slab_off};
 use crate::decode::{self, DecodeKind};
 use crate::elem::Bf16;
@@ -61,7 +61,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     /// Issues half `h` (slabs 0-3 and 8, or 4-7) of block `blk` into stage `st`, its box
     /// pages read from the four words at `pages` (shared memory), slab `s` completed on the
     /// stage's mbarrier `s`. A bf16 cache lands as the slab's swizzled rows; an fp8 cache as
-    /// 64 raw 64-byte rows in the slab's upper half, which [`Cta::convert`] widens in place.
+    /// a packed 4 KB tile of 64-byte rows, 64-byte swizzled by the map (the e4m3 path).
     ///
     /// A loop over the box positions, each issuing the half's slabs straight-line with one
     /// page read: about 70 instructions per call site. One thread runs this in the middle of
@@ -79,14 +79,12 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         let (dst, bars) = (self.kv_s(st), self.bars(st));
         let rows = p.page_size.min(BLOCK_N);
         let row_in_page = (blk * BLOCK_N) & (p.page_size - 1);
-        // A slab's bytes, where they start in it, and the bytes of one landed row.
+        // A slab's bytes, the bytes of one landed row, and the slabs' stride.
         // (The e4m3 path: packed 4 KB slabs, 64-byte swizzled by the map.)
-        let (bytes, at, row_bytes, stride) = if K::Q_FP8 {
-            (SLAB / 2, 0, 64, SLAB / 2)
-        } else if K::KV_FP8 {
-            (SLAB / 2, SLAB / 2, 64, SLAB)
+        let (bytes, row_bytes, stride) = if Self::E4 {
+            (SLAB / 2, 64, SLAB / 2)
         } else {
-            (SLAB, 0, 128, SLAB)
+            (SLAB, 128, SLAB)
         };
         let slab = |i: u32| if h == 0 && i == 4 { 8 } else { 4 * h + i };
         // SAFETY: each box lands inside its slab (rows * (64 / rows) rows of `row_bytes`),
@@ -101,7 +99,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             let mut q = 0;
             while q * rows < BLOCK_N {
                 let page = smem::ld_shared_f32(pages + 4 * q).to_bits() as i32;
-                let at = at + q * rows * row_bytes;
+                let at = q * rows * row_bytes;
                 for i in 0..5 - h {
                     let s = slab(i);
                     let c = [(64 * s) as i32, row_in_page as i32, page];
@@ -120,8 +118,8 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     #[inline(always)]
     pub(super) unsafe fn zero_tail(&self, st: u32, blk: u32) {
         let valid = self.len.saturating_sub(blk * BLOCK_N);
-        // An fp8 cache's conversion wrote those rows as zeros already.
-        if valid < BLOCK_N && !K::KV_FP8 {
+        // The e4m3 path zeroed its raw rows before the transpose ([`Cta::zero_raw_tail`]).
+        if valid < BLOCK_N && !Self::E4 {
             let mut i = arch::thread_idx_x() % 128;
             while i < (BLOCK_N - valid) * 64 {
                 // SAFETY: first in the loop body; row valid + i / 64 < 64, chunk i % 64 < 64:
@@ -152,71 +150,6 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             } else {
                 sync::bar_sync_named::<{ BAR_WG[1] }, 128>();
             }
-        }
-    }
-
-    /// An fp8 cache: waits for the first `n` of `slabs` of stage `st` (block `blk`,
-    /// mbarrier phase `parity`) and widens them in place from the raw rows in each slab's
-    /// upper 4 KB to the f16 swizzled rows `wgmma` reads (e4m3 is exact in f16); rows
-    /// past the sequence end become zeros (their V must not meet P's zeros as NaN).
-    ///
-    /// Thread `t` of the warpgroup takes raw chunks `t` and `t + 128` of each slab (16
-    /// dims of rows `t / 4` and `t / 4 + 32`); eight neighbouring threads store two rows'
-    /// eight distinct chunks, so the stores are free of bank conflicts.
-    ///
-    /// # Safety
-    /// The whole warpgroup, converged; the slabs' copies issued on the stage's mbarriers;
-    /// no other thread reads or writes them until the barrier at the end.
-    #[inline(always)]
-    pub(super) unsafe fn convert(&self, st: u32, parity: u32, blk: u32, slabs: [u32; 5], n: u32) {
-        // Opaque: each conversion computes its addresses where it runs, rather than
-        // holding them in registers through the pair loop.
-        let t = arch::opaque(arch::thread_idx_x() % 128);
-        let kv = arch::opaque(self.kv_s(st));
-        let valid = self.len.saturating_sub(blk * BLOCK_N);
-        let slab = |i: u32| slabs[i as usize];
-        let q = t % 4;
-        // Row r's chunk 2q + h of slab s, widened from raw words v (or zeros).
-        let put = |s: u32, r: u32, v: [u32; 4]| {
-            let keep = r < valid;
-            // One `cvt` per two values: e4m3 to f16 (exact; the fp8 path's operand type).
-            let half = |w: [u32; 2]| {
-                let [a, b] = cvt::e4m3x4_to_f16x2x2(w[0]);
-                let [c, d] = cvt::e4m3x4_to_f16x2x2(w[1]);
-                if keep { [a, b, c, d] } else { [0; 4] }
-            };
-            let (lo, hi) = (half([v[0], v[1]]), half([v[2], v[3]]));
-            let row = kv + s * SLAB + r * 128;
-            // SAFETY: row r < 64 of slab s, chunks < 8.
-            unsafe {
-                smem::st_shared_v4(row + (((2 * q) ^ (r % 8)) << 4), lo);
-                smem::st_shared_v4(row + (((2 * q + 1) ^ (r % 8)) << 4), hi);
-            }
-        };
-        let mut upper = [[0u32; 4]; 5];
-        // SAFETY: each slab is read once its mbarrier completed; chunks t, t + 128 < 256
-        // of its upper 4 KB. Rows 0-31 lie in the slab's lower 4 KB, clear of every raw
-        // row: stored at once; rows 32-63 overlay the raw rows: stored after the barrier
-        // that follows every thread's loads.
-        unsafe {
-            unroll!(i in [0, 1, 2, 3, 4] {
-                if (i as u32) < n {
-                    let s = slab(i as u32);
-                    bulk::mbarrier_wait_parity_warp(self.bars(st) + 8 * s, parity);
-                    let src = kv + s * SLAB + SLAB / 2 + 16 * t;
-                    let lower = smem::ld_shared_v4(src);
-                    upper[i] = smem::ld_shared_v4(src + 2048);
-                    put(s, t / 4, lower);
-                }
-            });
-            self.wg_sync();
-            unroll!(i in [0, 1, 2, 3, 4] {
-                if (i as u32) < n {
-                    put(slab(i as u32), t / 4 + 32, upper[i]);
-                }
-            });
-            wgmma::fence_proxy_async_shared();
-            self.wg_sync();
         }
     }
 

@@ -2,18 +2,18 @@
 //! masking and row maxima, P's fragments (exponentials, scaling, the store to a P slab),
 //! and O += P.V from shared memory or registers.
 
+use super::e4m3::Q_LO;
 use super::{BLOCK_N, Cta};
 use crate::arch::{self, bulk, smem, sync, wgmma};
 use crate::decode::wg::SLAB;
 use crate::decode::{self, DecodeKind};
-use crate::elem::{Bf16, Fp16, Half16};
+use crate::elem::{Bf16, Half16};
 
 impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     /// S of block `blk` in stage `st` (mbarrier phase `parity`): this warpgroup's first
     /// half (warpgroup 0: slabs 0-3 and 8, whose copy goes out first) then the other, each
-    /// slab after its own mbarrier (an fp8 cache: the first five slabs of this order, then
-    /// the other four, each group after its conversion, [`Cta::convert`], the second
-    /// overlapping the first group's `wgmma`s). `mid` runs
+    /// slab after its own mbarrier (bf16 Q with an fp8 cache: each k-step twice, Q's `hi`
+    /// and `lo` parts, [`Cta::load_q_split`]). `mid` runs
     /// once this warpgroup's first half is issued and committed (its own group), before
     /// the second; `pre_vt` on the e4m3 path once all of S is issued, before the block's
     /// V^T transpose (the wait for the stage's V^T to be free).
@@ -57,26 +57,20 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                     wgmma::wgmma_commit_group();
                     mid();
                 }
-                // An fp8 cache under bf16 Q: this group's slabs, widened before its first
-                // wgmma.
-                if Self::WIDEN && j == 0 {
-                    self.convert(st, parity, blk, [0, 1, 2, 3, 4].map(order), 5);
-                }
-                if Self::WIDEN && j == 5 {
-                    self.convert(st, parity, blk, [5, 6, 7, 8, 0].map(order), 4);
-                }
                 let slab = order(j as u32);
-                if !Self::WIDEN {
-                    bulk::mbarrier_wait_parity_warp(self.bars(st) + 8 * slab, parity);
-                }
+                bulk::mbarrier_wait_parity_warp(self.bars(st) + 8 * slab, parity);
                 if Self::E4 {
                     // Two k32 steps of 32 bytes (2 in the address field) per 4 KB tile.
                     let at = slab * (SLAB / 2);
                     let da = wgmma::smem_desc(q_s + at, 16, 512, wgmma::Swizzle::B64);
+                    let dl = wgmma::smem_desc(q_s + Q_LO + at, 16, 512, wgmma::Swizzle::B64);
                     let db = wgmma::smem_desc(kv + at, 16, 512, wgmma::Swizzle::B64);
                     unroll!(kk in [0, 1] {
                         let k = 2 * kk as u64;
                         wgmma::wgmma_m64n64k32_e4m3(s, da + k, db + k, j > 0 || kk > 0);
+                        if Self::SPLIT_Q {
+                            wgmma::wgmma_m64n64k32_e4m3(s, dl + k, db + k, true);
+                        }
                     });
                 } else {
                     let da = wgmma::smem_desc(q_s + slab * SLAB, 16, 1024, wgmma::Swizzle::B128);
@@ -84,11 +78,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                     // k-step kk of the slab: 32 bytes on, 2 in the descriptors' address field.
                     unroll!(kk in [0, 1, 2, 3] {
                         let k = 2 * kk as u64;
-                        if K::KV_FP8 {
-                            wgmma::wgmma_m64n64k16_f16(s, da + k, db + k, j > 0 || kk > 0);
-                        } else {
-                            wgmma::wgmma_m64n64k16_bf16(s, da + k, db + k, j > 0 || kk > 0);
-                        }
+                        wgmma::wgmma_m64n64k16_bf16(s, da + k, db + k, j > 0 || kk > 0);
                     });
                 }
             });
@@ -191,11 +181,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             unroll!(kk in [0, 1, 2, 3] {
                 let da = wgmma::smem_desc(arch::opaque(self.p_s(st)) + 32 * kk as u32, 16, 1024, wgmma::Swizzle::B128);
                 let db = self.v_desc(st, kk as u32);
-                if K::KV_FP8 {
-                    wgmma::wgmma_m64n256k16_ss_f16::<1>(&mut self.o, da, db, true);
-                } else {
-                    wgmma::wgmma_m64n256k16_ss_bf16::<1>(&mut self.o, da, db, true);
-                }
+                wgmma::wgmma_m64n256k16_ss_bf16::<1>(&mut self.o, da, db, true);
             });
             wgmma::wgmma_commit_group();
         }
@@ -221,11 +207,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             }
             unroll!(kk in [0, 1, 2, 3] {
                 let db = self.v_desc(st, kk as u32);
-                if K::KV_FP8 {
-                    wgmma::wgmma_m64n256k16_rs_f16::<1>(&mut self.o, a[kk], db, true);
-                } else {
-                    wgmma::wgmma_m64n256k16_rs_bf16::<1>(&mut self.o, a[kk], db, true);
-                }
+                wgmma::wgmma_m64n256k16_rs_bf16::<1>(&mut self.o, a[kk], db, true);
             });
             wgmma::wgmma_commit_group();
         }
@@ -267,30 +249,10 @@ pub(super) fn exp_rows(s: &mut [f32; 32], scale: [f32; 2], m_ref: [f32; 2]) -> [
     l
 }
 
-/// Two f32 values as this kind's operand pair (f16 with an fp8 cache, else bf16).
-#[inline(always)]
-fn pack<K: DecodeKind>(lo: f32, hi: f32) -> u32 {
-    if K::KV_FP8 {
-        Fp16::pack2(lo, hi)
-    } else {
-        Bf16::pack2(lo, hi)
-    }
-}
-
-/// One 16-bit operand of this kind as f32 (exact).
-#[inline(always)]
-fn unpack<K: DecodeKind>(bits: u16) -> f32 {
-    if K::KV_FP8 {
-        Fp16::to_f32(bits)
-    } else {
-        Bf16::to_f32(bits)
-    }
-}
-
 /// P as the A fragments of the block's four k-steps.
 #[inline(always)]
 pub(super) fn frags_of<K: DecodeKind>(s: &[f32; 32]) -> [[u32; 4]; 4] {
-    if K::Q_FP8 {
+    if K::KV_FP8 {
         return super::e4m3::frags_e4m3(s);
     }
     let mut a = [[0u32; 4]; 4];
@@ -298,10 +260,10 @@ pub(super) fn frags_of<K: DecodeKind>(s: &[f32; 32]) -> [[u32; 4]; 4] {
         let t0 = 8 * kk;
         let t1 = 8 * kk + 4;
         a[kk] = [
-            pack::<K>(s[t0], s[t0 + 1]),
-            pack::<K>(s[t0 + 2], s[t0 + 3]),
-            pack::<K>(s[t1], s[t1 + 1]),
-            pack::<K>(s[t1 + 2], s[t1 + 3]),
+            Bf16::pack2(s[t0], s[t0 + 1]),
+            Bf16::pack2(s[t0 + 2], s[t0 + 3]),
+            Bf16::pack2(s[t1], s[t1 + 1]),
+            Bf16::pack2(s[t1 + 2], s[t1 + 3]),
         ];
     });
     a
@@ -310,15 +272,15 @@ pub(super) fn frags_of<K: DecodeKind>(s: &[f32; 32]) -> [[u32; 4]; 4] {
 /// Fragments times a per-row factor (rows g: words 0 and 2, g + 8: words 1 and 3).
 #[inline(always)]
 pub(super) fn scaled<K: DecodeKind>(a: &[[u32; 4]; 4], f: [f32; 2]) -> [[u32; 4]; 4] {
-    if K::Q_FP8 {
+    if K::KV_FP8 {
         return super::e4m3::scaled_e4m3(a, f);
     }
     let mut out = [[0u32; 4]; 4];
     unroll!(kk in [0, 1, 2, 3] {
         unroll!(w in [0, 1, 2, 3] {
             let x = a[kk][w];
-            let (lo, hi) = (unpack::<K>(x as u16), unpack::<K>((x >> 16) as u16));
-            out[kk][w] = pack::<K>(lo * f[w % 2], hi * f[w % 2]);
+            let (lo, hi) = (Bf16::to_f32(x as u16), Bf16::to_f32((x >> 16) as u16));
+            out[kk][w] = Bf16::pack2(lo * f[w % 2], hi * f[w % 2]);
         });
     });
     out
