@@ -370,8 +370,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             self.pv_regs(&a, 0);
             // The e4m3 path: stage 0's raw slabs were last read by S of A and its transpose.
             if Self::E4 {
-                self.reissue(next_a, blk_a + 2, 0, 0);
-                self.reissue(next_a, blk_a + 2, 0, 1);
+                self.reissue_stage(next_a, blk_a + 2, 0);
             }
             // Warpgroup 1's final max and scale; A's P with that scale to warpgroup 1.
             sync::bar_sync_named::<BAR_SCALE1, 256>();
@@ -480,8 +479,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             self.pv_regs(&a, has_b as u32);
             // The e4m3 path: stage 1's raw slabs were last read by S of B and its transpose.
             if Self::E4 {
-                self.reissue(next_b, blk_b + 2, 1, 0);
-                self.reissue(next_b, blk_b + 2, 1, 1);
+                self.reissue_stage(next_b, blk_b + 2, 1);
             }
             wgmma::wgmma_wait_group::<1>();
             // Slabs 4-7 of stage 0: last read by A's P.V above.

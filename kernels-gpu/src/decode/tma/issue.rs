@@ -187,4 +187,21 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             unsafe { self.issue_half(self.pages_s(st), blk, st, h) };
         }
     }
+
+    /// The e4m3 path: with `next`, the issuer reloads both halves of stage `st` with block
+    /// `blk` (one wait for the fetched pages).
+    ///
+    /// # Safety
+    /// As [`Cta::reissue`], for the whole stage.
+    #[inline(always)]
+    pub(super) unsafe fn reissue_stage(&self, next: bool, blk: u32, st: u32) {
+        if self.issuer && next {
+            cp_async::cp_async_wait_group::<0>();
+            // SAFETY: forwarded from the caller.
+            unsafe {
+                self.issue_half(self.pages_s(st), blk, st, 0);
+                self.issue_half(self.pages_s(st), blk, st, 1);
+            }
+        }
+    }
 }
