@@ -251,6 +251,11 @@ fn corner_cases() {
         ),
         CaseSpec::new(DecodeDtypes::Bf16, 64, 16, 1, vec![131072]),
         CaseSpec::new(DecodeDtypes::Fp8KvBf16Q, 128, 16, 2, vec![131072]),
+        // Long splits on the e4m3 path (fp8 caches at one split): O promoted to the f32
+        // scratch every 32 pairs, once or many times, under either Q.
+        CaseSpec::new(DecodeDtypes::Fp8, 128, 16, 2, vec![131072]),
+        CaseSpec::new(DecodeDtypes::Fp8KvBf16Q, 64, 128, 1, vec![20000, 4200]),
+        CaseSpec::new(DecodeDtypes::Fp8, 64, 128, 2, vec![9000, 4100]),
         // Pages of 32 tokens: the TMA decodes' two boxes per slab (pages of 16 take four, of
         // 64 or more one), with a partial last box and block.
         CaseSpec::new(DecodeDtypes::Bf16, 32, 128, 1, vec![1, 31, 33, 1000, 2049]),

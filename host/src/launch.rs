@@ -42,6 +42,10 @@ pub struct DecodeWorkspace {
     /// The checked mode's fault record (`mla_abi::fault`), zero until a checked decode
     /// meets a fault.
     _fault: CudaSlice<i32>,
+    /// The e4m3 TMA decode's promotion scratch ([`mla_abi::DecodeParams::acc`]), for
+    /// `acc_ctas` persistent CTAs (the device's SM count).
+    _acc: CudaSlice<f32>,
+    acc_ctas: usize,
     /// Decodes on this workspace run in checked mode (they get the fault record).
     pub(crate) checked: bool,
     /// The rank's share of the KV that decodes on this workspace read ([`mla_abi::Shard`]).
@@ -91,12 +95,23 @@ impl DecodeWorkspace {
         let fault = stream
             .alloc_zeros::<i32>(mla_abi::fault::WORDS)
             .map_err(|e| alloc_err("workspace fault record", mla_abi::fault::WORDS, e))?;
+        let acc_ctas = stream
+            .context()
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )?
+            .max(1) as usize;
+        let acc_len = acc_ctas * mla_abi::ACC_FLOATS_PER_CTA;
+        let acc = stream
+            .alloc_zeros::<f32>(acc_len)
+            .map_err(|e| alloc_err("workspace promotion scratch", acc_len, e))?;
         let ptrs = WorkspacePtrs {
             partial_o: addr(&po, stream),
             partial_lse: addr(&pl, stream),
             num_splits: addr(&ns, stream),
             step_splits: addr(&ns, stream) + 4 * capacity.batch as u64,
             fault: addr(&fault, stream),
+            acc: addr(&acc, stream),
         };
         // The addresses are used without cudarc from here on: let the zero-fill land first.
         stream.synchronize()?;
@@ -105,6 +120,8 @@ impl DecodeWorkspace {
             _partial_lse: pl,
             _num_splits: ns,
             _fault: fault,
+            _acc: acc,
+            acc_ctas,
             checked: false,
             shard: mla_abi::Shard::OFF,
             ptrs,
@@ -154,6 +171,7 @@ pub(crate) struct WorkspacePtrs {
     /// The scheduled step's counts: `num_splits + 4 * batch` bytes.
     pub(crate) step_splits: u64,
     pub(crate) fault: u64,
+    pub(crate) acc: u64,
 }
 
 impl WorkspacePtrs {
@@ -212,7 +230,8 @@ impl DecodeWorkspace {
         4 * (self.capacity.partial_o_len()
             + self.capacity.partial_lse_len()
             + 2 * self.capacity.batch
-            + mla_abi::fault::WORDS)
+            + mla_abi::fault::WORDS
+            + self.acc_ctas * mla_abi::ACC_FLOATS_PER_CTA)
     }
 
     /// The fault record's words, after everything launched on `stream` before completed.
@@ -461,6 +480,7 @@ pub(crate) fn decode_params(
         q_pe_stride_b: q_pe_strides[0] as u64,
         q_pe_stride_s: q_pe_strides[1] as u64,
         q_pe_stride_h: q_pe_strides[2] as u64,
+        acc: dev(w.acc),
     }
 }
 
@@ -622,8 +642,13 @@ impl Runtime {
             grid: if persistent {
                 // One CTA per SM (the TMA decode's shared memory allows no second) walks
                 // the cells: no CTA launches only to find its cell empty.
+                // At most the CTAs the workspace's promotion scratch holds (sized for the
+                // same SM count).
                 let all = cells.0 as usize * cells.1 as usize * cells.2 as usize;
-                (all.min(self.device().sm_count.max(1) as usize) as u32, 1, 1)
+                let ctas = all
+                    .min(self.device().sm_count.max(1) as usize)
+                    .min(ws.acc_ctas);
+                (ctas as u32, 1, 1)
             } else {
                 cells
             },

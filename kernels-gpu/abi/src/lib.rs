@@ -261,6 +261,11 @@ pub mod decode_tile {
     /// dim rows of 64 tokens, 64-byte swizzle), then the second warpgroup's P at
     /// `TMA_E4_P1` (stage 1; 64 rows of 64 e4m3). The first warpgroup's P is at
     /// `TMA_SMEM_P0`; the rest as above.
+    /// Block pairs the e4m3 TMA decode accumulates in O between promotions to its f32
+    /// scratch ([`super::DecodeParams::acc`]): the e4m3 `wgmma` adds into O with about 13
+    /// bits below the largest addend, so a long split's O drifts (measured 10% low at
+    /// 2048 blocks in one split); 32 pairs keep it within about a bf16 ulp.
+    pub const E4M3_PROMOTE_PAIRS: u32 = 32;
     pub const TMA_E4_SLAB: usize = BLOCK_N * 64;
     pub const TMA_E4_VT: usize = 9 * TMA_E4_SLAB;
     pub const TMA_E4_P1: usize = TMA_E4_VT + 512 * 64;
@@ -892,7 +897,16 @@ pub struct DecodeParams {
     pub q_pe_stride_b: u64,
     pub q_pe_stride_s: u64,
     pub q_pe_stride_h: u64,
+    /// The e4m3 TMA decode's promotion scratch: `[grid.x, 32, 256]` f32x4, one 512-byte row
+    /// per (CTA, O fragment) and thread ([`ACC_FLOATS_PER_CTA`] per launched CTA), where a
+    /// CTA adds its O from time to time so that the e4m3 tensor cores' truncated sums never
+    /// accumulate more than [`decode_tile::E4M3_PROMOTE_PAIRS`] block pairs. The host sizes
+    /// it for the device's SM count (the persistent grid's bound). Never null.
+    pub acc: DevPtr<f32>,
 }
+
+/// f32 values of [`DecodeParams::acc`] per CTA of the TMA decode: 256 threads x 128.
+pub const ACC_FLOATS_PER_CTA: usize = decode_tile::THREADS * 128;
 
 /// The schedule kernel's rule run by every decode CTA instead (batches up to
 /// [`SCHED_FOLD_MAX_BATCH`]): each warp sums the batch's KV blocks from `seq_lens` (lengths
@@ -1292,7 +1306,7 @@ pub mod primitives {
 
 const _: () = assert!(core::mem::size_of::<DevPtr<u8>>() == 8);
 const _: () = assert!(core::mem::size_of::<ScheduleParams>() == 2 * 8 + 6 * 4 + 16);
-const _: () = assert!(core::mem::size_of::<DecodeParams>() == 10 * 8 + 8 * 8 + 18 * 4 + 16 + 7 * 8);
+const _: () = assert!(core::mem::size_of::<DecodeParams>() == 11 * 8 + 8 * 8 + 18 * 4 + 16 + 7 * 8);
 const _: () = assert!(core::mem::size_of::<TensorMap>() == 128);
 const _: () = assert!(core::mem::size_of::<MergeParams>() == 6 * 8 + 2 * 4);
 const _: () = assert!(core::mem::align_of::<TensorMap>() == 16);

@@ -341,7 +341,13 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     /// Warpgroup 0, once per pair, with warpgroup 1 in [`Cta::step_b`] (named barriers in
     /// the order of the module docs).
     #[inline(always)]
-    unsafe fn step_a(&mut self, s: &mut [f32; 32], blk_a: u32, parity: u32) {
+    unsafe fn step_a(
+        &mut self,
+        s: &mut [f32; 32],
+        blk_a: u32,
+        parity: u32,
+        promote: Option<bool>,
+    ) {
         let blk_b = blk_a + 1;
         let has_b = blk_b < self.kb1;
         let next_a = blk_a + 2 < self.kb1;
@@ -382,6 +388,10 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             // Slabs 0-3 and 8 of stage 0: last read by the P.V above (and S of A).
             if !Self::E4 {
                 self.reissue(next_a, blk_a + 2, 0, 0);
+            }
+            // O holds A's P.V against m0, and S is dead here.
+            if let Some(first) = promote {
+                self.promote(m0, first);
             }
             self.rescale(scale1);
             self.l_run = [self.l_run[0] * scale1[0], self.l_run[1] * scale1[1]];
@@ -434,7 +444,13 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     /// # Safety
     /// Warpgroup 1, once per pair, with warpgroup 0 in [`Cta::step_a`].
     #[inline(always)]
-    unsafe fn step_b(&mut self, s: &mut [f32; 32], blk_a: u32, parity: u32) {
+    unsafe fn step_b(
+        &mut self,
+        s: &mut [f32; 32],
+        blk_a: u32,
+        parity: u32,
+        promote: Option<bool>,
+    ) {
         let blk_b = blk_a + 1;
         let has_b = blk_b < self.kb1;
         let next_a = blk_a + 2 < self.kb1;
@@ -494,6 +510,10 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             if !Self::E4 {
                 self.reissue(next_b, blk_b + 2, 1, 1);
             }
+            // O holds the pair against m1, and S is dead until the next S.
+            if let Some(first) = promote {
+                self.promote(m1, first);
+            }
             let vt_free = || {
                 if Self::E4 {
                     sync::bar_sync_named::<BAR_VT1, 256>();
@@ -516,6 +536,10 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     #[inline(always)]
     unsafe fn epilogue(mut self) {
         let wg = self.wg;
+        // SAFETY: the scratch holds this cell's promotions (a uniform condition).
+        if Self::E4 && self.promotes() {
+            unsafe { self.merge_acc() };
+        }
         // The e4m3 path's P and row sums are 2^8 times the softmax's; the log-sum-exp takes
         // that out (the normalised output needs nothing: both carry it).
         if Self::E4 {
@@ -697,11 +721,17 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *cons
                 let mut pair = 0u32;
                 let mut blk_a = cta.kb0;
                 while blk_a < cta.kb1 {
+                    // The e4m3 path: O into the f32 scratch every few pairs of a long split
+                    // (not after its last pair).
+                    let promote = (Cta::<K>::E4
+                        && (pair + 1).is_multiple_of(T::E4M3_PROMOTE_PAIRS)
+                        && blk_a + 2 < cta.kb1)
+                        .then_some(pair + 1 == T::E4M3_PROMOTE_PAIRS);
                     cta.fetch_next_pages(blk_a);
                     if cta.wg == 0 {
-                        cta.step_a(&mut s, blk_a, (phase + pair) & 1);
+                        cta.step_a(&mut s, blk_a, (phase + pair) & 1, promote);
                     } else {
-                        cta.step_b(&mut s, blk_a, ((phase >> 1) + pair) & 1);
+                        cta.step_b(&mut s, blk_a, ((phase >> 1) + pair) & 1, promote);
                     }
                     pair += 1;
                     blk_a += 2;

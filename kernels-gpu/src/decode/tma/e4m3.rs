@@ -27,6 +27,8 @@ pub(super) const P_LOG2_SCALE: f32 = 8.0;
 
 const E4_SLAB: u32 = T::TMA_E4_SLAB as u32;
 const E4_VT: u32 = T::TMA_E4_VT as u32;
+/// Floats between a thread's promotion slots of consecutive O fragments.
+const ACC_ROW: usize = 4 * T::THREADS;
 /// bf16 Q's `lo` tiles ([`Cta::load_q_split`]), past the nine `hi` tiles in Q's 72 KB.
 pub(super) const Q_LO: u32 = 9 * E4_SLAB;
 
@@ -335,6 +337,99 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             });
         });
         wgmma::fence_proxy_async_shared();
+    }
+
+    /// This thread's 16-byte slot of O fragment 0 in the CTA's promotion scratch
+    /// ([`mla_abi::DecodeParams::acc`]); fragment `j`'s is [`ACC_ROW`] `j` floats on: `(CTA,
+    /// j)` rows of 256 threads, so a warp's accesses are 512 contiguous bytes.
+    #[inline(always)]
+    fn acc_slot(&self) -> *mut f32 {
+        let tid = arch::opaque(arch::thread_idx_x());
+        let at = (arch::block_idx_x() as usize * 32 * T::THREADS + tid as usize) * 4;
+        // SAFETY: inside the launch's scratch (the host sizes it for grid.x CTAs).
+        unsafe { self.p.acc.ptr().add(at) }
+    }
+
+    /// Whether this cell's split promotes O ([`Cta::promote`]): more than
+    /// [`T::E4M3_PROMOTE_PAIRS`] pairs.
+    #[inline(always)]
+    pub(super) fn promotes(&self) -> bool {
+        (self.kb1 - self.kb0).div_ceil(2) > T::E4M3_PROMOTE_PAIRS
+    }
+
+    /// Moves O into the f32 scratch and restarts it at zero (the e4m3 path, every
+    /// [`T::E4M3_PROMOTE_PAIRS`] pairs of a long split; `first`: the cell's first): the
+    /// e4m3 `wgmma`s add into O with about 13 bits below the largest addend, so a sum over
+    /// many blocks drifts; the scratch sums the partial O's in f32. It holds each row
+    /// against a base max (the row's max at its first promotion, in exchange entry `4 + wg`,
+    /// free in the pair loop), so O goes in by `red.add` scaled by `2^(m - base)`, and
+    /// nothing waits for it. A row whose max rose more than 2^64 past its base starts over
+    /// from O (what the scratch held weighs under 2^-40 of it).
+    ///
+    /// # Safety
+    /// The whole warpgroup, converged, in a pair step with every `wgmma` on O complete; `m`
+    /// is the max O's rows are against now.
+    #[inline(always)]
+    pub(super) unsafe fn promote(&mut self, m: [f32; 2], first: bool) {
+        let base = if first {
+            [f32::NEG_INFINITY; 2]
+        } else {
+            self.ld_rows(4 + self.wg)
+        };
+        // A first promotion, or a row with no base yet (NaN: both infinite), starts over.
+        let fresh = [0, 1].map(|h| {
+            let d = m[h] - base[h];
+            first || d.is_nan() || d > 64.0
+        });
+        let f = [0, 1].map(|h| if fresh[h] { 1.0 } else { sync::ex2(m[h] - base[h]) });
+        let acc = self.acc_slot();
+        unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
+            // SAFETY: fragment j's slot (32 of them per thread).
+            let at = unsafe { acc.add(ACC_ROW * j) };
+            unroll!(h in [0, 1] {
+                let o = self.o[j];
+                let v = [o[2 * h] * f[h], o[2 * h + 1] * f[h]];
+                // SAFETY: this thread's own slot, 8 bytes of row h.
+                unsafe {
+                    let at = at.add(2 * h);
+                    if fresh[h] {
+                        smem::st_global_v2_f32(at, v);
+                    } else {
+                        smem::red_add_global_v2_f32(at, v);
+                    }
+                }
+            });
+        });
+        self.o = [[0.0; 4]; 32];
+        self.st_rows(4 + self.wg, [0, 1].map(|h| if fresh[h] { m[h] } else { base[h] }));
+    }
+
+    /// O plus the scratch rescaled to the running max, at the epilogue (before exchange
+    /// entries 4 and 5 take the row sums).
+    ///
+    /// # Safety
+    /// This thread's scratch slots hold this cell's promotions ([`Cta::promotes`]).
+    #[inline(always)]
+    pub(super) unsafe fn merge_acc(&mut self) {
+        let base = self.ld_rows(4 + self.wg);
+        // The base max is never above the running one; a row that saw nothing at its first
+        // promotion holds zeros there.
+        let f = [0, 1].map(|h| {
+            if base[h] == f32::NEG_INFINITY {
+                0.0
+            } else {
+                sync::ex2(base[h] - self.m_run[h])
+            }
+        });
+        let acc = self.acc_slot();
+        unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
+            // SAFETY: this thread's own slot of fragment j (forwarded).
+            let g = unsafe { smem::ld_global_v4_f32(acc.add(ACC_ROW * j)) };
+            let o = &mut self.o[j];
+            unroll!(e in [0, 1, 2, 3] {
+                o[e] = sync::fma(g[e], f[e / 2], o[e]);
+            });
+        });
     }
 
     /// The descriptor of V^T's k-step `kk` (32 tokens) for this warpgroup's 256 dims.
