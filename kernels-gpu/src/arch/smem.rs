@@ -171,8 +171,9 @@ pub unsafe fn st_global_v2(ptr: *mut u8, v: [u32; 2]) {
     }
 }
 
-/// `ld.global.v4.f32`: a 16-byte global load (coherent: sees this thread's earlier
-/// stores).
+/// `ld.volatile.global.v4.f32`: a 16-byte global load that sees this thread's earlier
+/// stores and stays in program order with the other volatile accesses (a caller that
+/// reads, updates and writes back in batches keeps one batch in registers at a time).
 ///
 /// # Safety
 /// `ptr` is 16-byte aligned and readable.
@@ -181,38 +182,23 @@ pub unsafe fn ld_global_v4_f32(ptr: *const f32) -> [f32; 4] {
     let (x, y, z, w): (f32, f32, f32, f32);
     // SAFETY: the caller guarantees the address is valid.
     unsafe {
-        asm!("ld.global.v4.f32 {{{x}, {y}, {z}, {w}}}, [{p}];", p = in(reg64) ptr,
+        asm!("ld.volatile.global.v4.f32 {{{x}, {y}, {z}, {w}}}, [{p}];", p = in(reg64) ptr,
             x = out(reg32) x, y = out(reg32) y, z = out(reg32) z, w = out(reg32) w, options(nostack, readonly))
     }
     [x, y, z, w]
 }
 
-/// `st.global.v2.f32`: an 8-byte global store.
+/// `st.volatile.global.v4.f32`: a 16-byte global store, in program order with the other
+/// volatile accesses ([`ld_global_v4_f32`]).
 ///
 /// # Safety
-/// `ptr` is 8-byte aligned and writable.
+/// `ptr` is 16-byte aligned and writable.
 #[inline(always)]
-pub unsafe fn st_global_v2_f32(ptr: *mut f32, v: [f32; 2]) {
+pub unsafe fn st_global_v4_f32(ptr: *mut f32, v: [f32; 4]) {
     // SAFETY: the caller guarantees the address is valid.
     unsafe {
-        asm!("st.global.v2.f32 [{p}], {{{x}, {y}}};", p = in(reg64) ptr,
-            x = in(reg32) v[0], y = in(reg32) v[1], options(nostack))
-    }
-}
-
-/// `red.global.add.v2.f32` (sm_90): adds two f32 values to `ptr[0..2]` in memory, with no
-/// result (nothing waits for it).
-///
-/// # Safety
-/// `ptr` is 8-byte aligned and writable; no other thread accesses it concurrently unless
-/// through atomics.
-#[cfg(mla_wgmma)]
-#[inline(always)]
-pub unsafe fn red_add_global_v2_f32(ptr: *mut f32, v: [f32; 2]) {
-    // SAFETY: the caller guarantees the address is valid.
-    unsafe {
-        asm!("red.global.add.v2.f32 [{p}], {{{x}, {y}}};", p = in(reg64) ptr,
-            x = in(reg32) v[0], y = in(reg32) v[1], options(nostack))
+        asm!("st.volatile.global.v4.f32 [{p}], {{{x}, {y}, {z}, {w}}};", p = in(reg64) ptr,
+            x = in(reg32) v[0], y = in(reg32) v[1], z = in(reg32) v[2], w = in(reg32) v[3], options(nostack))
     }
 }
 
