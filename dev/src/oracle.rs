@@ -464,7 +464,7 @@ pub fn decode_split(inp: &OracleInput, splits: &[usize]) -> OracleOutput {
 pub const FP8_MMA_LOGIT_ERR: f64 = 1.0 / 4096.0;
 
 /// A probability `p <= 1` as a kernel feeds it to P x V in `ty`: rounded to `ty`; for fp8
-/// e4m3 (fp8 Q on the e4m3 tensor cores) quantised as `p * 2^8` (the row's max at 256, so
+/// e4m3 (an fp8 cache on the e4m3 tensor cores) quantised as `p * 2^8` (the row's max at 256, so
 /// small values stay normal) and scaled back.
 pub fn round_p(ty: ElemType, p: f64) -> f64 {
     if ty == ElemType::Fp8E4m3 {
