@@ -341,13 +341,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     /// Warpgroup 0, once per pair, with warpgroup 1 in [`Cta::step_b`] (named barriers in
     /// the order of the module docs).
     #[inline(always)]
-    unsafe fn step_a(
-        &mut self,
-        s: &mut [f32; 32],
-        blk_a: u32,
-        parity: u32,
-        promote: Option<bool>,
-    ) {
+    unsafe fn step_a(&mut self, s: &mut [f32; 32], blk_a: u32, parity: u32, promote: Option<bool>) {
         let blk_b = blk_a + 1;
         let has_b = blk_b < self.kb1;
         let next_a = blk_a + 2 < self.kb1;
@@ -444,13 +438,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     /// # Safety
     /// Warpgroup 1, once per pair, with warpgroup 0 in [`Cta::step_a`].
     #[inline(always)]
-    unsafe fn step_b(
-        &mut self,
-        s: &mut [f32; 32],
-        blk_a: u32,
-        parity: u32,
-        promote: Option<bool>,
-    ) {
+    unsafe fn step_b(&mut self, s: &mut [f32; 32], blk_a: u32, parity: u32, promote: Option<bool>) {
         let blk_b = blk_a + 1;
         let has_b = blk_b < self.kb1;
         let next_a = blk_a + 2 < self.kb1;

@@ -21,8 +21,8 @@
 
 use super::{BLOCK_N, Cta};
 use crate::arch::{self, cp_async, cvt, ldmatrix, smem, sync, wgmma};
-use crate::decode::{self, DecodeKind};
 use crate::decode::wg::{sw64_off, vt_token};
+use crate::decode::{self, DecodeKind};
 use crate::elem::Bf16;
 use mla_abi::decode_tile as T;
 
@@ -49,7 +49,11 @@ fn e4m3_row_scale(m: u32) -> (f32, f32) {
     };
     let up = f32::from_bits(((127 + s) as u32) << 23);
     let down = f32::from_bits(((127 - s) as u32) << 23);
-    if m >= 0x7f80 { (f32::NAN, down) } else { (up, down) }
+    if m >= 0x7f80 {
+        (f32::NAN, down)
+    } else {
+        (up, down)
+    }
 }
 
 /// P of a block as the A fragments of its two `k32` steps (the other two words unused):
