@@ -29,9 +29,9 @@
 //!   other. Boxes past the sequence end, and pages
 //!   outside `0..num_pages`, read as zeros (TMA's out-of-bounds fill); V rows of a page
 //!   past the end are zeroed in shared memory.
-//! - The e4m3 path (an fp8 cache, [`e4m3`]) reads a stage's raw slabs only in its owner's S and
-//!   V^T transpose, so the owner reloads its whole stage for the next pair as soon as its
-//!   P.V of the current block is issued (warpgroup 0 stage 0, warpgroup 1 stage 1); the
+//! - The e4m3 path (an fp8 cache, [`e4m3`]) reads a stage's raw slabs only in its owner's
+//!   S and V^T transpose, so the owner reloads its whole stage for the next pair as soon as
+//!   its P.V of the current block is issued (warpgroup 0 stage 0, warpgroup 1 stage 1); the
 //!   V^T the next transpose overwrites is guarded by [`BAR_VT0`] / [`BAR_VT1`] instead.
 //! - Named barriers (one warpgroup arrives, the other waits; 0 is the CTA barrier):
 //!   [`BAR_SCALE0`], [`BAR_SCALE1`], [`BAR_P0`], [`BAR_P1`]; each warpgroup passes its
@@ -638,8 +638,9 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
 /// Launched with `decode_tile::THREADS` threads, at most `tiles * batch * persist_splits`
 /// CTAs in x, and `TMA_SMEM_BYTES` of dynamic shared memory on params the host validated
 /// (bf16 Q with a bf16 or (`K::KV_FP8`) fp8 cache, or (`K::Q_FP8`) fp8 Q with an fp8 cache;
-/// pages of at least `TMA_MIN_PAGE` tokens, `persist_splits >= 1`); `tmap` is the generic address of the cache's map as
-/// `decode_tile` describes it, in the kernel's parameter space.
+/// pages of at least `TMA_MIN_PAGE` tokens, `persist_splits >= 1`; with an fp8 cache,
+/// `p.acc` holds `ACC_FLOATS_PER_CTA` floats per launched CTA); `tmap` is the generic
+/// address of the cache's map as `decode_tile` describes it, in the kernel's parameter space.
 #[inline(always)]
 pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *const u8) {
     const MARKED: u32 = T::THREADS as u32;
