@@ -399,20 +399,26 @@ pub(crate) fn bf16x2_max_mag(m: u32, w: u32) -> u32 {
 }
 
 /// The powers of two `(up, down)`, `down = 1 / up`, that put a bf16 row whose largest
-/// magnitude has bits `m` ([`bf16x2_max_mag`]) in `[2^14, 2^15)` once scaled up: the row
-/// then converts to f16 exactly down to `2^-17` of that magnitude. A row of zeros keeps
-/// `(1, 1)`.
+/// magnitude has bits `m` ([`bf16x2_max_mag`]) in `[2^e, 2^(e + 1))` once scaled up (the
+/// shift clamped to `2^+-100`). A row of zeros keeps `(1, 1)`.
 #[inline(always)]
-pub(crate) fn f16_row_scale(m: u32) -> (f32, f32) {
+pub(crate) fn pow2_row_scale(m: u32, e: i32) -> (f32, f32) {
     let s = if m == 0 {
         0
     } else {
-        (14 - ((m >> 7) as i32 - 127)).clamp(-100, 100)
+        (e - ((m >> 7) as i32 - 127)).clamp(-100, 100)
     };
     (
         f32::from_bits(((127 + s) as u32) << 23),
         f32::from_bits(((127 - s) as u32) << 23),
     )
+}
+
+/// [`pow2_row_scale`] into `[2^14, 2^15)`: the row then converts to f16 exactly down to
+/// `2^-17` of that magnitude.
+#[inline(always)]
+pub(crate) fn f16_row_scale(m: u32) -> (f32, f32) {
+    pow2_row_scale(m, 14)
 }
 
 /// The two bf16 values of word `w` times `up`, as two f16 values.

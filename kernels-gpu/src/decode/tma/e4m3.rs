@@ -36,19 +36,12 @@ const ACC_ROW: usize = 4 * T::THREADS;
 /// bf16 Q's `lo` tiles ([`Cta::load_q_split`]), past the nine `hi` tiles in Q's 72 KB.
 pub(super) const Q_LO: u32 = 9 * E4_SLAB;
 
-/// The powers of two `(up, down)`, `down = 1 / up`, that put a bf16 row whose largest
-/// magnitude has bits `m` ([`decode::bf16x2_max_mag`]) in `[2^7, 2^8)` once scaled up, so
-/// that its e4m3 `hi` part stays below 448. A row of zeros keeps `(1, 1)`; a row holding
-/// Inf or NaN gets `up = NaN` (its logits are NaN, as the reference's are).
+/// [`decode::pow2_row_scale`] into `[2^7, 2^8)`, so that a bf16 row's e4m3 `hi` part stays
+/// below 448; a row holding Inf or NaN gets `up = NaN` (its logits are NaN, as the
+/// reference's are).
 #[inline(always)]
 fn e4m3_row_scale(m: u32) -> (f32, f32) {
-    let s = if m == 0 {
-        0
-    } else {
-        (7 - ((m >> 7) as i32 - 127)).clamp(-100, 100)
-    };
-    let up = f32::from_bits(((127 + s) as u32) << 23);
-    let down = f32::from_bits(((127 - s) as u32) << 23);
+    let (up, down) = decode::pow2_row_scale(m, 7);
     if m >= 0x7f80 {
         (f32::NAN, down)
     } else {
@@ -353,7 +346,8 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     #[inline(always)]
     fn acc_slot(&self) -> *mut f32 {
         let tid = arch::opaque(arch::thread_idx_x());
-        let at = (arch::block_idx_x() as usize * 32 * T::THREADS + tid as usize) * 4;
+        let at =
+            (arch::block_idx_x() as usize * (mla_abi::ACC_FLOATS_PER_CTA / 4) + tid as usize) * 4;
         // SAFETY: inside the launch's scratch (the host sizes it for grid.x CTAs).
         unsafe { self.p.acc.ptr().add(at) }
     }
