@@ -48,7 +48,7 @@
 use crate::arch::{self, bulk, cp_async, smem, sync, wgmma};
 use crate::decode::wg::{SLAB, SLAB_TILE, aligned_base, slab_off};
 use crate::decode::{self, DecodeKind, M64};
-use crate::elem::{Bf16, Fp16, Half16};
+use crate::elem::{Bf16, Half16};
 use core::marker::PhantomData;
 use mla_abi::DecodeParams;
 use mla_abi::decode_tile as T;
@@ -256,7 +256,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             if K::Q_FP8 {
                 self.load_q_e4m3();
             } else if !Self::SPLIT_Q {
-                decode::load_q_tile::<K, M64, Fp16>(p, b, self.row0, self.base, slab_off);
+                decode::load_q_tile::<K, M64, Bf16>(p, b, self.row0, self.base, slab_off);
             }
             cp_async::cp_async_commit_group();
             self.issue_first_pair();
