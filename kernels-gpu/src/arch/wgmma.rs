@@ -158,15 +158,6 @@ wgmma_m64n64k16_fn!(
     "bf16"
 );
 
-wgmma_m64n64k16_fn!(
-    /// As [`wgmma_m64n64k16_bf16`] with f16 operands.
-    ///
-    /// # Safety
-    /// As [`wgmma_m64n64k16_bf16`].
-    wgmma_m64n64k16_f16,
-    "f16"
-);
-
 wgmma_m64n64_fn!(
     /// `wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 d, desc_a, desc_b, p, 1, 1`:
     /// `d = A * B^T + (accumulate ? d : 0)` with A `64 x 32` and B `64 x 32` fp8 e4m3, both
@@ -549,19 +540,6 @@ wgmma_m64n256k16_fn!(
     [a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],]
 );
 
-wgmma_m64n256k16_fn!(
-    /// As [`wgmma_m64n256k16_rs_bf16`] with f16 operands.
-    ///
-    /// # Safety
-    /// As [`wgmma_m64n64k16_bf16`].
-    wgmma_m64n256k16_rs_f16,
-    "f16",
-    a: [u32; 4],
-    "{{{a0}, {a1}, {a2}, {a3}}}",
-    "1, 1, {tb}",
-    [a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],]
-);
-
 /// `wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 d, desc_a, desc_b, p, 1, 1, 0, 0`:
 /// as [`wgmma_m64n64k16_bf16`] with 32 columns (B `32 x 16`, K-major), 16 accumulators.
 ///
@@ -610,19 +588,6 @@ wgmma_m64n256k16_fn!(
     /// As [`wgmma_m64n64k16_bf16`].
     wgmma_m64n256k16_ss_bf16,
     "bf16",
-    desc_a: u64,
-    "{desc_a}",
-    "1, 1, 0, {tb}",
-    [desc_a = in(reg64) desc_a,]
-);
-
-wgmma_m64n256k16_fn!(
-    /// As [`wgmma_m64n256k16_ss_bf16`] with f16 operands.
-    ///
-    /// # Safety
-    /// As [`wgmma_m64n64k16_bf16`].
-    wgmma_m64n256k16_ss_f16,
-    "f16",
     desc_a: u64,
     "{desc_a}",
     "1, 1, 0, {tb}",
