@@ -229,8 +229,8 @@ pub mod decode_tile {
 
     /// The TMA-fed `wgmma` decode (sm_90a only, `names::DECODE_TMA_BF16`,
     /// `DECODE_TMA_FP8KV_BF16Q` and `DECODE_TMA_FP8`, bf16 or fp8 caches with pages of at least
-    /// `TMA_MIN_PAGE` tokens; an fp8 box lands as raw 64-byte rows in its slab's upper half,
-    /// widened to f16 in place): the same block and params (plus the cache's `TensorMap`, by
+    /// `TMA_MIN_PAGE` tokens; an fp8 cache's boxes land raw, 64-byte rows, and feed the e4m3
+    /// tensor cores as they are, `TMA_E4_*` below): the same block and params (plus the cache's `TensorMap`, by
     /// value); grid `min(row tiles * batch * splits, SMs)`, persistent over that virtual grid
     /// (`DecodeParams::persist_splits`). Each warpgroup owns every other block of a split
     /// (blocks are taken in pairs, one per KV stage). Offsets from the 1024-byte aligned base:
@@ -261,16 +261,17 @@ pub mod decode_tile {
     /// dim rows of 64 tokens, 64-byte swizzle), then the second warpgroup's P at
     /// `TMA_E4_P1` (stage 1; 64 rows of 64 e4m3). The first warpgroup's P is at
     /// `TMA_SMEM_P0`; the rest as above.
-    /// Block pairs the e4m3 TMA decode accumulates in O between promotions to its f32
-    /// scratch ([`super::DecodeParams::acc`]): the e4m3 `wgmma` adds into O with about 13
-    /// bits below the largest addend, so a long split's O drifts (measured 10% low at
-    /// 2048 blocks in one split); 32 pairs keep it within about a bf16 ulp.
-    pub const E4M3_PROMOTE_PAIRS: u32 = 32;
     pub const TMA_E4_SLAB: usize = BLOCK_N * 64;
     pub const TMA_E4_VT: usize = 9 * TMA_E4_SLAB;
     pub const TMA_E4_P1: usize = TMA_E4_VT + 512 * 64;
     const _: () = assert!(TMA_E4_P1 + TMA_E4_SLAB <= QK_TILE_BYTES);
     const _: () = assert!(TMA_E4_VT.is_multiple_of(1024) && TMA_E4_P1.is_multiple_of(1024));
+
+    /// Block pairs the e4m3 TMA decode accumulates in O between promotions to its f32
+    /// scratch ([`super::DecodeParams::acc`]): the e4m3 `wgmma` adds into O with about 13
+    /// bits below the largest addend, so a long split's O drifts (measured 10% low at
+    /// 2048 blocks in one split); 32 pairs keep it within about a bf16 ulp.
+    pub const E4M3_PROMOTE_PAIRS: u32 = 32;
 }
 
 /// The split-KV chunk rule, shared by the decode kernel and the host planner: of `blocks`
@@ -533,12 +534,12 @@ pub mod names {
     /// The TMA-fed `wgmma` decode (bf16; `decode_tile::TMA_*`). Its entry takes a second
     /// parameter after the `DecodeParams`: the cache's `TensorMap`, by value.
     pub const DECODE_TMA_BF16: &str = "mla_decode_tma_bf16";
-    /// The TMA decode of an fp8 e4m3 cache with bf16 Q, computing in f16: Q scaled per
-    /// row into f16, each box landing raw in its slab's upper half and widened to f16 in
-    /// place by the warpgroup that computes the block.
+    /// The TMA decode of an fp8 e4m3 cache with bf16 Q on the e4m3 tensor cores: each Q
+    /// row scaled by a power of two and split into two e4m3 parts (`hi`, and `lo` for what
+    /// `hi` leaves), every k-step of S run for both against the raw cache; P in e4m3.
     pub const DECODE_TMA_FP8KV_BF16Q: &str = "mla_decode_tma_fp8kv_bf16q";
-    /// fp8 Q with an fp8 cache: Q widened to f16 (exact, unscaled) as it loads, then as
-    /// `DECODE_TMA_FP8KV_BF16Q`.
+    /// fp8 Q with an fp8 cache on the e4m3 tensor cores: Q and the cache raw, P in e4m3,
+    /// as `DECODE_TMA_FP8KV_BF16Q` with one Q part.
     pub const DECODE_TMA_FP8: &str = "mla_decode_tma_fp8";
     pub const COMBINE_BF16: &str = "mla_combine_bf16";
     pub const COMBINE_FP16: &str = "mla_combine_fp16";
