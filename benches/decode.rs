@@ -38,6 +38,7 @@ fn decode(c: &mut Criterion) {
                     heads * s_q,
                     batch,
                     len,
+                    mla_dev::bench::PAGE,
                     rt.backend(),
                     dtypes,
                 ),

@@ -89,12 +89,17 @@ STEP = False
 
 def _tile_for(rows):
     """C ABI tile: 0 = the library's default for the shape; with "m16n64" asked for, the 16-row
-    tile (1) up to 32 rows (two row tiles); with "m64n64", the 64-row tile (2)."""
+    tile (1) up to 32 rows (two row tiles); with "m64n64", the 64-row tile (2); with "wg64n64",
+    the 64-row `wgmma` tile (3); with "m32n64", the 32-row tile (4) from 17 to 32 rows."""
     want = FORCE_TILE if FORCE_TILE is not None else os.environ.get("MLA_TILE")
     if want == "m16n64" and rows <= 32:
         return 1
     if want == "m64n64":
         return 2
+    if want == "wg64n64":
+        return 3
+    if want == "m32n64" and 16 < rows <= 32:
+        return 4
     return 0
 
 

@@ -447,7 +447,7 @@ fn lengths_below_s_q_give_zero_rows() {
             let mut dc = DeviceCase::upload(&stream, &h).unwrap();
             stream.memcpy_htod(&short.seq_lens, &mut dc.lens).unwrap();
             let config = h.decode_config();
-            let tactic = Tactic::default_for_plan(s_q * heads, 3, 300, rt.backend(), d);
+            let tactic = Tactic::default_for_plan(s_q * heads, 3, 300, 16, rt.backend(), d);
             let plan = rt.plan_decode(&stream, config, tactic).unwrap();
             dc.poison_outputs(&stream).unwrap();
             let mut req = dc.request(&stream, &h);

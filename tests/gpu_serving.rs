@@ -164,7 +164,7 @@ fn long_sequences_take_more_splits() {
         let longest = lens.iter().copied().max().unwrap_or(1);
         let h = HostCase::random(&CaseSpec::new(d, 64, heads, 1, lens), &mut rng);
         let refs = h.references();
-        let tactic = Tactic::default_for_plan(heads, b, longest, rt.backend(), d);
+        let tactic = Tactic::default_for_plan(heads, b, longest, 64, rt.backend(), d);
         let plan = rt.plan_decode(&stream, config(&h, b), tactic).unwrap();
         let mut dc = DeviceCase::upload(&stream, &h).unwrap();
         let (got, splits) = run_plan_as(&rt, &stream, &plan, &h, &mut dc, stepped);
@@ -337,6 +337,7 @@ fn paired_decodes_take_two_block_splits() {
                     16 * s_q,
                     b,
                     h.spec.lens.iter().copied().max().unwrap_or(1),
+                    64,
                     rt.backend(),
                     d,
                 );

@@ -340,7 +340,7 @@ pub fn extra_shapes(backend: mla::gate::Backend) -> Vec<BenchShape> {
         for heads in [16, 128] {
             let shape = |s_q: usize, page: usize| BenchShape {
                 dtypes,
-                tile: Tile::default_for_plan(heads * s_q, 64, 4096, backend, dtypes),
+                tile: Tile::default_for_plan(heads * s_q, 64, 4096, page, backend, dtypes),
                 batch: 64,
                 len: 4096,
                 heads,
@@ -371,6 +371,7 @@ pub fn small_shapes(backend: mla::gate::Backend) -> Vec<BenchShape> {
                         heads * s_q,
                         batch,
                         len,
+                        PAGE,
                         backend,
                         DecodeDtypes::Bf16,
                     ),

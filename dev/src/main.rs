@@ -250,6 +250,7 @@ fn bench(
                 s.heads * s.s_q,
                 s.batch,
                 s.len,
+                s.page,
                 backend,
                 s.dtypes,
             )

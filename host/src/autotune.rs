@@ -462,6 +462,7 @@ impl Autotuner {
             shape.heads * shape.s_q,
             shape.batch,
             shape.seq_len,
+            shape.page_size,
             self.backend,
             shape.dtypes,
         );
@@ -490,6 +491,7 @@ impl Autotuner {
                 rows,
                 shape.batch,
                 shape.seq_len,
+                shape.page_size,
                 self.backend,
                 shape.dtypes,
             ));
@@ -500,6 +502,7 @@ impl Autotuner {
             rows,
             shape.batch,
             shape.seq_len,
+            shape.page_size,
             self.backend,
             shape.dtypes,
         ) {

@@ -194,6 +194,7 @@ impl Runtime {
             config.rows(),
             config.max_batch,
             config.max_seq_len,
+            config.page_size,
             self.backend(),
             config.dtypes,
         )

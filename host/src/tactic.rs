@@ -22,6 +22,24 @@ use std::str::FromStr;
 /// leads (B=128 182.8 against 215.0 us; docs/PERF.md, section 3.4).
 pub const M32_MIN_BATCH: usize = 9;
 
+/// Fewest tokens a plan must admit in all (`max_batch * max_seq_len`) for an fp8 cache
+/// under bf16 Q with 17 to 32 rows to take the `wgmma` tile, whose TMA decode runs the e4m3
+/// tensor cores (the rows padded to 64, Q in two parts), over the 16- and 32-row kernels that
+/// convert fp8 in registers; its sequences must also admit [`E4M3_32_ROW_MIN_LEN`] tokens.
+/// H200, peers' harness, H=16 S_q=2, page 64, us (the better of the 16- and 32-row tiles
+/// against `wgmma`): at 65536 tokens the small tiles lead (B=1 L=65536 40.3 / 44.9, B=16
+/// L=4096 38.2 / 41.4, B=256 L=256 49.6 / 51.9; B=32 L=2048 39.0 / 37.7), from 131072 the
+/// `wgmma` tile (B=1 L=131072 63.5 / 60.4, B=2 L=65536 61.2 / 58.5, B=8 L=16384 62.1 / 56.1,
+/// B=32 L=4096 58.7 / 53.9, B=128 L=1024 58.5 / 55.0, B=128 L=16384 652.4 / 544.0; page 16
+/// at B=64 L=4096 99.1 / 100.0) (docs/PERF.md, section 3.4).
+pub const E4M3_32_ROW_MIN_TOKENS: usize = 131072;
+/// The longest sequence a plan must admit for [`E4M3_32_ROW_MIN_TOKENS`] to apply.
+pub const E4M3_32_ROW_MIN_LEN: usize = 1024;
+/// [`E4M3_32_ROW_MIN_TOKENS`] for fp8 Q (one Q part, half of S's `wgmma`s), at any length:
+/// B=8 L=8192 38.1 / 36.3, B=32 L=2048 38.4 / 35.4, B=128 L=512 39.0 / 34.5, B=256 L=256
+/// 49.7 / 42.5, B=1 L=65536 40.4 / 40.7; below, B=8 L=4096 26.7 / 32.6 (same runs).
+pub const E4M3_32_ROW_MIN_TOKENS_FP8Q: usize = 65536;
+
 /// Whether a plan of up to `max_batch` sequences of up to `max_seq_len` tokens is small
 /// enough that two 16-row CTAs per split beat one CTA for 17 to 32 rows: sequences of at
 /// most 4096 tokens, 32768 in all. H200, peers' harness, H=16 S_q=2. bf16, same run
@@ -100,7 +118,7 @@ pub enum Tile {
     M16N64,
     /// 32 rows x 64 tokens with an fp8 cache (sm_90a image): the fp8 16-row kernel with two
     /// row groups per warp, so each fp8 block is read and converted once for 32 rows; the
-    /// default there for 17..=32 rows ([`Tile::default_on`]).
+    /// default there for 17..=32 rows in mid-sized plans ([`Tile::default_for_plan`]).
     M32N64,
     /// 64 rows x 64 tokens with `wgmma` (two warpgroups, accumulators in registers): sm_90a
     /// image, bf16 Q with a bf16 or fp8 cache ([`Tile::check`]); the default there for more
@@ -112,22 +130,24 @@ impl Tile {
     pub const ALL: [Tile; 4] = [Tile::M64N64, Tile::M16N64, Tile::M32N64, Tile::Wg64N64];
 
     /// [`Tile::default_for_plan`] for a plan of unknown size (as many sequences, as long,
-    /// as the ABI allows).
+    /// with pages as large, as the ABI allows).
     pub fn default_on(rows: usize, backend: Backend, dtypes: DecodeDtypes) -> Tile {
-        Tile::default_for_plan(rows, usize::MAX, usize::MAX, backend, dtypes)
+        Tile::default_for_plan(rows, usize::MAX, usize::MAX, usize::MAX, backend, dtypes)
     }
 
     /// The default tile for `rows` query rows of up to `max_batch` sequences of up to
-    /// `max_seq_len` tokens on `backend` with `dtypes`: on sm_90a with an fp8 cache the
-    /// 16-row tile up to 16 rows, and up to 32 the 32-row tile from [`M32_MIN_BATCH`]
-    /// sequences on, unless the plan is small ([`small_plan`]; two 16-row tiles otherwise);
-    /// the `wgmma` tile where it runs (sm_90a; any dtypes but fp16) and the rows fill
-    /// more than a 16-row tile, except two 16-row tiles for up to 32 rows in a small plan;
-    /// else [`Tile::default_for`].
+    /// `max_seq_len` tokens in pages of `page_size` on `backend` with `dtypes`: on sm_90a
+    /// with an fp8 cache the 16-row tile up to 16 rows; up to 32 the `wgmma` tile (its e4m3
+    /// TMA decode) in plans of [`E4M3_32_ROW_MIN_TOKENS`] tokens or more
+    /// ([`E4M3_32_ROW_MIN_TOKENS_FP8Q`] under fp8 Q) with pages the TMA decode takes, else the 32-row tile from [`M32_MIN_BATCH`] sequences on, unless the
+    /// plan is small ([`small_plan`]; two 16-row tiles otherwise); the `wgmma` tile where
+    /// it runs (sm_90a; any dtypes but fp16) and the rows fill more than a 16-row tile,
+    /// except two 16-row tiles for up to 32 rows in a small plan; else [`Tile::default_for`].
     pub fn default_for_plan(
         rows: usize,
         max_batch: usize,
         max_seq_len: usize,
+        page_size: usize,
         backend: Backend,
         dtypes: DecodeDtypes,
     ) -> Tile {
@@ -135,8 +155,19 @@ impl Tile {
         let fits_two_16 = rows <= 2 * decode_tile::BLOCK_M_SMALL;
         let small = fits_two_16 && small_plan(max_batch, max_seq_len);
         // fp8 caches up to 32 rows: the sm_90a image's 16- and 32-row kernels convert fp8
-        // in registers and beat the `wgmma` tile there (docs/PERF.md, section 3.4).
+        // in registers; they beat the `wgmma` tile at 16 rows and in small plans, and
+        // wherever its decode would not be the TMA one (docs/PERF.md, section 3.4).
         if backend == Backend::Sm90a && dtypes.kv() == mla_abi::ElemType::Fp8E4m3 {
+            let tokens = max_batch.saturating_mul(max_seq_len);
+            let e4m3_pays = page_size >= decode_tile::TMA_MIN_PAGE
+                && if dtypes == DecodeDtypes::Fp8 {
+                    tokens >= E4M3_32_ROW_MIN_TOKENS_FP8Q
+                } else {
+                    tokens >= E4M3_32_ROW_MIN_TOKENS && max_seq_len >= E4M3_32_ROW_MIN_LEN
+                };
+            if rows > decode_tile::BLOCK_M_SMALL && fits_two_16 && e4m3_pays {
+                return Tile::Wg64N64;
+            }
             if rows <= decode_tile::BLOCK_M_SMALL
                 || small
                 || (fits_two_16 && max_batch < M32_MIN_BATCH)
@@ -316,32 +347,35 @@ impl Tactic {
 
     /// [`Tactic::default_for_plan`] for a plan of unknown size.
     pub fn default_on(rows: usize, backend: Backend, dtypes: DecodeDtypes) -> Tactic {
-        Tactic::default_for_plan(rows, usize::MAX, usize::MAX, backend, dtypes)
+        Tactic::default_for_plan(rows, usize::MAX, usize::MAX, usize::MAX, backend, dtypes)
     }
 
     /// [`Tactic::default_for`] with [`Tile::default_for_plan`]: the deterministic choice for
-    /// a plan of up to `max_batch` sequences of up to `max_seq_len` tokens on `backend` when
-    /// tuning is off ([`crate::Runtime::default_tactic`] of a `DecodeConfig`).
+    /// a plan of up to `max_batch` sequences of up to `max_seq_len` tokens in pages of
+    /// `page_size` on `backend` when tuning is off ([`crate::Runtime::default_tactic`] of a
+    /// `DecodeConfig`).
     pub fn default_for_plan(
         rows: usize,
         max_batch: usize,
         max_seq_len: usize,
+        page_size: usize,
         backend: Backend,
         dtypes: DecodeDtypes,
     ) -> Tactic {
         Tactic {
-            tile: Tile::default_for_plan(rows, max_batch, max_seq_len, backend, dtypes),
+            tile: Tile::default_for_plan(rows, max_batch, max_seq_len, page_size, backend, dtypes),
             ..Tactic::default()
         }
     }
 
     /// [`Tactic::candidates_for_plan`] for a plan of unknown size.
     pub fn candidates_on(rows: usize, backend: Backend, dtypes: DecodeDtypes) -> Vec<Tactic> {
-        Tactic::candidates_for_plan(rows, usize::MAX, usize::MAX, backend, dtypes)
+        Tactic::candidates_for_plan(rows, usize::MAX, usize::MAX, usize::MAX, backend, dtypes)
     }
 
     /// The candidates on `backend` for `dtypes` in a plan of up to `max_batch` sequences of
-    /// up to `max_seq_len` tokens: [`Tile::default_for_plan`]'s tile first (so a tie keeps
+    /// up to `max_seq_len` tokens in pages of `page_size`: [`Tile::default_for_plan`]'s tile
+    /// first (so a tie keeps
     /// it), then the `wgmma` tile where `backend` runs it for `dtypes` and rows are more
     /// than 16, the 32-row tile likewise, the 64-row tile, and the 16-row tile up to 32
     /// rows; each with waves {1, 2} x max_splits {`MAX_SPLITS`, 16}, then no split.
@@ -350,10 +384,12 @@ impl Tactic {
         rows: usize,
         max_batch: usize,
         max_seq_len: usize,
+        page_size: usize,
         backend: Backend,
         dtypes: DecodeDtypes,
     ) -> Vec<Tactic> {
-        let first = Tile::default_for_plan(rows, max_batch, max_seq_len, backend, dtypes);
+        let first =
+            Tile::default_for_plan(rows, max_batch, max_seq_len, page_size, backend, dtypes);
         let mut tiles = vec![first];
         for t in [Tile::Wg64N64, Tile::M32N64, Tile::M64N64, Tile::M16N64] {
             let fits = match t {

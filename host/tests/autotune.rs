@@ -3,7 +3,10 @@
 
 use mla_abi::MAX_SPLITS;
 use mla_host::autotune::{Autotuner, DeviceKey, ShapeKey, TuneCache, TuneMode, bucket};
-use mla_host::tactic::{M32_MIN_BATCH, MAX_WAVES, Switches, Tactic, Tile};
+use mla_host::tactic::{
+    E4M3_32_ROW_MIN_LEN, E4M3_32_ROW_MIN_TOKENS, E4M3_32_ROW_MIN_TOKENS_FP8Q, M32_MIN_BATCH,
+    MAX_WAVES, Switches, Tactic, Tile,
+};
 use mla_host::{DecodeDtypes, DeviceInfo, MlaError};
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -273,7 +276,7 @@ fn split_counts_scale_the_target_by_waves() {
             let b = mla_host::Backend::Sm90a;
             assert_eq!(
                 Tactic::default_on(rows, b, d),
-                Tactic::default_for_plan(rows, usize::MAX, usize::MAX, b, d)
+                Tactic::default_for_plan(rows, usize::MAX, usize::MAX, usize::MAX, b, d)
             );
             assert_eq!(
                 Tactic::candidates_on(rows, b, d)[0],
@@ -769,8 +772,8 @@ fn backend_defaults_and_candidates() {
     for backend in Backend::ALL {
         for dtypes in all {
             for rows in [1, 16, 17, 32, 33, 64, 128] {
-                let d = Tactic::default_for_plan(rows, 64, 4096, backend, dtypes);
-                let c = Tactic::candidates_for_plan(rows, 64, 4096, backend, dtypes);
+                let d = Tactic::default_for_plan(rows, 64, 4096, 64, backend, dtypes);
+                let c = Tactic::candidates_for_plan(rows, 64, 4096, 64, backend, dtypes);
                 assert_eq!(c[0], d, "{backend:?} {dtypes:?} rows {rows}: default first");
                 let tiles: Vec<Tile> = c.iter().map(|t| t.tile).collect();
                 let has = |t| tiles.contains(&t);
@@ -791,30 +794,64 @@ fn backend_defaults_and_candidates() {
             }
         }
     }
-    // On sm_90a an fp8 cache takes the 16-row tile up to 16 rows and the 32-row tile up to
-    // 32 (their kernels convert fp8 in registers); bf16 above 16 rows the wgmma tile; the
-    // portable image keeps the portable rule.
+    // On sm_90a an fp8 cache takes the 16-row tile up to 16 rows; up to 32 the wgmma tile
+    // (its e4m3 TMA decode) from E4M3_32_ROW_MIN_TOKENS tokens with pages of 16 or more,
+    // else the 32-row tile (both 16- and 32-row kernels convert fp8 in registers); bf16
+    // above 16 rows the wgmma tile; the portable image keeps the portable rule.
     // Below M32_MIN_BATCH sequences two 16-row tiles keep more CTAs busy than one 32-row.
     for dtypes in [DecodeDtypes::Fp8KvBf16Q, DecodeDtypes::Fp8] {
+        let min = if dtypes == DecodeDtypes::Fp8 {
+            E4M3_32_ROW_MIN_TOKENS_FP8Q
+        } else {
+            E4M3_32_ROW_MIN_TOKENS
+        };
         for rows in [1, 16] {
-            assert_eq!(
-                Tile::default_for_plan(rows, 64, 4096, Backend::Sm90a, dtypes),
-                Tile::M16N64
-            );
+            for (batch, len) in [(64, 4096), (128, 65536)] {
+                assert_eq!(
+                    Tile::default_for_plan(rows, batch, len, 64, Backend::Sm90a, dtypes),
+                    Tile::M16N64
+                );
+            }
         }
         for rows in [17, 32] {
-            for (batch, len, tile) in [
-                (1, 4096, Tile::M16N64),
-                (M32_MIN_BATCH - 1, 65536, Tile::M16N64),
-                (M32_MIN_BATCH, 4096, Tile::M32N64),
-                (128, 4096, Tile::M32N64),
+            for (batch, len, page, tile) in [
+                (1, 4096, 64, Tile::M16N64),
+                (1, min - 1, 64, Tile::M16N64),
+                (1, min, 64, Tile::Wg64N64),
+                (1, min, 8, Tile::M16N64),
+                (M32_MIN_BATCH - 1, 4096, 64, Tile::M16N64),
+                (M32_MIN_BATCH - 1, 16384, 64, Tile::Wg64N64),
+                (M32_MIN_BATCH, 4096, 64, Tile::M32N64),
+                (min / 4096, 4096, 16, Tile::Wg64N64),
+                (min / 4096, 4096, 8, Tile::M32N64),
+                (min / 4096 - 1, 4096, 64, Tile::M32N64),
+                (128, 4096, 64, Tile::Wg64N64),
+                (128, 4096, 8, Tile::M32N64),
+                (128, 4096, 1, Tile::M32N64),
                 // A small plan keeps two 16-row tiles at any batch.
-                (32, 1024, Tile::M16N64),
-                (64, 1024, Tile::M32N64),
+                (32, 1024, 64, Tile::M16N64),
+                (128, 1024, 64, Tile::Wg64N64),
+                (128, 1024, 8, Tile::M32N64),
             ] {
-                let got = Tile::default_for_plan(rows, batch, len, Backend::Sm90a, dtypes);
-                assert_eq!(got, tile, "rows {rows} B {batch} L {len}");
+                let got = Tile::default_for_plan(rows, batch, len, page, Backend::Sm90a, dtypes);
+                assert_eq!(got, tile, "rows {rows} B {batch} L {len} page {page}");
             }
+            // Short sequences in a large plan: fp8 Q takes the wgmma tile at any length,
+            // bf16 Q from E4M3_32_ROW_MIN_LEN tokens on.
+            let short = E4M3_32_ROW_MIN_LEN / 2;
+            let got =
+                Tile::default_for_plan(rows, 2 * min / short, short, 64, Backend::Sm90a, dtypes);
+            let want = if dtypes == DecodeDtypes::Fp8 {
+                Tile::Wg64N64
+            } else {
+                Tile::M32N64
+            };
+            assert_eq!(got, want, "rows {rows} L {short}");
+            // A plan of unknown size: as large as the ABI allows.
+            assert_eq!(
+                Tile::default_on(rows, Backend::Sm90a, dtypes),
+                Tile::Wg64N64
+            );
         }
         assert_eq!(Tile::M32N64.row_tiles(33), 2);
         assert!(Tile::M32N64.check(Backend::Portable, dtypes).is_err());
@@ -831,7 +868,7 @@ fn backend_defaults_and_candidates() {
     assert_eq!(tactic.tile, Tile::M32N64);
     for dtypes in [DecodeDtypes::Fp8KvBf16Q, DecodeDtypes::Fp8] {
         assert_eq!(
-            Tile::default_for_plan(33, 64, 4096, Backend::Sm90a, dtypes),
+            Tile::default_for_plan(33, 64, 4096, 64, Backend::Sm90a, dtypes),
             Tile::Wg64N64
         );
     }
@@ -841,11 +878,18 @@ fn backend_defaults_and_candidates() {
         .to_string();
     assert!(e.contains("wg64n64") && e.contains("Fp16"), "{e}");
     assert_eq!(
-        Tile::default_for_plan(32, 64, 4096, Backend::Sm90a, DecodeDtypes::Bf16),
+        Tile::default_for_plan(32, 64, 4096, 64, Backend::Sm90a, DecodeDtypes::Bf16),
         Tile::Wg64N64
     );
     assert_eq!(
-        Tile::default_for_plan(32, 64, 4096, Backend::Portable, DecodeDtypes::Fp8KvBf16Q),
+        Tile::default_for_plan(
+            32,
+            64,
+            4096,
+            64,
+            Backend::Portable,
+            DecodeDtypes::Fp8KvBf16Q
+        ),
         Tile::M64N64
     );
     // bf16, 17..=32 rows: two 16-row tiles in a small plan (sequences of at most 4096
@@ -859,7 +903,7 @@ fn backend_defaults_and_candidates() {
         (32, 32, 4096, Tile::Wg64N64),
         (33, 1, 1024, Tile::Wg64N64),
     ] {
-        let got = Tile::default_for_plan(rows, batch, len, Backend::Sm90a, DecodeDtypes::Bf16);
+        let got = Tile::default_for_plan(rows, batch, len, 64, Backend::Sm90a, DecodeDtypes::Bf16);
         assert_eq!(got, tile, "rows {rows} B {batch} L {len}");
     }
     assert!(mla_host::tactic::small_plan(8, 4096) && !mla_host::tactic::small_plan(8, 4097));
