@@ -207,8 +207,13 @@ impl DecodeKernels {
     }
 
     /// The decode kernel for a validated request: the TMA decode where the request's cache
-    /// suits it ([`crate::tmap::tma_unsupported`]) and its splits hold two or more blocks
-    /// ([`crate::tmap::tma_pays`]), else [`DecodeKernels::decode`].
+    /// suits it ([`crate::tmap::tma_unsupported`]) and the splits of its batch's even share
+    /// hold two or more blocks, or at any length under fp8 Q ([`crate::tmap::tma_pays`]),
+    /// else [`DecodeKernels::decode`]. The even share, not the grid's split bound: at
+    /// H=128 B=8 L=1024 the bound (32) gave one block per split where the schedule gives
+    /// two, and the `cp.async` decode ran (H200: bf16 28.0 -> 27.4 us, S_q=2 33.8 -> 30.1;
+    /// fp8 Q 30.6 -> 24.5; docs/PERF.md). A sequence the schedule gives more than its
+    /// share (its batch's others short) runs the TMA decode with shorter splits.
     pub fn decode_for(&self, req: &DecodeRequest, shape: &DecodeShape) -> &'static Kernel {
         self.decode_for_parts(req, &SplitParts::default(), shape)
     }
@@ -225,7 +230,11 @@ impl DecodeKernels {
         match self.tma {
             Some(tma)
                 if parts.kpe_cache.is_none()
-                    && crate::tmap::tma_pays(shape.max_seq_len(), self.grid_splits)
+                    && crate::tmap::tma_pays(
+                        shape.dtypes,
+                        shape.max_seq_len(),
+                        self.even_splits(shape.batch),
+                    )
                     && crate::tmap::tma_unsupported(req, shape).is_none() =>
             {
                 tma

@@ -42,17 +42,22 @@ pub fn tma_unsupported(req: &DecodeRequest, shape: &DecodeShape) -> Option<&'sta
     }
 }
 
-/// Whether the TMA decode pays for a launch whose longest sequence can hold `max_seq_len`
-/// tokens, cut into `grid_splits` chunks: only when a chunk can hold more than one 64-token
-/// block. It works on blocks in pairs, one per warpgroup, so with one block per CTA half of
-/// it idles, and under a CUDA graph it adds the map's store; the `cp.async` decode was
-/// faster there on the H200 (`mla bench` B=1 L=4096 H=128, 64 splits: 35.8 us against
-/// 37.0; 8 splits of 8 blocks: 57.5 against 55.8, at `9ca7cf4`; docs/PERF.md).
-pub fn tma_pays(max_seq_len: usize, grid_splits: usize) -> bool {
-    max_seq_len
-        .div_ceil(decode_tile::BLOCK_N)
-        .div_ceil(grid_splits.max(1))
-        >= 2
+/// Whether the TMA decode pays for a launch of `dtypes` whose longest sequence can hold
+/// `max_seq_len` tokens, cut into `splits` chunks (the schedule's even share): fp8 Q always
+/// (its `cp.async` decode widens Q and converts every block through shared memory: H200,
+/// H=128, one-block splits, B=1 L=1024 21.7 -> 18.3 us, B=8 L=512 27.1 -> 23.8), the other
+/// dtypes only when a chunk can hold more than one 64-token block. The TMA decode works on
+/// blocks in pairs, one per warpgroup, so with one block per CTA half of it idles, and under
+/// a CUDA graph it adds the map's store; the `cp.async` decode was faster there on the H200
+/// for bf16 (`mla bench` B=1 L=4096 H=128, 64 splits: 35.8 us against 37.0; 8 splits of 8
+/// blocks: 57.5 against 55.8, at `9ca7cf4`) and for an fp8 cache under bf16 Q (B=1 L=1024
+/// 19.2 against 20.3 us; docs/PERF.md).
+pub fn tma_pays(dtypes: DecodeDtypes, max_seq_len: usize, splits: usize) -> bool {
+    dtypes == DecodeDtypes::Fp8
+        || max_seq_len
+            .div_ceil(decode_tile::BLOCK_N)
+            .div_ceil(splits.max(1))
+            >= 2
 }
 
 /// How a map's boxes land in shared memory.

@@ -93,7 +93,7 @@ fn fp8_cache_tma_takes_two_blocks_per_split() {
 }
 
 /// fp8 Q with an fp8 cache runs its own `cp.async` `wgmma` decode (Q widened to bf16 as it
-/// loads) and its e4m3 TMA decode, under the bf16 rule (two blocks per split).
+/// loads) and its e4m3 TMA decode, the TMA one at any split length.
 #[test]
 fn fp8_q_takes_the_wgmma_and_tma_decodes() {
     let fp8 = DecodeDtypes::Fp8;
@@ -103,11 +103,15 @@ fn fp8_q_takes_the_wgmma_and_tma_decodes() {
     assert_eq!(k.tma.map(|t| t.symbol), Some(names::DECODE_TMA_FP8));
     let (req, shape) = request(fp8, 64, 128);
     assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_TMA_FP8);
-    // Two blocks per split: the TMA decode; one block per split: the cp.async decode.
-    let (req, shape) = request(fp8, 64, 64);
-    assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_TMA_FP8);
-    let (req, shape) = request(fp8, 64, 32);
-    assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_WG_FP8);
+    // Two blocks per split, one, or a single block in all: the TMA decode.
+    for pages in [64, 32, 1] {
+        let (req, shape) = request(fp8, 64, pages);
+        assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_TMA_FP8);
+    }
+    // Pages under 16 keep the cp.async decode.
+    let k16 = kernels(Backend::Sm90a, Tile::Wg64N64, fp8, 8, 32).with_wave_splits(66);
+    let (req, shape) = request(fp8, 8, 128);
+    assert_eq!(k16.decode_for(&req, &shape).symbol, names::DECODE_WG_FP8);
     // A cache that is not fp8 never takes it (validation rejects that request anyway).
     let (mut req, shape) = request(fp8, 64, 128);
     req.kv_cache.dtype = ElemType::Bf16;
@@ -303,4 +307,30 @@ fn fault_records_read_back() {
         }
     );
     assert!(f.to_string().contains("seq_lens[1] = 99999"));
+}
+
+/// The TMA rule counts blocks per split of the batch's even share, not of the grid's split
+/// bound: a batch of 2 with 8 splits each on a grid of 32 takes the TMA decode at 16 blocks
+/// (two per split), and without a wave share (host-chosen splits) the grid's splits count.
+#[test]
+fn tma_rule_takes_the_even_share() {
+    for d in [DecodeDtypes::Bf16, DecodeDtypes::Fp8KvBf16Q] {
+        let tma = if d == DecodeDtypes::Bf16 {
+            names::DECODE_TMA_BF16
+        } else {
+            names::DECODE_TMA_FP8KV_BF16Q
+        };
+        let wg = tile_kernel(Tile::Wg64N64, d).symbol;
+        let k = kernels(Backend::Sm90a, Tile::Wg64N64, d, 64, 32);
+        let (req, shape) = request(d, 64, 16);
+        // The request helper's batch is 2: a share of 16 / 2 = 8 splits, 2 blocks each.
+        assert_eq!(k.with_wave_splits(16).decode_for(&req, &shape).symbol, tma);
+        // 32 each (the grid's bound): one block per split.
+        assert_eq!(k.with_wave_splits(66).decode_for(&req, &shape).symbol, wg);
+        // Host-chosen splits (no wave share): the grid's 32.
+        assert_eq!(k.decode_for(&req, &shape).symbol, wg);
+        // 16 blocks at 8 splits: 2 per split.
+        let k8 = kernels(Backend::Sm90a, Tile::Wg64N64, d, 64, 8);
+        assert_eq!(k8.decode_for(&req, &shape).symbol, tma);
+    }
 }

@@ -91,8 +91,17 @@ fn other_dtypes_small_pages_and_unaligned_caches_are_not() {
 
 #[test]
 fn one_block_per_split_keeps_the_cp_async_decode() {
-    assert!(!tma_pays(4096, 64));
-    assert!(tma_pays(4096, 32));
-    assert!(tma_pays(128, 1));
-    assert!(!tma_pays(64, 1));
+    for d in [
+        DecodeDtypes::Bf16,
+        DecodeDtypes::Fp16,
+        DecodeDtypes::Fp8KvBf16Q,
+    ] {
+        assert!(!tma_pays(d, 4096, 64));
+        assert!(tma_pays(d, 4096, 32));
+        assert!(tma_pays(d, 128, 1));
+        assert!(!tma_pays(d, 64, 1));
+    }
+    // fp8 Q takes the TMA decode at any split length.
+    assert!(tma_pays(DecodeDtypes::Fp8, 4096, 64));
+    assert!(tma_pays(DecodeDtypes::Fp8, 64, 1));
 }
