@@ -131,8 +131,9 @@ pub struct MlaPlanConfig {
     /// 0: the default tactic; otherwise waves (1..=4) of the split schedule.
     pub waves: u32,
     /// 0: the default tile for the plan (`Tile::default_for_plan` of the rows, dtypes,
-    /// `max_batch`, `max_seq_len` and `page_size`); 1: the 16-row tile; 2: the 64-row `mma.sync` tile;
-    /// 3: the `wgmma` tile (sm_90a, not fp16); 4: the 32-row tile (sm_90a, fp8 cache).
+    /// `max_batch`, `max_seq_len` and `page_size`); 1: the 16-row tile; 2: the 64-row
+    /// `mma.sync` tile; 3: the `wgmma` tile (sm_90a, not fp16); 4: the 32-row tile (sm_90a,
+    /// fp8 cache).
     pub tile: u32,
 }
 

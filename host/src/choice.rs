@@ -12,9 +12,10 @@
 //! 1. Backend `sm90a`: the device is sm_90, the image holds the `wgmma` kernels.
 //! 2. Tile `wg64n64` (`Tile::default_for_plan`): more than 32 rows, bf16 Q, and the `wgmma`
 //!    tile runs bf16 there (at 17-32 rows a small plan would take two 16-row tiles, and an
-//!    fp8 cache the fp8 16- or 32-row tile in plans of few tokens or small pages); two row tiles, so a sequence takes at most 32
-//!    splits until each split would keep 8 KV blocks, then up to 128
-//!    (`mla_abi::split_bound`); the tile's step is one block (`Tile::step_log2`).
+//!    fp8 cache the fp8 16- or 32-row tile in plans of few tokens or small pages); two row
+//!    tiles, so a sequence takes at most 32 splits until each split would keep 8 KV blocks,
+//!    then up to 128 (`mla_abi::split_bound`); the tile's step is one block
+//!    (`Tile::step_log2`).
 //! 3. Decode kernel: `mla_decode_wg_bf16`, and for a request whose bf16 cache is
 //!    contiguous and 16-byte aligned, with pages of at least 16 tokens and splits of two or
 //!    more 64-token blocks, the TMA decode `mla_decode_tma_bf16` instead (`decode_for`;

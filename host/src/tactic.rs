@@ -139,10 +139,11 @@ impl Tile {
     /// `max_seq_len` tokens in pages of `page_size` on `backend` with `dtypes`: on sm_90a
     /// with an fp8 cache the 16-row tile up to 16 rows; up to 32 the `wgmma` tile (its e4m3
     /// TMA decode) in plans of [`E4M3_32_ROW_MIN_TOKENS`] tokens or more
-    /// ([`E4M3_32_ROW_MIN_TOKENS_FP8Q`] under fp8 Q) with pages the TMA decode takes, else the 32-row tile from [`M32_MIN_BATCH`] sequences on, unless the
-    /// plan is small ([`small_plan`]; two 16-row tiles otherwise); the `wgmma` tile where
-    /// it runs (sm_90a; any dtypes but fp16) and the rows fill more than a 16-row tile,
-    /// except two 16-row tiles for up to 32 rows in a small plan; else [`Tile::default_for`].
+    /// ([`E4M3_32_ROW_MIN_TOKENS_FP8Q`] under fp8 Q) with pages the TMA decode takes, else
+    /// the 32-row tile from [`M32_MIN_BATCH`] sequences on, unless the plan is small
+    /// ([`small_plan`]; two 16-row tiles otherwise); the `wgmma` tile where it runs (sm_90a;
+    /// any dtypes but fp16) and the rows fill more than a 16-row tile, except two 16-row
+    /// tiles for up to 32 rows in a small plan; else [`Tile::default_for`].
     pub fn default_for_plan(
         rows: usize,
         max_batch: usize,
@@ -375,10 +376,10 @@ impl Tactic {
 
     /// The candidates on `backend` for `dtypes` in a plan of up to `max_batch` sequences of
     /// up to `max_seq_len` tokens in pages of `page_size`: [`Tile::default_for_plan`]'s tile
-    /// first (so a tie keeps
-    /// it), then the `wgmma` tile where `backend` runs it for `dtypes` and rows are more
-    /// than 16, the 32-row tile likewise, the 64-row tile, and the 16-row tile up to 32
-    /// rows; each with waves {1, 2} x max_splits {`MAX_SPLITS`, 16}, then no split.
+    /// first (so a tie keeps it), then the `wgmma` tile where `backend` runs it for `dtypes`
+    /// and rows are more than 16, the 32-row tile likewise, the 64-row tile, and the 16-row
+    /// tile up to 32 rows; each with waves {1, 2} x max_splits {`MAX_SPLITS`, 16}, then no
+    /// split.
     /// Without the sm_90a tiles this is [`Tactic::candidates_for`].
     pub fn candidates_for_plan(
         rows: usize,
