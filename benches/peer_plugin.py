@@ -11,6 +11,7 @@ times one layer (mla_decode_run_layer: decode + combine). With STEP = True (the 
 peer_plugin_step.py, peer `mla_rs_step`) fn() times schedule + decode + combine
 (mla_decode_run) instead. Either way fn() launches on torch's current stream with no
 allocation and no synchronisation, so the harness can capture it in a CUDA graph.
+MLA_TILE=m16n64|m64n64|wg64n64|m32n64 forces the plan's tile (A/Bs of the tile rule).
 """
 import ctypes
 import os

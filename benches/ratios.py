@@ -5,9 +5,11 @@
 Speed ratio = best peer's time / our time (> 1: we are faster), per shape, for bf16 KV
 against the best BF16 peer (FlashMLA, FlashInfer, FA3-MLA; torch_naive excluded), and for fp8 KV
 against our own bf16 throughput (tokens/s) and FlashMLA's fp8 kernel where both ran; for fp8 Q
-with an fp8 cache (peer mla_rs_fp8q_fp8) against the best BF16 peer.
+with an fp8 cache (peer mla_rs_fp8q_fp8) against the best BF16 peer. Last, per (H, s_q), each
+ratio's range and geometric mean over the shapes (and the speed's geomean from B = 32).
 """
 import json
+import math
 import sys
 
 BF16_PEERS = ("flashmla_bf16", "flashinfer", "fa3_mla")
@@ -25,7 +27,7 @@ def main():
         key = (r["H"], r["s_q"], r["B"], r["L"], r.get("page_size", 64))
         rows.setdefault(key, {})[r["peer"]] = r
     sep = " | " if md else "  "
-    head = ["H", "s_q", "B", "L", "ours us", "GB/s", "TFLOP/s", "%copy", "best peer", "peer us", "speed x",
+    head = ["H", "s_q", "B", "L", "page", "ours us", "GB/s", "TFLOP/s", "%copy", "best peer", "peer us", "speed x",
             "fp8 us", "fp8/bf16 tok/s", "vs flashmla_fp8", "fp8q us", "fp8q vs best"]
     print(f"same-run copy bandwidth: {copy:.0f} GB/s" if copy else "no copy bandwidth in meta")
     if md:
@@ -33,6 +35,12 @@ def main():
         print("|" + "---|" * len(head))
     else:
         print(sep.join(f"{h:>10}" for h in head))
+    # (H, s_q) -> ratio name -> values, for the summary.
+    groups = {}
+
+    def note(key, name, value):
+        groups.setdefault((key[0], key[1]), {}).setdefault(name, []).append(value)
+
     for key in sorted(rows):
         peers = rows[key]
         o = peers.get(ours)
@@ -42,7 +50,17 @@ def main():
         f8 = peers.get(ours + "_fp8")
         fm8 = peers.get("flashmla_fp8")
         f8q = peers.get("mla_rs_fp8q_fp8")
-        cells = [key[0], key[1], key[2], key[3], f"{o['us']:.1f}", f"{o['gbps']:.0f}", f"{o['tflops']:.1f}",
+        if best:
+            note(key, "speed x", best["us"] / o["us"])
+            if key[2] >= 32:
+                note(key, "speed x, B >= 32", best["us"] / o["us"])
+        if f8:
+            note(key, "fp8/bf16 tok/s", o["us"] / f8["us"])
+        if f8 and fm8:
+            note(key, "fp8 vs flashmla_fp8", fm8["us"] / f8["us"])
+        if f8q and best:
+            note(key, "fp8q vs best", best["us"] / f8q["us"])
+        cells = [key[0], key[1], key[2], key[3], key[4], f"{o['us']:.1f}", f"{o['gbps']:.0f}", f"{o['tflops']:.1f}",
                  f"{100 * o['gbps'] / copy:.1f}" if copy else "-",
                  best["peer"] if best else "-", f"{best['us']:.1f}" if best else "-",
                  f"{best['us'] / o['us']:.2f}" if best else "-",
@@ -54,6 +72,12 @@ def main():
             print("| " + " | ".join(str(c) for c in cells) + " |")
         else:
             print(sep.join(f"{c:>10}" for c in cells))
+    for (h, s_q), ratios in sorted(groups.items()):
+        parts = []
+        for name, vals in ratios.items():
+            gm = math.exp(sum(math.log(v) for v in vals) / len(vals))
+            parts.append(f"{name} {min(vals):.2f}-{max(vals):.2f} (geomean {gm:.2f}, {len(vals)} shapes)")
+        print(f"H={h} s_q={s_q}: " + "; ".join(parts))
     bad = [c for c in d.get("correctness", []) if not c.get("ok")]
     print(f"correctness checks failing: {len(bad)}" + "".join(f"\n  {c}" for c in bad))
     print("status: " + ", ".join(f"{k}={v}" for k, v in d.get("status", {}).items()))
