@@ -906,6 +906,20 @@ pub struct DecodeParams {
     pub acc: DevPtr<f32>,
 }
 
+impl DecodeParams {
+    /// Element offset in `q` of the row of sequence `b`, query token `t`, head `h`.
+    #[inline(always)]
+    pub const fn q_row(&self, b: u64, t: u64, h: u64) -> u64 {
+        b * self.q_stride_b + t * self.q_stride_s + h * self.q_stride_h
+    }
+
+    /// Element offset in `q_pe` of the same row's rope part.
+    #[inline(always)]
+    pub const fn q_pe_row(&self, b: u64, t: u64, h: u64) -> u64 {
+        b * self.q_pe_stride_b + t * self.q_pe_stride_s + h * self.q_pe_stride_h
+    }
+}
+
 /// f32 values of [`DecodeParams::acc`] per CTA of the TMA decode: 256 threads x 128.
 pub const ACC_FLOATS_PER_CTA: usize = decode_tile::THREADS * 128;
 

@@ -274,15 +274,13 @@ pub(crate) unsafe fn load_q_tile<K: DecodeKind, L: Layout, H: Half16>(
             if k < 64 {
                 (
                     p.q.ptr() as *const u8,
-                    b as u64 * p.q_stride_b + t as u64 * p.q_stride_s + h as u64 * p.q_stride_h,
+                    p.q_row(b as u64, t as u64, h as u64),
                     k,
                 )
             } else {
                 (
                     p.q_pe.ptr() as *const u8,
-                    b as u64 * p.q_pe_stride_b
-                        + t as u64 * p.q_pe_stride_s
-                        + h as u64 * p.q_pe_stride_h,
+                    p.q_pe_row(b as u64, t as u64, h as u64),
                     k - 64,
                 )
             }

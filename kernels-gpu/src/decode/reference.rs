@@ -77,8 +77,8 @@ fn row_extent(p: &DecodeParams, r: Row) -> Option<u32> {
 unsafe fn load_q<K: DecodeKind>(p: &DecodeParams, r: Row, tid: usize) -> [f32; QK_PER_THREAD] {
     let q_elem = if K::Q_FP8 { 1 } else { 2 };
     let (b, t, h) = (r.b as u64, r.t as u64, r.h as u64);
-    let q_off = b * p.q_stride_b + t * p.q_stride_s + h * p.q_stride_h;
-    let q_pe_off = b * p.q_pe_stride_b + t * p.q_pe_stride_s + h * p.q_pe_stride_h;
+    let q_off = p.q_row(b, t, h);
+    let q_pe_off = p.q_pe_row(b, t, h);
     // SAFETY: a validated q row and its rope part.
     let (q_row, q_pe_row) = unsafe {
         (

@@ -87,10 +87,8 @@ pub(super) unsafe fn load_q<K: DecodeKind, const RGS: usize>(
             let gr = row0 + 2 * RGS as u32 * warp + rr as u32;
             if gr < rows {
                 let (t, h) = (gr / p.heads, gr % p.heads);
-                let off = b as u64 * p.q_stride_b + t as u64 * p.q_stride_s + h as u64 * p.q_stride_h;
-                let off_pe = b as u64 * p.q_pe_stride_b
-                    + t as u64 * p.q_pe_stride_s
-                    + h as u64 * p.q_pe_stride_h;
+                let off = p.q_row(b as u64, t as u64, h as u64);
+                let off_pe = p.q_pe_row(b as u64, t as u64, h as u64);
                 unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
                     // Dims 2 (lane + 32 i), +1: latent for i < 8, the rope part's 2 lane
                     // for i = 8.

@@ -120,12 +120,10 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                 let (t, h) = (gr / p.heads, gr % p.heads);
                 let b = self.b as u64;
                 let (base, off, kc) = if k < 32 {
-                    let off = b * p.q_stride_b + t as u64 * p.q_stride_s + h as u64 * p.q_stride_h;
+                    let off = p.q_row(b, t as u64, h as u64);
                     (p.q.ptr() as *const u8, off, k)
                 } else {
-                    let off = b * p.q_pe_stride_b
-                        + t as u64 * p.q_pe_stride_s
-                        + h as u64 * p.q_pe_stride_h;
+                    let off = p.q_pe_row(b, t as u64, h as u64);
                     (p.q_pe.ptr() as *const u8, off, k - 32)
                 };
                 // SAFETY: bytes 16 kc .. +16 of a validated fp8 q (or q_pe) row, 16-byte
@@ -166,9 +164,8 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         if gr < rows {
             let (t, h) = (gr / p.heads, gr % p.heads);
             let b = self.b as u64;
-            let off = b * p.q_stride_b + t as u64 * p.q_stride_s + h as u64 * p.q_stride_h;
-            let off_pe =
-                b * p.q_pe_stride_b + t as u64 * p.q_pe_stride_s + h as u64 * p.q_pe_stride_h;
+            let off = p.q_row(b, t as u64, h as u64);
+            let off_pe = p.q_pe_row(b, t as u64, h as u64);
             unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
                 let k = part + 4 * i as u32;
                 let (base, at) = if k < 32 {
