@@ -36,9 +36,11 @@ fn decode(c: &mut Criterion) {
                 dtypes,
                 tile: mla::tactic::Tile::default_for_plan(
                     heads * s_q,
-                    batch,
-                    len,
-                    mla_dev::bench::PAGE,
+                    mla::tactic::PlanSize {
+                        max_batch: batch,
+                        max_seq_len: len,
+                        page_size: mla_dev::bench::PAGE,
+                    },
                     rt.backend(),
                     dtypes,
                 ),

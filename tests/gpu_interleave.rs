@@ -17,7 +17,7 @@ use std::sync::Arc;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaStream, DevicePtr};
 use mla::gate::Backend;
-use mla::tactic::{Tactic, Tile};
+use mla::tactic::{PlanSize, Tactic, Tile};
 use mla::{DecodeConfig, DecodeDtypes, DecodeFault, DecodePlan, Runtime};
 use mla_dev::harness::{self, CaseSpec, DeviceCase, HostCase};
 use mla_dev::oracle::OracleOutput;
@@ -447,7 +447,16 @@ fn lengths_below_s_q_give_zero_rows() {
             let mut dc = DeviceCase::upload(&stream, &h).unwrap();
             stream.memcpy_htod(&short.seq_lens, &mut dc.lens).unwrap();
             let config = h.decode_config();
-            let tactic = Tactic::default_for_plan(s_q * heads, 3, 300, 16, rt.backend(), d);
+            let tactic = Tactic::default_for_plan(
+                s_q * heads,
+                PlanSize {
+                    max_batch: 3,
+                    max_seq_len: 300,
+                    page_size: 16,
+                },
+                rt.backend(),
+                d,
+            );
             let plan = rt.plan_decode(&stream, config, tactic).unwrap();
             dc.poison_outputs(&stream).unwrap();
             let mut req = dc.request(&stream, &h);

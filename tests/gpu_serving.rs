@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use mla::plan::{ScheduleConfig, WorkspaceCapacity, row_tiles};
-use mla::tactic::{Tactic, Tile};
+use mla::tactic::{PlanSize, Tactic, Tile};
 use mla::{DecodeConfig, DecodeDtypes, DecodePlan, DecodeWorkspace, MlaError, Runtime};
 use mla_dev::harness::{self, CaseSpec, DeviceCase, HostCase};
 use mla_dev::rng::SplitMix64;
@@ -164,7 +164,16 @@ fn long_sequences_take_more_splits() {
         let longest = lens.iter().copied().max().unwrap_or(1);
         let h = HostCase::random(&CaseSpec::new(d, 64, heads, 1, lens), &mut rng);
         let refs = h.references();
-        let tactic = Tactic::default_for_plan(heads, b, longest, 64, rt.backend(), d);
+        let tactic = Tactic::default_for_plan(
+            heads,
+            PlanSize {
+                max_batch: b,
+                max_seq_len: longest,
+                page_size: 64,
+            },
+            rt.backend(),
+            d,
+        );
         let plan = rt.plan_decode(&stream, config(&h, b), tactic).unwrap();
         let mut dc = DeviceCase::upload(&stream, &h).unwrap();
         let (got, splits) = run_plan_as(&rt, &stream, &plan, &h, &mut dc, stepped);
@@ -336,9 +345,11 @@ fn paired_decodes_take_two_block_splits() {
                 let refs = h.references();
                 let mut tactic = Tactic::default_for_plan(
                     16 * s_q,
-                    b,
-                    h.spec.lens.iter().copied().max().unwrap_or(1),
-                    64,
+                    PlanSize {
+                        max_batch: b,
+                        max_seq_len: h.spec.lens.iter().copied().max().unwrap_or(1),
+                        page_size: 64,
+                    },
                     rt.backend(),
                     d,
                 );

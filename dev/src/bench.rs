@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr};
 use mla::plan::WorkspaceCapacity;
-use mla::tactic::{Tactic, Tile};
+use mla::tactic::{PlanSize, Tactic, Tile};
 use mla::{
     DecodeDtypes, DecodeRequest, DecodeWorkspace, HostMirror, MlaError, Runtime, Scales, TensorView,
 };
@@ -340,7 +340,16 @@ pub fn extra_shapes(backend: mla::gate::Backend) -> Vec<BenchShape> {
         for heads in [16, 128] {
             let shape = |s_q: usize, page: usize| BenchShape {
                 dtypes,
-                tile: Tile::default_for_plan(heads * s_q, 64, 4096, page, backend, dtypes),
+                tile: Tile::default_for_plan(
+                    heads * s_q,
+                    PlanSize {
+                        max_batch: 64,
+                        max_seq_len: 4096,
+                        page_size: page,
+                    },
+                    backend,
+                    dtypes,
+                ),
                 batch: 64,
                 len: 4096,
                 heads,
@@ -369,9 +378,11 @@ pub fn small_shapes(backend: mla::gate::Backend) -> Vec<BenchShape> {
                     dtypes: DecodeDtypes::Bf16,
                     tile: Tile::default_for_plan(
                         heads * s_q,
-                        batch,
-                        len,
-                        PAGE,
+                        PlanSize {
+                            max_batch: batch,
+                            max_seq_len: len,
+                            page_size: PAGE,
+                        },
                         backend,
                         DecodeDtypes::Bf16,
                     ),

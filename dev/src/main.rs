@@ -248,9 +248,11 @@ fn bench(
         if s.tile
             != mla::tactic::Tile::default_for_plan(
                 s.heads * s.s_q,
-                s.batch,
-                s.len,
-                s.page,
+                mla::tactic::PlanSize {
+                    max_batch: s.batch,
+                    max_seq_len: s.len,
+                    page_size: s.page,
+                },
                 backend,
                 s.dtypes,
             )

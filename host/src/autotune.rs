@@ -72,6 +72,15 @@ impl ShapeKey {
         }
     }
 
+    /// The plan extent of this key (bucketed batch and length) as the tile choice reads it.
+    pub fn plan_size(&self) -> crate::tactic::PlanSize {
+        crate::tactic::PlanSize {
+            max_batch: self.batch,
+            max_seq_len: self.seq_len,
+            page_size: self.page_size,
+        }
+    }
+
     /// The key of a validated decode whose longest sequence has `max_seq_len` tokens (the
     /// caller's host lengths; the page table's capacity would overstate it).
     pub fn for_decode(shape: &DecodeShape, max_seq_len: usize) -> Self {
@@ -460,9 +469,7 @@ impl Autotuner {
     pub fn choose(&self, device: &DeviceKey, shape: &ShapeKey) -> Tactic {
         let default = Tactic::default_for_plan(
             shape.heads * shape.s_q,
-            shape.batch,
-            shape.seq_len,
-            shape.page_size,
+            shape.plan_size(),
             self.backend,
             shape.dtypes,
         );
@@ -489,23 +496,16 @@ impl Autotuner {
         if self.mode == TuneMode::Off {
             return Ok(Tactic::default_for_plan(
                 rows,
-                shape.batch,
-                shape.seq_len,
-                shape.page_size,
+                shape.plan_size(),
                 self.backend,
                 shape.dtypes,
             ));
         }
         let mut best: Option<(Tactic, f64)> = None;
         let mut first_err = None;
-        for tactic in Tactic::candidates_for_plan(
-            rows,
-            shape.batch,
-            shape.seq_len,
-            shape.page_size,
-            self.backend,
-            shape.dtypes,
-        ) {
+        for tactic in
+            Tactic::candidates_for_plan(rows, shape.plan_size(), self.backend, shape.dtypes)
+        {
             let timed = time_us(&tactic).and_then(|us| check_time(us).map(|()| us));
             match timed {
                 Ok(us) => {

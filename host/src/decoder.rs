@@ -48,6 +48,15 @@ impl DecodeConfig {
         self.s_q * self.heads
     }
 
+    /// The plan's extent as the tile choice reads it.
+    pub fn plan_size(&self) -> crate::tactic::PlanSize {
+        crate::tactic::PlanSize {
+            max_batch: self.max_batch,
+            max_seq_len: self.max_seq_len,
+            page_size: self.page_size,
+        }
+    }
+
     /// A typed error naming the first field outside what any plan accepts: `max_batch`
     /// `1..=65535`, `heads` `1..=128`, `s_q` `1..=8`, `page_size` a power of two in
     /// `1..=256`. (A valid config that no backend on this device runs is
@@ -192,9 +201,7 @@ impl Runtime {
     pub fn default_tactic(&self, config: &DecodeConfig) -> Tactic {
         Tactic::default_for_plan(
             config.rows(),
-            config.max_batch,
-            config.max_seq_len,
-            config.page_size,
+            config.plan_size(),
             self.backend(),
             config.dtypes,
         )

@@ -40,6 +40,30 @@ pub const E4M3_32_ROW_MIN_LEN: usize = 1024;
 /// 49.7 / 42.5, B=1 L=65536 40.4 / 40.7; below, B=8 L=4096 26.7 / 32.6 (same runs).
 pub const E4M3_32_ROW_MIN_TOKENS_FP8Q: usize = 65536;
 
+/// The extent of a plan that the tile choice reads: up to `max_batch` sequences of up to
+/// `max_seq_len` tokens, in pages of `page_size` tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlanSize {
+    pub max_batch: usize,
+    pub max_seq_len: usize,
+    pub page_size: usize,
+}
+
+impl PlanSize {
+    /// A plan of unknown size: as many sequences, as long, with pages as large, as the ABI
+    /// allows.
+    pub const UNBOUNDED: PlanSize = PlanSize {
+        max_batch: usize::MAX,
+        max_seq_len: usize::MAX,
+        page_size: usize::MAX,
+    };
+
+    /// Tokens in all, `max_batch * max_seq_len` (saturating).
+    pub fn tokens(self) -> usize {
+        self.max_batch.saturating_mul(self.max_seq_len)
+    }
+}
+
 /// Whether a plan of up to `max_batch` sequences of up to `max_seq_len` tokens is small
 /// enough that two 16-row CTAs per split beat one CTA for 17 to 32 rows: sequences of at
 /// most 4096 tokens, 32768 in all. H200, peers' harness, H=16 S_q=2. bf16, same run
@@ -129,14 +153,13 @@ pub enum Tile {
 impl Tile {
     pub const ALL: [Tile; 4] = [Tile::M64N64, Tile::M16N64, Tile::M32N64, Tile::Wg64N64];
 
-    /// [`Tile::default_for_plan`] for a plan of unknown size (as many sequences, as long,
-    /// with pages as large, as the ABI allows).
+    /// [`Tile::default_for_plan`] for a plan of unknown size ([`PlanSize::UNBOUNDED`]).
     pub fn default_on(rows: usize, backend: Backend, dtypes: DecodeDtypes) -> Tile {
-        Tile::default_for_plan(rows, usize::MAX, usize::MAX, usize::MAX, backend, dtypes)
+        Tile::default_for_plan(rows, PlanSize::UNBOUNDED, backend, dtypes)
     }
 
-    /// The default tile for `rows` query rows of up to `max_batch` sequences of up to
-    /// `max_seq_len` tokens in pages of `page_size` on `backend` with `dtypes`: on sm_90a
+    /// The default tile for `rows` query rows in a plan of `size` on `backend` with
+    /// `dtypes`: on sm_90a
     /// with an fp8 cache the 16-row tile up to 16 rows; up to 32 the `wgmma` tile (its e4m3
     /// TMA decode) in plans of [`E4M3_32_ROW_MIN_TOKENS`] tokens or more
     /// ([`E4M3_32_ROW_MIN_TOKENS_FP8Q`] under fp8 Q) with pages the TMA decode takes, else
@@ -146,12 +169,15 @@ impl Tile {
     /// tiles for up to 32 rows in a small plan; else [`Tile::default_for`].
     pub fn default_for_plan(
         rows: usize,
-        max_batch: usize,
-        max_seq_len: usize,
-        page_size: usize,
+        size: PlanSize,
         backend: Backend,
         dtypes: DecodeDtypes,
     ) -> Tile {
+        let PlanSize {
+            max_batch,
+            max_seq_len,
+            page_size,
+        } = size;
         // Rows that fit two 16-row tiles, in a plan small enough that two CTAs per split pay.
         let fits_two_16 = rows <= 2 * decode_tile::BLOCK_M_SMALL;
         let small = fits_two_16 && small_plan(max_batch, max_seq_len);
@@ -159,7 +185,7 @@ impl Tile {
         // in registers; they beat the `wgmma` tile at 16 rows and in small plans, and
         // wherever its decode would not be the TMA one (docs/PERF.md, section 3.4).
         if backend == Backend::Sm90a && dtypes.kv() == mla_abi::ElemType::Fp8E4m3 {
-            let tokens = max_batch.saturating_mul(max_seq_len);
+            let tokens = size.tokens();
             let e4m3_pays = page_size >= decode_tile::TMA_MIN_PAGE
                 && if dtypes == DecodeDtypes::Fp8 {
                     tokens >= E4M3_32_ROW_MIN_TOKENS_FP8Q
@@ -348,49 +374,42 @@ impl Tactic {
 
     /// [`Tactic::default_for_plan`] for a plan of unknown size.
     pub fn default_on(rows: usize, backend: Backend, dtypes: DecodeDtypes) -> Tactic {
-        Tactic::default_for_plan(rows, usize::MAX, usize::MAX, usize::MAX, backend, dtypes)
+        Tactic::default_for_plan(rows, PlanSize::UNBOUNDED, backend, dtypes)
     }
 
     /// [`Tactic::default_for`] with [`Tile::default_for_plan`]: the deterministic choice for
-    /// a plan of up to `max_batch` sequences of up to `max_seq_len` tokens in pages of
-    /// `page_size` on `backend` when tuning is off ([`crate::Runtime::default_tactic`] of a
-    /// `DecodeConfig`).
+    /// a plan of `size` on `backend` when tuning is off ([`crate::Runtime::default_tactic`]
+    /// of a `DecodeConfig`).
     pub fn default_for_plan(
         rows: usize,
-        max_batch: usize,
-        max_seq_len: usize,
-        page_size: usize,
+        size: PlanSize,
         backend: Backend,
         dtypes: DecodeDtypes,
     ) -> Tactic {
         Tactic {
-            tile: Tile::default_for_plan(rows, max_batch, max_seq_len, page_size, backend, dtypes),
+            tile: Tile::default_for_plan(rows, size, backend, dtypes),
             ..Tactic::default()
         }
     }
 
     /// [`Tactic::candidates_for_plan`] for a plan of unknown size.
     pub fn candidates_on(rows: usize, backend: Backend, dtypes: DecodeDtypes) -> Vec<Tactic> {
-        Tactic::candidates_for_plan(rows, usize::MAX, usize::MAX, usize::MAX, backend, dtypes)
+        Tactic::candidates_for_plan(rows, PlanSize::UNBOUNDED, backend, dtypes)
     }
 
-    /// The candidates on `backend` for `dtypes` in a plan of up to `max_batch` sequences of
-    /// up to `max_seq_len` tokens in pages of `page_size`: [`Tile::default_for_plan`]'s tile
-    /// first (so a tie keeps it), then the `wgmma` tile where `backend` runs it for `dtypes`
+    /// The candidates on `backend` for `dtypes` in a plan of `size`:
+    /// [`Tile::default_for_plan`]'s tile first (so a tie keeps it), then the `wgmma` tile where `backend` runs it for `dtypes`
     /// and rows are more than 16, the 32-row tile likewise, the 64-row tile, and the 16-row
     /// tile up to 32 rows; each with waves {1, 2} x max_splits {`MAX_SPLITS`, 16}, then no
     /// split.
     /// Without the sm_90a tiles this is [`Tactic::candidates_for`].
     pub fn candidates_for_plan(
         rows: usize,
-        max_batch: usize,
-        max_seq_len: usize,
-        page_size: usize,
+        size: PlanSize,
         backend: Backend,
         dtypes: DecodeDtypes,
     ) -> Vec<Tactic> {
-        let first =
-            Tile::default_for_plan(rows, max_batch, max_seq_len, page_size, backend, dtypes);
+        let first = Tile::default_for_plan(rows, size, backend, dtypes);
         let mut tiles = vec![first];
         for t in [Tile::Wg64N64, Tile::M32N64, Tile::M64N64, Tile::M16N64] {
             let fits = match t {

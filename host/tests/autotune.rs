@@ -5,12 +5,21 @@ use mla_abi::MAX_SPLITS;
 use mla_host::autotune::{Autotuner, DeviceKey, ShapeKey, TuneCache, TuneMode, bucket};
 use mla_host::tactic::{
     E4M3_32_ROW_MIN_LEN, E4M3_32_ROW_MIN_TOKENS, E4M3_32_ROW_MIN_TOKENS_FP8Q, M32_MIN_BATCH,
-    MAX_WAVES, Switches, Tactic, Tile,
+    MAX_WAVES, PlanSize, Switches, Tactic, Tile,
 };
 use mla_host::{DecodeDtypes, DeviceInfo, MlaError};
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::path::PathBuf;
+
+/// A plan of `max_batch` sequences of up to `max_seq_len` tokens in pages of `page_size`.
+fn size(max_batch: usize, max_seq_len: usize, page_size: usize) -> PlanSize {
+    PlanSize {
+        max_batch,
+        max_seq_len,
+        page_size,
+    }
+}
 
 fn h200() -> DeviceKey {
     DeviceKey {
@@ -276,7 +285,7 @@ fn split_counts_scale_the_target_by_waves() {
             let b = mla_host::Backend::Sm90a;
             assert_eq!(
                 Tactic::default_on(rows, b, d),
-                Tactic::default_for_plan(rows, usize::MAX, usize::MAX, usize::MAX, b, d)
+                Tactic::default_for_plan(rows, PlanSize::UNBOUNDED, b, d)
             );
             assert_eq!(
                 Tactic::candidates_on(rows, b, d)[0],
@@ -772,8 +781,8 @@ fn backend_defaults_and_candidates() {
     for backend in Backend::ALL {
         for dtypes in all {
             for rows in [1, 16, 17, 32, 33, 64, 128] {
-                let d = Tactic::default_for_plan(rows, 64, 4096, 64, backend, dtypes);
-                let c = Tactic::candidates_for_plan(rows, 64, 4096, 64, backend, dtypes);
+                let d = Tactic::default_for_plan(rows, size(64, 4096, 64), backend, dtypes);
+                let c = Tactic::candidates_for_plan(rows, size(64, 4096, 64), backend, dtypes);
                 assert_eq!(c[0], d, "{backend:?} {dtypes:?} rows {rows}: default first");
                 let tiles: Vec<Tile> = c.iter().map(|t| t.tile).collect();
                 let has = |t| tiles.contains(&t);
@@ -808,7 +817,7 @@ fn backend_defaults_and_candidates() {
         for rows in [1, 16] {
             for (batch, len) in [(64, 4096), (128, 65536)] {
                 assert_eq!(
-                    Tile::default_for_plan(rows, batch, len, 64, Backend::Sm90a, dtypes),
+                    Tile::default_for_plan(rows, size(batch, len, 64), Backend::Sm90a, dtypes),
                     Tile::M16N64
                 );
             }
@@ -833,14 +842,19 @@ fn backend_defaults_and_candidates() {
                 (128, 1024, 64, Tile::Wg64N64),
                 (128, 1024, 8, Tile::M32N64),
             ] {
-                let got = Tile::default_for_plan(rows, batch, len, page, Backend::Sm90a, dtypes);
+                let got =
+                    Tile::default_for_plan(rows, size(batch, len, page), Backend::Sm90a, dtypes);
                 assert_eq!(got, tile, "rows {rows} B {batch} L {len} page {page}");
             }
             // Short sequences in a large plan: fp8 Q takes the wgmma tile at any length,
             // bf16 Q from E4M3_32_ROW_MIN_LEN tokens on.
             let short = E4M3_32_ROW_MIN_LEN / 2;
-            let got =
-                Tile::default_for_plan(rows, 2 * min / short, short, 64, Backend::Sm90a, dtypes);
+            let got = Tile::default_for_plan(
+                rows,
+                size(2 * min / short, short, 64),
+                Backend::Sm90a,
+                dtypes,
+            );
             let want = if dtypes == DecodeDtypes::Fp8 {
                 Tile::Wg64N64
             } else {
@@ -868,7 +882,7 @@ fn backend_defaults_and_candidates() {
     assert_eq!(tactic.tile, Tile::M32N64);
     for dtypes in [DecodeDtypes::Fp8KvBf16Q, DecodeDtypes::Fp8] {
         assert_eq!(
-            Tile::default_for_plan(33, 64, 4096, 64, Backend::Sm90a, dtypes),
+            Tile::default_for_plan(33, size(64, 4096, 64), Backend::Sm90a, dtypes),
             Tile::Wg64N64
         );
     }
@@ -878,15 +892,13 @@ fn backend_defaults_and_candidates() {
         .to_string();
     assert!(e.contains("wg64n64") && e.contains("Fp16"), "{e}");
     assert_eq!(
-        Tile::default_for_plan(32, 64, 4096, 64, Backend::Sm90a, DecodeDtypes::Bf16),
+        Tile::default_for_plan(32, size(64, 4096, 64), Backend::Sm90a, DecodeDtypes::Bf16),
         Tile::Wg64N64
     );
     assert_eq!(
         Tile::default_for_plan(
             32,
-            64,
-            4096,
-            64,
+            size(64, 4096, 64),
             Backend::Portable,
             DecodeDtypes::Fp8KvBf16Q
         ),
@@ -903,7 +915,12 @@ fn backend_defaults_and_candidates() {
         (32, 32, 4096, Tile::Wg64N64),
         (33, 1, 1024, Tile::Wg64N64),
     ] {
-        let got = Tile::default_for_plan(rows, batch, len, 64, Backend::Sm90a, DecodeDtypes::Bf16);
+        let got = Tile::default_for_plan(
+            rows,
+            size(batch, len, 64),
+            Backend::Sm90a,
+            DecodeDtypes::Bf16,
+        );
         assert_eq!(got, tile, "rows {rows} B {batch} L {len}");
     }
     assert!(mla_host::tactic::small_plan(8, 4096) && !mla_host::tactic::small_plan(8, 4097));
