@@ -46,11 +46,16 @@ use crate::tactic::{Switches, Tile};
 /// - `MLA_PDL=0`: `pdl=off` (the decode and combine without programmatic dependent launch).
 /// - `MLA_WG_TMA=0`: `tma=off` (the `cp.async` `wgmma` decode where the TMA decode would run).
 /// - `MLA_SCHED_FOLD=0`: `fold=off` (the schedule kernel at every batch size).
+///
+/// One more is no tactic switch (the C ABI's 64-byte tactic string has no room for it):
+/// - `MLA_TMA32=0`: the 64-row TMA decode also where the small-row one would run
+///   ([`DecodeKernels::tma32`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Overrides {
     pub pdl: bool,
     pub tma: bool,
     pub fold: bool,
+    pub tma32: bool,
 }
 
 impl Overrides {
@@ -63,6 +68,7 @@ impl Overrides {
                 pdl: on("MLA_PDL"),
                 tma: on("MLA_WG_TMA"),
                 fold: on("MLA_SCHED_FOLD"),
+                tma32: on("MLA_TMA32"),
             }
         })
     }
@@ -128,6 +134,9 @@ pub struct DecodeKernels {
     /// The TMA decode that stands in for `decode` where a request suits it
     /// ([`DecodeKernels::decode_for`]); `None` where it never can.
     pub tma: Option<&'static Kernel>,
+    /// The small-row TMA decode that stands in for `tma` where a request has at most
+    /// `decode_tile::TMA32_ROWS` rows (bf16 only); `None` where it never can.
+    pub tma32: Option<&'static Kernel>,
     /// Batches up to this many sequences fold the split schedule into the decode; larger
     /// ones launch the schedule kernel first. 0: never folded.
     pub fold_max_batch: usize,
@@ -176,9 +185,13 @@ impl DecodeKernels {
         let tma = tma_symbol
             .filter(|_| switches.tma && page_size >= mla_abi::decode_tile::TMA_MIN_PAGE)
             .map(spec);
+        let tma32 = tma
+            .filter(|t| t.symbol == names::DECODE_TMA_BF16 && Overrides::get().tma32)
+            .map(|_| spec(names::DECODE_TMA32_BF16));
         DecodeKernels {
             decode,
             tma,
+            tma32,
             fold_max_batch: if switches.fold && !reference {
                 mla_abi::SCHED_FOLD_MAX_BATCH
             } else {
@@ -238,7 +251,10 @@ impl DecodeKernels {
                     )
                     && crate::tmap::tma_unsupported(req, shape).is_none() =>
             {
-                tma
+                match self.tma32 {
+                    Some(small) if shape.rows() <= mla_abi::decode_tile::TMA32_ROWS => small,
+                    _ => tma,
+                }
             }
             _ => self.decode,
         }
@@ -297,6 +313,11 @@ impl DecodeKernels {
         }
         if max_batch > self.fold_max_batch {
             out.push(names::SCHEDULE);
+        }
+        if let Some(t) = self.tma32
+            && rows <= mla_abi::decode_tile::TMA32_ROWS
+        {
+            out.push(t.symbol);
         }
         if let Some(t) = self.tma {
             out.push(t.symbol);

@@ -239,7 +239,7 @@ pub unsafe extern "ptx-kernel" fn mla_decode_wg_fp8(p: DecodeParams) {
 /// (generic, through `cvta.param`), as `__grid_constant__` parameters are in CUDA C++, so
 /// the map is never copied to local or global memory.
 macro_rules! tma_decode_kernel {
-    ($name:ident, $kind:ty) => {
+    ($name:ident, fn $body:path) => {
         /// A TMA decode entry point: see [`decode::tma`].
         #[cfg(mla_wgmma)]
         #[unsafe(no_mangle)]
@@ -259,14 +259,18 @@ macro_rules! tma_decode_kernel {
             // SAFETY: launched by the host with the documented grid on validated params
             // (bf16 Q with a bf16 or fp8 e4m3 cache, or fp8 Q with an fp8 cache; pages of
             // at least TMA_MIN_PAGE tokens) and the cache's tensor map.
-            unsafe { decode::tma::decode_tma::<$kind>(p, tmap as *const u8) }
+            unsafe { $body(p, tmap as *const u8) }
         }
+    };
+    ($name:ident, $kind:ty) => {
+        tma_decode_kernel!($name, fn decode::tma::decode_tma::<$kind>);
     };
 }
 
 tma_decode_kernel!(mla_decode_tma_bf16, DecodeBf16);
 tma_decode_kernel!(mla_decode_tma_fp8kv_bf16q, DecodeFp8KvBf16Q);
 tma_decode_kernel!(mla_decode_tma_fp8, DecodeFp8);
+tma_decode_kernel!(mla_decode_tma32_bf16, fn decode::tma32::decode_tma32);
 
 /// `mla_schedule`: see [`schedule`].
 #[unsafe(no_mangle)]

@@ -254,6 +254,32 @@ pub mod decode_tile {
     pub const TMA_MIN_PAGE: usize = 16;
     const _: () = assert!(TMA_SMEM_BYTES <= 227 * 1024);
 
+    /// The small-row TMA decode (sm_90a only, `names::DECODE_TMA32_BF16`: bf16 Q and cache,
+    /// at most `TMA32_ROWS` query rows, pages of at least `TMA_MIN_PAGE` tokens): the
+    /// products transposed (S^T = K Q^T and O^T = V^T P^T, the rows as the `wgmma`'s N),
+    /// so a block costs the `wgmma` work of 32 rows, not of a 64-row tile. `TMA32_THREADS`:
+    /// one consumer warpgroup and one producer warp that issues the tensor copies into a
+    /// ring of `TMA32_SLOTS` slab slots (each a 64-token x 64-dim slab, one mbarrier when
+    /// full and one when free), running ahead of the consumer across blocks and cells.
+    /// Same grid, params and tensor map as `DECODE_TMA_BF16`. Offsets from the 1024-byte
+    /// aligned base: Q (nine slabs of 32 rows, also the output's staging), P (32 rows x 64
+    /// tokens), the ring, the row exchange (4 warps x 32 rows f32), the mbarriers (full,
+    /// then free), the marks of a persistent CTA's cells.
+    pub const TMA32_ROWS: usize = 32;
+    pub const TMA32_THREADS: usize = 160;
+    pub const TMA32_SLOTS: usize = 23;
+    pub const TMA32_Q_SLAB: usize = TMA32_ROWS * 128;
+    pub const TMA32_SMEM_P: usize = 9 * TMA32_Q_SLAB;
+    pub const TMA32_SMEM_RING: usize = TMA32_SMEM_P + TMA32_ROWS * 128;
+    pub const TMA32_SMEM_RED: usize = TMA32_SMEM_RING + TMA32_SLOTS * WG_SLAB_BYTES;
+    pub const TMA32_SMEM_BARS: usize = TMA32_SMEM_RED + 4 * TMA32_ROWS * 4;
+    pub const TMA32_SMEM_CELLS: usize = TMA32_SMEM_BARS + 2 * TMA32_SLOTS * 8;
+    pub const TMA32_SMEM_BYTES: usize = 1024 + TMA32_SMEM_CELLS + 8 * 4;
+    const _: () = assert!(TMA32_SMEM_BYTES <= 227 * 1024);
+    const _: () = assert!(TMA32_SMEM_P.is_multiple_of(1024) && TMA32_SMEM_RING.is_multiple_of(1024));
+    const _: () = assert!(TMA32_ROWS * 1024 <= TMA32_SMEM_P);
+    const _: () = assert!(TMA32_THREADS == 5 * 32);
+
     /// The e4m3 TMA decode (`names::DECODE_TMA_FP8`: fp8 Q and an fp8 cache, e4m3 tensor
     /// cores) packs its 64-byte rows: Q and each stage's nine raw slabs are `TMA_E4_SLAB`
     /// apart (64 rows of 64 bytes, 64-byte swizzle; the map's swizzle is 64 bytes). Inside a
@@ -541,6 +567,9 @@ pub mod names {
     /// fp8 Q with an fp8 cache on the e4m3 tensor cores: Q and the cache raw, P in e4m3,
     /// as `DECODE_TMA_FP8KV_BF16Q` with one Q part.
     pub const DECODE_TMA_FP8: &str = "mla_decode_tma_fp8";
+    /// The small-row TMA decode (bf16, at most `decode_tile::TMA32_ROWS` rows; the same
+    /// parameters as `DECODE_TMA_BF16`).
+    pub const DECODE_TMA32_BF16: &str = "mla_decode_tma32_bf16";
     pub const COMBINE_BF16: &str = "mla_combine_bf16";
     pub const COMBINE_FP16: &str = "mla_combine_fp16";
     pub const COMBINE_WIDE_BF16: &str = "mla_combine_wide_bf16";
@@ -758,6 +787,12 @@ pub mod kernels {
             Params::DecodeWithMap,
             DT,
             decode_tile::TMA_SMEM_BYTES,
+        )),
+        sm90a(k(
+            DECODE_TMA32_BF16,
+            Params::DecodeWithMap,
+            decode_tile::TMA32_THREADS,
+            decode_tile::TMA32_SMEM_BYTES,
         )),
         k(COMBINE_BF16, Params::Combine, NARROW, 0),
         k(COMBINE_FP16, Params::Combine, NARROW, 0),

@@ -39,6 +39,19 @@ pub unsafe fn mbarrier_arrive_expect_tx(bar: u32, bytes: u32) {
     }
 }
 
+/// `mbarrier.arrive.shared::cta.b64 _, [bar];`: one arrival (a consumer saying a buffer is
+/// free again).
+///
+/// # Safety
+/// `bar` is an initialised mbarrier.
+#[inline(always)]
+pub unsafe fn mbarrier_arrive(bar: u32) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        asm!("mbarrier.arrive.shared::cta.b64 _, [{b}];", b = in(reg32) bar, options(nostack))
+    }
+}
+
 /// `mbarrier.try_wait.parity.shared::cta.b64`: whether the phase with `parity` has
 /// completed (the hardware may suspend the thread a while before answering false).
 ///

@@ -540,13 +540,19 @@ wgmma_m64n256k16_fn!(
     [a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],]
 );
 
-/// `wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 d, desc_a, desc_b, p, 1, 1, 0, 0`:
-/// as [`wgmma_m64n64k16_bf16`] with 32 columns (B `32 x 16`, K-major), 16 accumulators.
+/// `wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 d, desc_a, desc_b, p, 1, 1, TA, 0`:
+/// as [`wgmma_m64n64k16_bf16`] with 32 columns (B `32 x 16`, K-major), 16 accumulators; A
+/// K-major (`TA = 0`) or MN-major (`TA = 1`, the transpose bit).
 ///
 /// # Safety
-/// As [`wgmma_m64n64k16_bf16`].
+/// As [`wgmma_m64n64k16_bf16`]; `TA` is 0 or 1.
 #[inline(always)]
-pub unsafe fn wgmma_m64n32k16_bf16(d: &mut [f32; 16], desc_a: u64, desc_b: u64, accumulate: bool) {
+pub unsafe fn wgmma_m64n32k16_bf16<const TA: u32>(
+    d: &mut [f32; 16],
+    desc_a: u64,
+    desc_b: u64,
+    accumulate: bool,
+) {
     let scale_d: u32 = accumulate as u32;
     // SAFETY: the caller guarantees convergence and valid descriptors.
     unsafe {
@@ -554,7 +560,7 @@ pub unsafe fn wgmma_m64n32k16_bf16(d: &mut [f32; 16], desc_a: u64, desc_b: u64, 
             "{{",
             ".reg .pred p;",
             "setp.ne.b32 p, {scale_d}, 0;",
-            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, {desc_a}, {desc_b}, p, 1, 1, 0, 0;",
+            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, {desc_a}, {desc_b}, p, 1, 1, {ta}, 0;",
             "}}",
             d0 = inout(reg32) d[0],
             d1 = inout(reg32) d[1],
@@ -575,6 +581,7 @@ pub unsafe fn wgmma_m64n32k16_bf16(d: &mut [f32; 16], desc_a: u64, desc_b: u64, 
             desc_a = in(reg64) desc_a,
             desc_b = in(reg64) desc_b,
             scale_d = in(reg32) scale_d,
+            ta = const TA,
             options(nostack)
         )
     }

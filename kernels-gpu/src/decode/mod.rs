@@ -52,6 +52,8 @@ mod rows;
 #[cfg(mla_wgmma)]
 pub mod tma;
 #[cfg(mla_wgmma)]
+pub mod tma32;
+#[cfg(mla_wgmma)]
 pub mod wg;
 mod work;
 

@@ -80,12 +80,12 @@ mod math;
 /// # Safety
 /// All 32 lanes of the warp, converged.
 #[inline(always)]
-unsafe fn uniform(x: u32) -> u32 {
+pub(crate) unsafe fn uniform(x: u32) -> u32 {
     // SAFETY: forwarded from the caller.
     unsafe { sync::shfl_idx_f32(f32::from_bits(x), 0) }.to_bits()
 }
 
-use issue::block_pages;
+pub(crate) use issue::block_pages;
 use math::{exp_rows, frags_of, m_ref_of, scaled};
 
 /// One CTA of [`decode_tma`]: its work (broadcast from lane 0, so that ptxas sees

@@ -370,7 +370,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                 let off = (ks / 4) * SLAB + (ks % 4) * 32;
                 let da = wgmma::smem_desc(q_s + off, 16, 1024, wgmma::Swizzle::B128);
                 let db = wgmma::smem_desc(kv + off + wg * 32 * 128, 16, 1024, wgmma::Swizzle::B128);
-                wgmma::wgmma_m64n32k16_bf16(&mut s, da, db, ks > 0);
+                wgmma::wgmma_m64n32k16_bf16::<0>(&mut s, da, db, ks > 0);
             }
             wgmma::wgmma_commit_group();
             if !K::KV_FP8 {

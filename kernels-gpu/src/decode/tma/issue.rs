@@ -14,14 +14,14 @@ use mla_abi::DecodeParams;
 /// `min(page, 64)` tokens from `64 blk + q min(page, 64)`; `None` for boxes a block does
 /// not have (pages of more than 16 tokens).
 #[inline(always)]
-pub(super) fn box_token(p: &DecodeParams, blk: u32, q: u32) -> Option<u32> {
+pub(crate) fn box_token(p: &DecodeParams, blk: u32, q: u32) -> Option<u32> {
     let rows = p.page_size.min(BLOCK_N);
     (q * rows < BLOCK_N).then_some(blk * BLOCK_N + q * rows)
 }
 
 /// Block `blk`'s box pages, read now (prologue).
 #[inline(always)]
-pub(super) fn block_pages(p: &DecodeParams, b: u32, blk: u32, len: u32) -> [i32; 4] {
+pub(crate) fn block_pages(p: &DecodeParams, b: u32, blk: u32, len: u32) -> [i32; 4] {
     let mut pages = [p.num_pages as i32; 4];
     unroll!(q in [0, 1, 2, 3] {
         if let Some(t) = box_token(p, blk, q as u32) {

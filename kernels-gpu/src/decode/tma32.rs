@@ -1,0 +1,706 @@
+//! The small-row TMA decode (sm_90a only; `--cfg mla_wgmma`): bf16 Q and cache, at most
+//! `decode_tile::TMA32_ROWS` query rows (16 heads at one or two query tokens), pages of at
+//! least `decode_tile::TMA_MIN_PAGE` tokens. The same grid, params and tensor map as
+//! [`crate::decode::tma`], so the host's schedule, workspace and combine are shared.
+//!
+//! Both products run transposed, with the query rows as the `wgmma`'s N: S^T = K Q^T (A =
+//! a block's K slabs as the copies land them, 64 tokens x 64 dims, K-major; B = the Q tile,
+//! 32 rows, K-major) and O^T = V^T P^T (A = the same slabs read MN-major through the
+//! transpose bit, 64 dims per `wgmma`; B = P as 32 rows x 64 tokens). A block costs the
+//! `wgmma` work of 32 rows instead of a 64-row tile's, and every shared buffer is small.
+//!
+//! - Warps 0-3 (the consumer warpgroup) compute; warp 4's lane 0 (the producer) issues the
+//!   tensor copies, one 64-dim slab of a block at a time, into a ring of
+//!   `decode_tile::TMA32_SLOTS` slab slots: slab `s` of the `n`-th block this CTA walks is
+//!   the ring's slab `9 n + s`. Each slot has two mbarriers: *full* (the producer's
+//!   expected bytes; the copy completes it) and *free* (the consumer's arrival once its
+//!   last read of the slab is done: S^T for the rope slab 8, P.V for slabs 0-7). The
+//!   producer runs ahead of the consumer by as many slabs as are free, across blocks and
+//!   the persistent CTA's cells.
+//! - A thread's S^T accumulators hold tokens `16 w + g` and `+ 8` (warp `w`, quad row `g`)
+//!   of its rows `8 j + 2 c` and `+ 1` (`j < 4`, quad column `c`); so do its O^T
+//!   accumulators (dims instead of tokens), so the row statistics of a thread's eight rows
+//!   rescale its own O. A row's block max is a max over lanes and the four warps (shared
+//!   memory, named barrier [`BAR_MAX`]); its exp-sum stays spread over the threads until
+//!   the epilogue. P goes to shared memory with `stmatrix.trans` (row-major, the K-major
+//!   B operand; named barrier [`BAR_P`]).
+//! - V rows past the sequence end (inside a page that was read) are zeroed before the
+//!   P.V; boxes past the end and pages outside `0..num_pages` land as zeros (the map).
+//! - A sequence of one split writes its output through the Q tile's shared memory (one
+//!   16-byte chunk per store); a split's f32 partial goes straight from the accumulators
+//!   (each store a warp's four rows x 32 bytes).
+
+use crate::arch::{self, bulk, cp_async, ldmatrix, smem, sync, wgmma};
+use crate::decode::tma::{block_pages, uniform};
+use crate::decode::wg::{SLAB, aligned_base};
+use crate::decode::{self, CtaWork};
+use crate::elem::{Bf16, Half16};
+use mla_abi::DecodeParams;
+use mla_abi::decode_tile as T;
+
+const BLOCK_N: u32 = T::BLOCK_N as u32;
+const ROWS: u32 = T::TMA32_ROWS as u32;
+const THREADS: u32 = T::TMA32_THREADS as u32;
+const SLOTS: u32 = T::TMA32_SLOTS as u32;
+const Q_SLAB: u32 = T::TMA32_Q_SLAB as u32;
+/// The consumer warpgroup's threads (warps 0-3); warp 4 is the producer's.
+const CONSUMERS: u32 = 128;
+/// The consumer's named barriers (0 is the CTA barrier): the four warps' row maxima are
+/// in the exchange; P (and any zeroed V rows) are in shared memory; the output staging.
+const BAR_MAX: u32 = 1;
+const BAR_P: u32 = 2;
+const BAR_OUT: u32 = 3;
+/// 16-byte chunks of a query row (576 bf16).
+const Q_CHUNKS: u32 = (mla_abi::D_QK * 2 / 16) as u32;
+const _: () = assert!(SLOTS >= 18 && ROWS == 32 && THREADS == CONSUMERS + 32);
+
+/// Where a slab sits in the ring: its slot and the parity of the slot's phase it takes.
+#[derive(Clone, Copy)]
+struct Pos {
+    slot: u32,
+    parity: u32,
+}
+
+impl Pos {
+    /// The ring position `n` slabs on (`n < SLOTS`).
+    #[inline(always)]
+    fn plus(self, n: u32) -> Pos {
+        let t = self.slot + n;
+        if t >= SLOTS {
+            Pos {
+                slot: t - SLOTS,
+                parity: self.parity ^ 1,
+            }
+        } else {
+            Pos {
+                slot: t,
+                parity: self.parity,
+            }
+        }
+    }
+}
+
+/// The shared regions from the aligned base (opaque: recomputed where used rather than
+/// held in registers through the pair loop).
+#[derive(Clone, Copy)]
+struct Smem {
+    base: u32,
+}
+
+impl Smem {
+    #[inline(always)]
+    fn new() -> Smem {
+        Smem {
+            base: arch::opaque(aligned_base()),
+        }
+    }
+    #[inline(always)]
+    fn q(self) -> u32 {
+        self.base
+    }
+    #[inline(always)]
+    fn p(self) -> u32 {
+        self.base + T::TMA32_SMEM_P as u32
+    }
+    #[inline(always)]
+    fn slab(self, at: Pos) -> u32 {
+        self.base + T::TMA32_SMEM_RING as u32 + at.slot * SLAB
+    }
+    #[inline(always)]
+    fn red(self) -> u32 {
+        self.base + T::TMA32_SMEM_RED as u32
+    }
+    #[inline(always)]
+    fn full(self, at: Pos) -> u32 {
+        self.base + T::TMA32_SMEM_BARS as u32 + 8 * at.slot
+    }
+    #[inline(always)]
+    fn free(self, at: Pos) -> u32 {
+        self.base + T::TMA32_SMEM_BARS as u32 + 8 * (SLOTS + at.slot)
+    }
+    #[inline(always)]
+    fn cells(self) -> u32 {
+        self.base + T::TMA32_SMEM_CELLS as u32
+    }
+}
+
+/// The producer's copies of one cell: every block of `w`, slab by slab, each into the next
+/// ring slot once the consumer has freed it. `at`: the ring position of the cell's first
+/// slab, advanced past its last.
+///
+/// # Safety
+/// One thread (warp 4's lane 0), for every cell the consumer runs, in the same order; the
+/// mbarriers are initialised; `tmap` is the cache's map.
+#[inline(always)]
+unsafe fn produce(p: &DecodeParams, tmap: *const u8, sm: Smem, w: &CtaWork, b: u32, at: &mut Pos) {
+    let (len, kb0, kb1) = (w.len, w.kb0, w.kb1);
+    if kb0 >= kb1 {
+        return;
+    }
+    let rows = p.page_size.min(BLOCK_N);
+    let mut pages = block_pages(p, b, kb0, len);
+    let mut blk = kb0;
+    while blk < kb1 {
+        // The next block's page entries go out now; their loads land while this block's
+        // slabs wait for free slots.
+        let next = if blk + 1 < kb1 {
+            block_pages(p, b, blk + 1, len)
+        } else {
+            pages
+        };
+        let row_in_page = ((blk * BLOCK_N) & (p.page_size - 1)) as i32;
+        let mut s = 0;
+        while s < 9 {
+            let slot = at.plus(s);
+            // SAFETY: the slot's last reader arrived on its free barrier (parity of the
+            // previous use; a fresh barrier's previous phase counts as complete); each
+            // box lands inside the slab at a multiple of 1024 bytes (rows >= 16).
+            unsafe {
+                while !bulk::mbarrier_try_wait_parity(sm.free(slot), slot.parity ^ 1) {}
+                bulk::mbarrier_arrive_expect_tx(sm.full(slot), SLAB);
+                unroll!(q in [0, 1, 2, 3] {
+                    if (q as u32) * rows < BLOCK_N {
+                        let c = [(64 * s) as i32, row_in_page, pages[q]];
+                        bulk::tma_load_3d(sm.slab(slot) + q as u32 * rows * 128, tmap, c, sm.full(slot));
+                    }
+                });
+            }
+            s += 1;
+        }
+        *at = at.plus(9);
+        pages = next;
+        blk += 1;
+    }
+}
+
+/// The consumer warpgroup's state through a cell: its O^T (eight 64-dim tiles x this
+/// thread's 16 values), and per row of this thread (`k = 2 j + e`: row `8 j + 2 c + e`) the
+/// running max (log2 units, scaled), exp-sum part and causal visibility.
+struct Consumer<'a> {
+    p: &'a DecodeParams,
+    sm: Smem,
+    b: u32,
+    split: u32,
+    nsplit: u32,
+    len: u32,
+    kb0: u32,
+    kb1: u32,
+    tid: u32,
+    w: u32,
+    g: u32,
+    c: u32,
+    vis: [u32; 8],
+    vis_min: u32,
+    scale: f32,
+    o: [[f32; 16]; 8],
+    m_run: [f32; 8],
+    l: [f32; 8],
+}
+
+impl<'a> Consumer<'a> {
+    #[inline(always)]
+    fn new(p: &'a DecodeParams, sm: Smem, w: &CtaWork, b: u32, split: u32) -> Self {
+        let tid = arch::opaque(arch::thread_idx_x());
+        let lane = tid % 32;
+        let c = lane % 4;
+        let mut vis = [0u32; 8];
+        let mut vis_min = u32::MAX;
+        unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
+            let row = 8 * (k as u32 / 2) + 2 * c + (k as u32 % 2);
+            vis[k] = decode::visible(p, w.len, w.glen, row);
+            vis_min = vis_min.min(vis[k]);
+        });
+        // SAFETY (every `uniform`): converged warps.
+        let (len, kb0, kb1) = unsafe { (uniform(w.len), uniform(w.kb0), uniform(w.kb1)) };
+        Consumer {
+            p,
+            sm,
+            b,
+            split,
+            nsplit: unsafe { uniform(w.nsplit) },
+            len,
+            kb0,
+            kb1,
+            tid,
+            w: tid / 32,
+            g: lane / 4,
+            c,
+            vis,
+            vis_min,
+            scale: p.softmax_scale * core::f32::consts::LOG2_E,
+            o: [[0.0; 16]; 8],
+            m_run: [f32::NEG_INFINITY; 8],
+            l: [0.0; 8],
+        }
+    }
+
+    /// Loads the cell's Q rows (zeros past the last) as nine 32-row slabs, 128-byte swizzled.
+    ///
+    /// # Safety
+    /// The consumer warpgroup; the previous cell's readers of the Q tile are done (its
+    /// epilogue's barrier).
+    #[inline(always)]
+    unsafe fn load_q(&self) {
+        let p = self.p;
+        let rows = p.s_q * p.heads;
+        let mut ch = self.tid;
+        while ch < ROWS * Q_CHUNKS {
+            let (r, k) = (ch / Q_CHUNKS, ch % Q_CHUNKS);
+            let dst = self.sm.q() + (k / 8) * Q_SLAB + r * 128 + (((k % 8) ^ (r % 8)) << 4);
+            // SAFETY: dst inside the Q tile; the source is chunk k of a validated, 16-byte
+            // aligned q (or q_pe) row when the row exists, else unread (zero fill).
+            unsafe {
+                if r < rows {
+                    let (t, h) = ((r / p.heads) as u64, (r % p.heads) as u64);
+                    let src = if k < 64 {
+                        (p.q.ptr() as *const u8).add((p.q_row(self.b as u64, t, h) * 2) as usize + 16 * k as usize)
+                    } else {
+                        (p.q_pe.ptr() as *const u8)
+                            .add((p.q_pe_row(self.b as u64, t, h) * 2) as usize + 16 * (k - 64) as usize)
+                    };
+                    cp_async::cp_async_cg_16(dst, src, 16);
+                } else {
+                    cp_async::cp_async_cg_16(dst, p.q.ptr() as *const u8, 0);
+                }
+            }
+            ch += CONSUMERS;
+        }
+        cp_async::cp_async_commit_group();
+        cp_async::cp_async_wait_group::<0>();
+        wgmma::fence_proxy_async_shared();
+        // SAFETY: the consumer warpgroup, converged.
+        unsafe { sync::bar_sync_named::<BAR_OUT, CONSUMERS>() };
+    }
+
+    /// Thread 0 frees the slab at `at` for the producer.
+    #[inline(always)]
+    fn release(&self, at: Pos) {
+        if self.tid == 0 {
+            // SAFETY: an initialised mbarrier; this slab's reads are complete.
+            unsafe { bulk::mbarrier_arrive(self.sm.free(at)) };
+        }
+    }
+
+    /// S^T of the block whose first slab is at `at`: nine slabs, each after its own full
+    /// barrier, four k-steps each; the rope slab is freed once S^T is done.
+    ///
+    /// # Safety
+    /// Converged warpgroup; the producer issues this block's slabs at `at`.
+    #[inline(always)]
+    unsafe fn qk(&self, s: &mut [f32; 16], at: Pos) {
+        let sm = self.sm;
+        // SAFETY: forwarded from the caller; each slab is read once its copy landed.
+        unsafe {
+            wgmma::wgmma_fence();
+            unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+                let slab = at.plus(j as u32);
+                bulk::mbarrier_wait_parity_warp(sm.full(slab), slab.parity);
+                let da = wgmma::smem_desc(sm.slab(slab), 16, 1024, wgmma::Swizzle::B128);
+                let db = wgmma::smem_desc(arch::opaque(sm.q()) + j as u32 * Q_SLAB, 16, 1024, wgmma::Swizzle::B128);
+                unroll!(kk in [0, 1, 2, 3] {
+                    let k = 2 * kk as u64;
+                    wgmma::wgmma_m64n32k16_bf16::<0>(s, da + k, db + k, j > 0 || kk > 0);
+                });
+            });
+            wgmma::wgmma_commit_group();
+            wgmma::wgmma_wait_group::<0>();
+        }
+        self.release(at.plus(8));
+    }
+
+    /// V rows of block `blk` (slabs 0-7 at `at`) past the sequence end become zeros.
+    #[inline(always)]
+    fn zero_tail(&self, blk: u32, at: Pos) {
+        let valid = self.len.saturating_sub(blk * BLOCK_N);
+        if valid < BLOCK_N {
+            let mut i = self.tid;
+            while i < (BLOCK_N - valid) * 64 {
+                let (r, ch) = (valid + i / 64, i % 64);
+                let dst = self.sm.slab(at.plus(ch / 8)) + r * 128 + (((ch % 8) ^ (r % 8)) << 4);
+                // SAFETY: row r < 64, chunk < 8 of a slab of this block (landed; S^T done).
+                unsafe {
+                    arch::no_unroll();
+                    smem::st_shared_v4(dst, [0; 4]);
+                }
+                i += CONSUMERS;
+            }
+        }
+    }
+
+    /// Block `blk`'s softmax (S^T in `s`, unscaled): masks keys past each row's visible
+    /// end, the block's row maxima over the warpgroup, the running max and the factor for
+    /// O and the exp-sums, P to shared memory.
+    ///
+    /// # Safety
+    /// Converged warpgroup, after [`Consumer::qk`] (and the block's zeroing); the previous
+    /// block's P.V is complete.
+    #[inline(always)]
+    unsafe fn softmax(&mut self, s: &mut [f32; 16], blk: u32) {
+        let (w, g, c) = (self.w, self.g, self.c);
+        let tok0 = blk * BLOCK_N + 16 * w + g;
+        let mut mx = [f32::NEG_INFINITY; 8];
+        let whole = blk * BLOCK_N + BLOCK_N <= self.vis_min;
+        unroll!(j in [0, 1, 2, 3] {
+            unroll!(e in [0, 1, 2, 3] {
+                let k = 2 * j + e % 2;
+                let tok = tok0 + 8 * (e / 2) as u32;
+                let x = if whole || tok < self.vis[k] { s[4 * j + e] } else { f32::NEG_INFINITY };
+                s[4 * j + e] = x;
+                mx[k] = sync::fmax(mx[k], x);
+            });
+        });
+        let red = self.sm.red();
+        // SAFETY: converged warps; the exchange's rows < 32 of four warps; the named
+        // barriers are the consumer warpgroup's.
+        unsafe {
+            unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
+                mx[k] = sync::fmax(mx[k], sync::shfl_xor_f32(mx[k], 4));
+                mx[k] = sync::fmax(mx[k], sync::shfl_xor_f32(mx[k], 8));
+                mx[k] = sync::fmax(mx[k], sync::shfl_xor_f32(mx[k], 16));
+            });
+            if g == 0 {
+                unroll!(j in [0, 1, 2, 3] {
+                    let v = mx[2 * j].to_bits() as u64 | ((mx[2 * j + 1].to_bits() as u64) << 32);
+                    smem::st_shared_u64(red + w * 128 + (8 * j as u32 + 2 * c) * 4, v);
+                });
+            }
+            sync::bar_sync_named::<BAR_MAX, CONSUMERS>();
+            unroll!(j in [0, 1, 2, 3] {
+                unroll!(ww in [0, 1, 2, 3] {
+                    let v = smem::ld_shared_u64(red + ww as u32 * 128 + (8 * j as u32 + 2 * c) * 4);
+                    mx[2 * j] = sync::fmax(mx[2 * j], f32::from_bits(v as u32));
+                    mx[2 * j + 1] = sync::fmax(mx[2 * j + 1], f32::from_bits((v >> 32) as u32));
+                });
+            });
+        }
+        // The running max (scaled; the scale is positive), the factor for what O and the
+        // sums hold, P = exp2(S scale - m_ref).
+        let mut f = [1.0f32; 8];
+        let mut m_ref = [0.0f32; 8];
+        let mut same = true;
+        unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
+            let m_new = sync::fmax(self.m_run[k], mx[k] * self.scale);
+            m_ref[k] = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
+            f[k] = sync::ex2(self.m_run[k] - m_ref[k]);
+            same &= f[k] == 1.0;
+            self.m_run[k] = m_new;
+        });
+        if !same {
+            unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+                unroll!(e in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+                    self.o[i][e] *= f[2 * (e / 4) + e % 2];
+                });
+            });
+        }
+        unroll!(j in [0, 1, 2, 3] {
+            unroll!(e in [0, 1, 2, 3] {
+                let k = 2 * j + e % 2;
+                let pe = sync::ex2(sync::fma(s[4 * j + e], self.scale, -m_ref[k]));
+                s[4 * j + e] = pe;
+            });
+        });
+        unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
+            let (j, e) = (k / 2, k % 2);
+            self.l[k] = self.l[k] * f[k] + s[4 * j + e] + s[4 * j + 2 + e];
+        });
+        // P[row][token] (bf16, 128-byte swizzle): matrix (j, h) of the stores holds
+        // tokens 16 w + 8 h .. + 8 of rows 8 j .. 8 j + 8.
+        let lane = self.tid % 32;
+        let (mm, r) = (lane / 8, lane % 8);
+        unroll!(x in [0, 1] {
+            let (j, h) = (2 * x as u32 + mm / 2, mm % 2);
+            let addr = self.sm.p() + (8 * j + r) * 128 + (((2 * w + h) ^ r) << 4);
+            let mut v = [0u32; 4];
+            unroll!(m in [0, 1, 2, 3] {
+                let (jj, hh) = (2 * x + m / 2, m % 2);
+                v[m] = Bf16::pack2(s[4 * jj + 2 * hh], s[4 * jj + 2 * hh + 1]);
+            });
+            // SAFETY: rows < 32, chunks < 8 of the P tile; converged warp.
+            unsafe { ldmatrix::stmatrix_x4_trans(addr, v) };
+        });
+        wgmma::fence_proxy_async_shared();
+        // SAFETY: converged warpgroup.
+        unsafe { sync::bar_sync_named::<BAR_P, CONSUMERS>() };
+    }
+
+    /// O^T += V^T P^T for the block at `at`: eight 64-dim tiles (slab `i` is tile `i`),
+    /// committed two slabs a group; each pair of slabs is freed as its group completes.
+    ///
+    /// # Safety
+    /// Converged warpgroup, after [`Consumer::softmax`].
+    #[inline(always)]
+    unsafe fn pv(&mut self, at: Pos) {
+        let sm = self.sm;
+        let p_s = arch::opaque(sm.p());
+        // SAFETY: forwarded from the caller; the slabs landed (S^T waited for them).
+        unsafe {
+            wgmma::wgmma_fence();
+            unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+                let v = sm.slab(at.plus(i as u32));
+                unroll!(t in [0, 1, 2, 3] {
+                    let da = wgmma::smem_desc(v + t as u32 * 16 * 128, SLAB, 1024, wgmma::Swizzle::B128);
+                    let db = wgmma::smem_desc(p_s + 32 * t as u32, 16, 1024, wgmma::Swizzle::B128);
+                    wgmma::wgmma_m64n32k16_bf16::<1>(&mut self.o[i], da, db, true);
+                });
+                if i % 2 == 1 {
+                    wgmma::wgmma_commit_group();
+                }
+            });
+            wgmma::wgmma_wait_group::<3>();
+            self.release(at);
+            self.release(at.plus(1));
+            wgmma::wgmma_wait_group::<2>();
+            self.release(at.plus(2));
+            self.release(at.plus(3));
+            wgmma::wgmma_wait_group::<1>();
+            self.release(at.plus(4));
+            self.release(at.plus(5));
+            wgmma::wgmma_wait_group::<0>();
+            self.release(at.plus(6));
+            self.release(at.plus(7));
+        }
+    }
+
+    /// The cell's rows: exp-sums over the warpgroup, then the output (one split) or the
+    /// split's f32 partial and LSE.
+    ///
+    /// # Safety
+    /// Converged warpgroup, after the cell's last block (every `wgmma` complete); the host
+    /// sized out, lse and the workspace (validated).
+    #[inline(always)]
+    unsafe fn epilogue(&mut self) {
+        let p = self.p;
+        let (w, g, c) = (self.w, self.g, self.c);
+        let rows = p.s_q * p.heads;
+        let red = self.sm.red();
+        let mut l = self.l;
+        // SAFETY: as in softmax: the exchange's rows; every thread read the last block's
+        // maxima before the block's P barrier.
+        unsafe {
+            unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
+                l[k] += sync::shfl_xor_f32(l[k], 4);
+                l[k] += sync::shfl_xor_f32(l[k], 8);
+                l[k] += sync::shfl_xor_f32(l[k], 16);
+            });
+            if g == 0 {
+                unroll!(j in [0, 1, 2, 3] {
+                    let v = l[2 * j].to_bits() as u64 | ((l[2 * j + 1].to_bits() as u64) << 32);
+                    smem::st_shared_u64(red + w * 128 + (8 * j as u32 + 2 * c) * 4, v);
+                });
+            }
+            sync::bar_sync_named::<BAR_MAX, CONSUMERS>();
+            unroll!(j in [0, 1, 2, 3] {
+                let (mut a, mut bb) = (0.0f32, 0.0f32);
+                unroll!(ww in [0, 1, 2, 3] {
+                    let v = smem::ld_shared_u64(red + ww as u32 * 128 + (8 * j as u32 + 2 * c) * 4);
+                    a += f32::from_bits(v as u32);
+                    bb += f32::from_bits((v >> 32) as u32);
+                });
+                l[2 * j] = a;
+                l[2 * j + 1] = bb;
+            });
+        }
+        let mut inv = [0.0f32; 8];
+        let mut lse = [0.0f32; 8];
+        unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
+            (inv[k], lse[k]) = decode::row_norm(l[k], self.m_run[k]);
+        });
+        let b = self.b;
+        if self.nsplit == 1 {
+            let stage = self.sm.q();
+            let lane = self.tid % 32;
+            let (mm, r) = (lane / 8, lane % 8);
+            let sc = inv.map(|x| x * p.value_scale * p.output_scale);
+            // SAFETY: the Q tile is free (every S^T is done: each warp passed the last
+            // block's barriers); rows < 32 of 1024 bytes, chunks < 64.
+            unsafe {
+                unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+                    unroll!(x in [0, 1] {
+                        let (j, h) = (2 * x as u32 + mm / 2, mm % 2);
+                        let ch = 8 * i as u32 + 2 * w + h;
+                        let addr = stage + (8 * j + r) * 1024 + ((ch ^ r) << 4);
+                        let mut v = [0u32; 4];
+                        unroll!(m in [0, 1, 2, 3] {
+                            let (jj, hh) = (2 * x + m / 2, m % 2);
+                            let o = &self.o[i];
+                            v[m] = Bf16::pack2(o[4 * jj + 2 * hh] * sc[2 * jj], o[4 * jj + 2 * hh + 1] * sc[2 * jj + 1]);
+                        });
+                        ldmatrix::stmatrix_x4_trans(addr, v);
+                    });
+                });
+                if w == 0 && g == 0 {
+                    unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
+                        let row = 8 * (k as u32 / 2) + 2 * c + (k as u32 % 2);
+                        if row < rows {
+                            *p.lse.ptr().add((b * rows + row) as usize) = lse[k];
+                        }
+                    });
+                }
+                sync::bar_sync_named::<BAR_OUT, CONSUMERS>();
+                let ch = self.tid % 64;
+                unroll!(pass in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+                    let r = 2 * pass as u32 + self.tid / 64;
+                    if r < rows {
+                        let v = smem::ld_shared_v4(stage + r * 1024 + ((ch ^ (r % 8)) << 4));
+                        let (t, h) = (r / p.heads, r % p.heads);
+                        let off = b as u64 * p.out_stride_b
+                            + t as u64 * p.out_stride_s
+                            + h as u64 * p.out_stride_h
+                            + 8 * ch as u64;
+                        let dst = (p.out.ptr() as *mut u16).add(off as usize) as *mut u8;
+                        if (dst as usize).is_multiple_of(16) {
+                            smem::st_global_v4(dst, v);
+                        } else {
+                            // A guard: validation keeps out rows 16-byte aligned.
+                            unroll!(q in [0, 1, 2, 3] {
+                                *(dst.add(4 * q) as *mut u32) = v[q];
+                            });
+                        }
+                    }
+                });
+            }
+        } else {
+            let split = self.split;
+            unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
+                let (j, e) = (k / 2, k % 2);
+                let row = 8 * j as u32 + 2 * c + e as u32;
+                if row < rows {
+                    let part = split as usize * (p.batch * rows) as usize + (b * rows + row) as usize;
+                    let scale = inv[k] * p.value_scale;
+                    // SAFETY: split < max_splits, row < rows of sequence b < batch: inside
+                    // the workspace the host sized; dims < 512.
+                    unsafe {
+                        let dst = p.partial_o.ptr().add(part * mla_abi::D_V + (16 * w + g) as usize);
+                        unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+                            *dst.add(64 * i) = self.o[i][4 * j + e] * scale;
+                            *dst.add(64 * i + 8) = self.o[i][4 * j + 2 + e] * scale;
+                        });
+                        if w == 0 && g == 0 {
+                            *p.partial_lse.ptr().add(part) = lse[k];
+                        }
+                    }
+                }
+            });
+        }
+        // SAFETY: converged warpgroup: the staging (and the exchange) are read before the
+        // next cell's Q lands there.
+        unsafe { sync::bar_sync_named::<BAR_OUT, CONSUMERS>() };
+    }
+
+    /// The whole cell: Q, then per block S^T, softmax, P.V; the epilogue. `at`: the ring
+    /// position of the cell's first slab, advanced past its last.
+    ///
+    /// # Safety
+    /// The consumer warpgroup, for every cell the producer runs, in the same order.
+    #[inline(always)]
+    unsafe fn run(&mut self, at: &mut Pos) {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            self.load_q();
+            let mut blk = self.kb0;
+            while blk < self.kb1 {
+                let mut s = [0.0f32; 16];
+                self.qk(&mut s, *at);
+                self.zero_tail(blk, *at);
+                self.softmax(&mut s, blk);
+                self.pv(*at);
+                *at = at.plus(9);
+                blk += 1;
+            }
+            self.epilogue();
+        }
+    }
+}
+
+/// The kernel body (see the module docs): a persistent CTA takes the cells of the virtual
+/// grid `(row tiles, batch, persist_splits)` that are its own (`c, c + grid, ...`) and have
+/// work, marked `THREADS` at a time (one bit per cell); the consumer warpgroup runs each
+/// cell, the producer issues its copies.
+///
+/// # Safety
+/// Launched with `TMA32_THREADS` threads, at most `tiles * batch * persist_splits` CTAs in
+/// x, and `TMA32_SMEM_BYTES` of dynamic shared memory on params the host validated (bf16 Q
+/// and cache, at most `TMA32_ROWS` rows, pages of at least `TMA_MIN_PAGE` tokens,
+/// `persist_splits >= 1`); `tmap` is the generic address of the cache's map as for
+/// [`crate::decode::tma`].
+#[inline(always)]
+pub unsafe fn decode_tma32(p: DecodeParams, tmap: *const u8) {
+    let tid = arch::thread_idx_x();
+    let producer = tid >= CONSUMERS;
+    let tiles = || arch::opaque((p.s_q * p.heads).div_ceil(BLOCK_N));
+    let coords = |i: u32| {
+        let (c, g, tiles) = (arch::block_idx_x(), arch::grid_dim_x(), tiles());
+        let v = c + i * g;
+        (v % tiles, (v / tiles) % p.batch, v / (tiles * p.batch))
+    };
+    let mine = || {
+        let (c, g) = (arch::block_idx_x(), arch::grid_dim_x());
+        let cells = tiles() * p.batch * p.persist_splits;
+        if c < cells {
+            (cells - c).div_ceil(g)
+        } else {
+            0
+        }
+    };
+    let sm = Smem::new();
+    // SAFETY: thread 0 initialises every mbarrier before the CTA barrier below; the
+    // producer's lane 0 prefetches the map.
+    unsafe {
+        if tid == 0 {
+            for k in 0..2 * SLOTS {
+                bulk::mbarrier_init(sm.base + T::TMA32_SMEM_BARS as u32 + 8 * k, 1);
+            }
+            bulk::fence_mbarrier_init();
+        }
+        if tid == CONSUMERS {
+            bulk::prefetch_tensormap(tmap);
+        }
+        sync::bar_sync();
+    }
+    let mut at = Pos { slot: 0, parity: 0 };
+    let mut next = 0u32;
+    // SAFETY: every thread walks the same cells (the marks come from shared memory after a
+    // CTA barrier, loop bounds are CTA-uniform): the producer issues exactly the slabs the
+    // consumer reads, in order.
+    unsafe {
+        while next < mine() {
+            let marks = sm.cells();
+            if next.is_multiple_of(THREADS) {
+                let fold = decode::fold_total(&p);
+                let i = next + tid;
+                let busy = i < mine() && {
+                    let (tile, b, split) = coords(i);
+                    decode::cell_busy(&p, tile, b, split, fold)
+                };
+                let word = sync::ballot(busy);
+                // The previous marks are read by every thread before they change.
+                sync::bar_sync();
+                smem::st_shared_f32_if(
+                    marks + 4 * (tid / 32),
+                    f32::from_bits(word),
+                    tid.is_multiple_of(32) as u32,
+                );
+                sync::bar_sync();
+            }
+            let mut m = uniform(smem::ld_shared_f32(marks + 4 * (next % THREADS / 32)).to_bits());
+            while m != 0 {
+                let i = next + m.trailing_zeros();
+                m &= m - 1;
+                let (tile, b, split) = coords(i);
+                let fold = decode::fold_total(&p);
+                let Some(work) = decode::cta_work(&p, tile, split, b, fold) else {
+                    continue;
+                };
+                if producer {
+                    if tid == CONSUMERS {
+                        produce(&p, tmap, sm, &work, b, &mut at);
+                    }
+                } else {
+                    let mut cell = Consumer::new(&p, sm, &work, b, split);
+                    cell.run(&mut at);
+                }
+            }
+            next += 32;
+        }
+    }
+}
