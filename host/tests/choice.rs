@@ -30,7 +30,18 @@ fn request(
     page: usize,
     max_pages: usize,
 ) -> (DecodeRequest<'static>, DecodeShape) {
-    let (b, s, h, pages) = (2, 2, 64, 64);
+    request_rows(d, page, max_pages, 2, 64)
+}
+
+/// [`request`] with `s` query tokens of `h` heads.
+fn request_rows(
+    d: DecodeDtypes,
+    page: usize,
+    max_pages: usize,
+    s: usize,
+    h: usize,
+) -> (DecodeRequest<'static>, DecodeShape) {
+    let (b, pages) = (2, 64);
     let req = DecodeRequest {
         q: TensorView::contiguous(0x1000_0000, d.q(), [b, s, h, D_QK]),
         kv_cache: TensorView::contiguous(0x2000_0000, d.kv(), [pages, page, D_QK]),
@@ -69,6 +80,35 @@ fn bf16_h64_sq2_page16_on_sm90a() {
     let (mut req, shape) = request(DecodeDtypes::Bf16, 16, 256);
     req.kv_cache.strides[0] += D_QK;
     assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_WG_BF16);
+}
+
+/// A bf16 request of at most 32 rows that takes the TMA decode takes its small-row form;
+/// more rows, other dtypes, or splits of one block do not.
+#[test]
+fn bf16_small_rows_take_the_small_row_tma_decode() {
+    let k = kernels(Backend::Sm90a, Tile::Wg64N64, DecodeDtypes::Bf16, 64, 32);
+    assert_eq!(k.tma32.map(|t| t.symbol), Some(names::DECODE_TMA32_BF16));
+    for (s, h, want) in [
+        (1, 16, names::DECODE_TMA32_BF16),
+        (2, 16, names::DECODE_TMA32_BF16),
+        (1, 32, names::DECODE_TMA32_BF16),
+        (1, 3, names::DECODE_TMA32_BF16),
+        (3, 16, names::DECODE_TMA_BF16),
+        (1, 33, names::DECODE_TMA_BF16),
+    ] {
+        let (req, shape) = request_rows(DecodeDtypes::Bf16, 64, 256, s, h);
+        assert_eq!(k.decode_for(&req, &shape).symbol, want, "S_q={s} H={h}");
+    }
+    let (req, shape) = request_rows(DecodeDtypes::Bf16, 64, 4, 1, 16);
+    assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_WG_BF16);
+    assert!(k.all(8, 16, 132).contains(&names::DECODE_TMA32_BF16));
+    assert!(!k.all(8, 64, 132).contains(&names::DECODE_TMA32_BF16));
+    for d in [DecodeDtypes::Fp8KvBf16Q, DecodeDtypes::Fp8] {
+        let k = kernels(Backend::Sm90a, Tile::Wg64N64, d, 64, 32);
+        assert_eq!(k.tma32, None);
+    }
+    let k = kernels(Backend::Sm90a, Tile::Wg64N64, DecodeDtypes::Bf16, 8, 32);
+    assert_eq!(k.tma32, None);
 }
 
 /// An fp8 cache with bf16 Q takes its TMA decode under the bf16 rule (two or more blocks
@@ -247,6 +287,7 @@ fn every_tile_and_dtype_names_a_kernel_of_the_table() {
         names::DECODE_TMA_BF16,
         names::DECODE_TMA_FP8KV_BF16Q,
         names::DECODE_TMA_FP8,
+        names::DECODE_TMA32_BF16,
         names::COMBINE_BF16,
         names::COMBINE_FP16,
         names::COMBINE_WIDE_BF16,
@@ -272,7 +313,8 @@ fn every_tile_and_dtype_names_a_kernel_of_the_table() {
             [
                 names::DECODE_TMA_BF16,
                 names::DECODE_TMA_FP8KV_BF16Q,
-                names::DECODE_TMA_FP8
+                names::DECODE_TMA_FP8,
+                names::DECODE_TMA32_BF16
             ]
             .contains(&a.symbol),
             "{}",

@@ -276,7 +276,8 @@ pub mod decode_tile {
     pub const TMA32_SMEM_CELLS: usize = TMA32_SMEM_BARS + 2 * TMA32_SLOTS * 8;
     pub const TMA32_SMEM_BYTES: usize = 1024 + TMA32_SMEM_CELLS + 8 * 4;
     const _: () = assert!(TMA32_SMEM_BYTES <= 227 * 1024);
-    const _: () = assert!(TMA32_SMEM_P.is_multiple_of(1024) && TMA32_SMEM_RING.is_multiple_of(1024));
+    const _: () =
+        assert!(TMA32_SMEM_P.is_multiple_of(1024) && TMA32_SMEM_RING.is_multiple_of(1024));
     const _: () = assert!(TMA32_ROWS * 1024 <= TMA32_SMEM_P);
     const _: () = assert!(TMA32_THREADS == 5 * 32);
 

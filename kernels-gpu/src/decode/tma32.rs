@@ -253,10 +253,12 @@ impl<'a> Consumer<'a> {
                 if r < rows {
                     let (t, h) = ((r / p.heads) as u64, (r % p.heads) as u64);
                     let src = if k < 64 {
-                        (p.q.ptr() as *const u8).add((p.q_row(self.b as u64, t, h) * 2) as usize + 16 * k as usize)
+                        (p.q.ptr() as *const u8)
+                            .add((p.q_row(self.b as u64, t, h) * 2) as usize + 16 * k as usize)
                     } else {
-                        (p.q_pe.ptr() as *const u8)
-                            .add((p.q_pe_row(self.b as u64, t, h) * 2) as usize + 16 * (k - 64) as usize)
+                        (p.q_pe.ptr() as *const u8).add(
+                            (p.q_pe_row(self.b as u64, t, h) * 2) as usize + 16 * (k - 64) as usize,
+                        )
                     };
                     cp_async::cp_async_cg_16(dst, src, 16);
                 } else {
