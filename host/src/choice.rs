@@ -135,7 +135,7 @@ pub struct DecodeKernels {
     /// ([`DecodeKernels::decode_for`]); `None` where it never can.
     pub tma: Option<&'static Kernel>,
     /// The small-row TMA decode that stands in for `tma` where a request has at most
-    /// `decode_tile::TMA32_ROWS` rows (bf16 only); `None` where it never can.
+    /// `decode_tile::TMA32_ROWS` rows; `None` where it never can.
     pub tma32: Option<&'static Kernel>,
     /// Batches up to this many sequences fold the split schedule into the decode; larger
     /// ones launch the schedule kernel first. 0: never folded.
@@ -186,8 +186,14 @@ impl DecodeKernels {
             .filter(|_| switches.tma && page_size >= mla_abi::decode_tile::TMA_MIN_PAGE)
             .map(spec);
         let tma32 = tma
-            .filter(|t| t.symbol == names::DECODE_TMA_BF16 && Overrides::get().tma32)
-            .map(|_| spec(names::DECODE_TMA32_BF16));
+            .filter(|_| Overrides::get().tma32)
+            .and_then(|t| match t.symbol {
+                names::DECODE_TMA_BF16 => Some(names::DECODE_TMA32_BF16),
+                names::DECODE_TMA_FP8KV_BF16Q => Some(names::DECODE_TMA32_FP8KV_BF16Q),
+                names::DECODE_TMA_FP8 => Some(names::DECODE_TMA32_FP8),
+                _ => None,
+            })
+            .map(spec);
         DecodeKernels {
             decode,
             tma,

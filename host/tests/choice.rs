@@ -82,8 +82,8 @@ fn bf16_h64_sq2_page16_on_sm90a() {
     assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_WG_BF16);
 }
 
-/// A bf16 request of at most 32 rows that takes the TMA decode takes its small-row form;
-/// more rows, other dtypes, or splits of one block do not.
+/// A request of at most 32 rows that takes a TMA decode takes its small-row form; more
+/// rows, or bf16 splits of one block, do not.
 #[test]
 fn bf16_small_rows_take_the_small_row_tma_decode() {
     let k = kernels(Backend::Sm90a, Tile::Wg64N64, DecodeDtypes::Bf16, 64, 32);
@@ -103,9 +103,14 @@ fn bf16_small_rows_take_the_small_row_tma_decode() {
     assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_WG_BF16);
     assert!(k.all(8, 16, 132).contains(&names::DECODE_TMA32_BF16));
     assert!(!k.all(8, 64, 132).contains(&names::DECODE_TMA32_BF16));
-    for d in [DecodeDtypes::Fp8KvBf16Q, DecodeDtypes::Fp8] {
+    for (d, small) in [
+        (DecodeDtypes::Fp8KvBf16Q, names::DECODE_TMA32_FP8KV_BF16Q),
+        (DecodeDtypes::Fp8, names::DECODE_TMA32_FP8),
+    ] {
         let k = kernels(Backend::Sm90a, Tile::Wg64N64, d, 64, 32);
-        assert_eq!(k.tma32, None);
+        assert_eq!(k.tma32.map(|t| t.symbol), Some(small));
+        let (req, shape) = request_rows(d, 64, 256, 2, 16);
+        assert_eq!(k.decode_for(&req, &shape).symbol, small);
     }
     let k = kernels(Backend::Sm90a, Tile::Wg64N64, DecodeDtypes::Bf16, 8, 32);
     assert_eq!(k.tma32, None);
@@ -288,6 +293,8 @@ fn every_tile_and_dtype_names_a_kernel_of_the_table() {
         names::DECODE_TMA_FP8KV_BF16Q,
         names::DECODE_TMA_FP8,
         names::DECODE_TMA32_BF16,
+        names::DECODE_TMA32_FP8KV_BF16Q,
+        names::DECODE_TMA32_FP8,
         names::COMBINE_BF16,
         names::COMBINE_FP16,
         names::COMBINE_WIDE_BF16,
@@ -314,7 +321,9 @@ fn every_tile_and_dtype_names_a_kernel_of_the_table() {
                 names::DECODE_TMA_BF16,
                 names::DECODE_TMA_FP8KV_BF16Q,
                 names::DECODE_TMA_FP8,
-                names::DECODE_TMA32_BF16
+                names::DECODE_TMA32_BF16,
+                names::DECODE_TMA32_FP8KV_BF16Q,
+                names::DECODE_TMA32_FP8
             ]
             .contains(&a.symbol),
             "{}",

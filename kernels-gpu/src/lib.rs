@@ -270,7 +270,12 @@ macro_rules! tma_decode_kernel {
 tma_decode_kernel!(mla_decode_tma_bf16, DecodeBf16);
 tma_decode_kernel!(mla_decode_tma_fp8kv_bf16q, DecodeFp8KvBf16Q);
 tma_decode_kernel!(mla_decode_tma_fp8, DecodeFp8);
-tma_decode_kernel!(mla_decode_tma32_bf16, fn decode::tma32::decode_tma32);
+tma_decode_kernel!(mla_decode_tma32_bf16, fn decode::tma32::decode_tma32::<DecodeBf16>);
+tma_decode_kernel!(
+    mla_decode_tma32_fp8kv_bf16q,
+    fn decode::tma32::decode_tma32::<DecodeFp8KvBf16Q>
+);
+tma_decode_kernel!(mla_decode_tma32_fp8, fn decode::tma32::decode_tma32::<DecodeFp8>);
 
 /// `mla_schedule`: see [`schedule`].
 #[unsafe(no_mangle)]

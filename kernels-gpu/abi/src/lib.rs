@@ -254,32 +254,71 @@ pub mod decode_tile {
     pub const TMA_MIN_PAGE: usize = 16;
     const _: () = assert!(TMA_SMEM_BYTES <= 227 * 1024);
 
-    /// The small-row TMA decode (sm_90a only, `names::DECODE_TMA32_BF16`: bf16 Q and cache,
-    /// at most `TMA32_ROWS` query rows, pages of at least `TMA_MIN_PAGE` tokens): the
-    /// products transposed (S^T = K Q^T and O^T = V^T P^T, the rows as the `wgmma`'s N),
-    /// so a block costs the `wgmma` work of 32 rows, not of a 64-row tile. `TMA32_THREADS`:
-    /// one consumer warpgroup and one producer warp that issues the tensor copies into a
-    /// ring of `TMA32_SLOTS` slab slots (each a 64-token x 64-dim slab, one mbarrier when
-    /// full and one when free), running ahead of the consumer across blocks and cells.
-    /// Same grid, params and tensor map as `DECODE_TMA_BF16`. Offsets from the 1024-byte
-    /// aligned base: Q (nine slabs of 32 rows, also the output's staging), P (32 rows x 64
-    /// tokens), the ring, the row exchange (4 warps x 32 rows f32), the mbarriers (full,
-    /// then free), the marks of a persistent CTA's cells.
+    /// The small-row TMA decode (sm_90a only, `names::DECODE_TMA32_*`: bf16 Q with a bf16
+    /// or fp8 cache, or fp8 Q with an fp8 cache; at most `TMA32_ROWS` query rows, pages of
+    /// at least `TMA_MIN_PAGE` tokens): the products transposed (S^T = K Q^T and O^T = V^T
+    /// P^T, the rows as the `wgmma`'s N), so a block costs the `wgmma` work of 32 rows, not
+    /// of a 64-row tile. One consumer warpgroup computes; one producer warp issues the
+    /// tensor copies into a ring of 64-token x 64-dim slab slots, one mbarrier when full
+    /// and one when free, running ahead across blocks and cells. An fp8 cache lands raw in
+    /// a second ring (4 KB slabs of 64-byte rows, the map's 64-byte swizzle) and two
+    /// converter warps widen each slab exactly into the bf16 ring (fp8 Q widens as it
+    /// loads), so the consumer's math is bf16 for every dtype. Same grid, params and tensor
+    /// map as the other TMA decodes. Offsets from the 1024-byte aligned base: Q (nine slabs
+    /// of 32 rows, also the output's staging), P (32 rows x 64 tokens), the bf16 ring, the
+    /// raw ring, the row exchange (4 warps x 32 rows f32), the mbarriers (bf16 full, bf16
+    /// free, raw full, raw free), the marks of a persistent CTA's cells (one word per warp).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Tma32Smem {
+        pub threads: usize,
+        pub slots: usize,
+        pub raw_slots: usize,
+        pub p: usize,
+        pub ring: usize,
+        pub raw: usize,
+        pub red: usize,
+        pub bars: usize,
+        pub cells: usize,
+        /// Dynamic shared memory to launch with (the layout plus the alignment slack).
+        pub bytes: usize,
+    }
+
     pub const TMA32_ROWS: usize = 32;
-    pub const TMA32_THREADS: usize = 160;
-    pub const TMA32_SLOTS: usize = 23;
     pub const TMA32_Q_SLAB: usize = TMA32_ROWS * 128;
-    pub const TMA32_SMEM_P: usize = 9 * TMA32_Q_SLAB;
-    pub const TMA32_SMEM_RING: usize = TMA32_SMEM_P + TMA32_ROWS * 128;
-    pub const TMA32_SMEM_RED: usize = TMA32_SMEM_RING + TMA32_SLOTS * WG_SLAB_BYTES;
-    pub const TMA32_SMEM_BARS: usize = TMA32_SMEM_RED + 4 * TMA32_ROWS * 4;
-    pub const TMA32_SMEM_CELLS: usize = TMA32_SMEM_BARS + 2 * TMA32_SLOTS * 8;
-    pub const TMA32_SMEM_BYTES: usize = 1024 + TMA32_SMEM_CELLS + 8 * 4;
-    const _: () = assert!(TMA32_SMEM_BYTES <= 227 * 1024);
+    /// A raw fp8 slab: 64 tokens x 64 bytes.
+    pub const TMA32_RAW_SLAB: usize = BLOCK_N * 64;
+
+    pub const fn tma32_smem(fp8: bool) -> Tma32Smem {
+        let threads = if fp8 { 7 * 32 } else { 5 * 32 };
+        let (slots, raw_slots) = if fp8 { (14, 18) } else { (23, 0) };
+        let p = 9 * TMA32_Q_SLAB;
+        let ring = p + TMA32_ROWS * 128;
+        let raw = ring + slots * WG_SLAB_BYTES;
+        let red = raw + raw_slots * TMA32_RAW_SLAB;
+        let bars = red + 4 * TMA32_ROWS * 4;
+        let cells = bars + 2 * (slots + raw_slots) * 8;
+        Tma32Smem {
+            threads,
+            slots,
+            raw_slots,
+            p,
+            ring,
+            raw,
+            red,
+            bars,
+            cells,
+            bytes: 1024 + cells + (threads / 32) * 4,
+        }
+    }
+
+    /// The bf16-cache form.
+    pub const TMA32_BF16: Tma32Smem = tma32_smem(false);
+    /// The fp8-cache form.
+    pub const TMA32_FP8: Tma32Smem = tma32_smem(true);
+    const _: () = assert!(TMA32_BF16.bytes <= 227 * 1024 && TMA32_FP8.bytes <= 227 * 1024);
     const _: () =
-        assert!(TMA32_SMEM_P.is_multiple_of(1024) && TMA32_SMEM_RING.is_multiple_of(1024));
-    const _: () = assert!(TMA32_ROWS * 1024 <= TMA32_SMEM_P);
-    const _: () = assert!(TMA32_THREADS == 5 * 32);
+        assert!(TMA32_BF16.p.is_multiple_of(1024) && TMA32_BF16.ring.is_multiple_of(1024));
+    const _: () = assert!(TMA32_FP8.raw.is_multiple_of(1024) && TMA32_ROWS * 1024 <= TMA32_BF16.p);
 
     /// The e4m3 TMA decode (`names::DECODE_TMA_FP8`: fp8 Q and an fp8 cache, e4m3 tensor
     /// cores) packs its 64-byte rows: Q and each stage's nine raw slabs are `TMA_E4_SLAB`
@@ -568,9 +607,11 @@ pub mod names {
     /// fp8 Q with an fp8 cache on the e4m3 tensor cores: Q and the cache raw, P in e4m3,
     /// as `DECODE_TMA_FP8KV_BF16Q` with one Q part.
     pub const DECODE_TMA_FP8: &str = "mla_decode_tma_fp8";
-    /// The small-row TMA decode (bf16, at most `decode_tile::TMA32_ROWS` rows; the same
-    /// parameters as `DECODE_TMA_BF16`).
+    /// The small-row TMA decodes (at most `decode_tile::TMA32_ROWS` rows; the same
+    /// parameters as `DECODE_TMA_BF16`): bf16, an fp8 cache under bf16 Q, fp8 Q and cache.
     pub const DECODE_TMA32_BF16: &str = "mla_decode_tma32_bf16";
+    pub const DECODE_TMA32_FP8KV_BF16Q: &str = "mla_decode_tma32_fp8kv_bf16q";
+    pub const DECODE_TMA32_FP8: &str = "mla_decode_tma32_fp8";
     pub const COMBINE_BF16: &str = "mla_combine_bf16";
     pub const COMBINE_FP16: &str = "mla_combine_fp16";
     pub const COMBINE_WIDE_BF16: &str = "mla_combine_wide_bf16";
@@ -792,8 +833,20 @@ pub mod kernels {
         sm90a(k(
             DECODE_TMA32_BF16,
             Params::DecodeWithMap,
-            decode_tile::TMA32_THREADS,
-            decode_tile::TMA32_SMEM_BYTES,
+            decode_tile::TMA32_BF16.threads,
+            decode_tile::TMA32_BF16.bytes,
+        )),
+        sm90a(k(
+            DECODE_TMA32_FP8KV_BF16Q,
+            Params::DecodeWithMap,
+            decode_tile::TMA32_FP8.threads,
+            decode_tile::TMA32_FP8.bytes,
+        )),
+        sm90a(k(
+            DECODE_TMA32_FP8,
+            Params::DecodeWithMap,
+            decode_tile::TMA32_FP8.threads,
+            decode_tile::TMA32_FP8.bytes,
         )),
         k(COMBINE_BF16, Params::Combine, NARROW, 0),
         k(COMBINE_FP16, Params::Combine, NARROW, 0),

@@ -1,7 +1,8 @@
-//! The small-row TMA decode (sm_90a only; `--cfg mla_wgmma`): bf16 Q and cache, at most
-//! `decode_tile::TMA32_ROWS` query rows (16 heads at one or two query tokens), pages of at
-//! least `decode_tile::TMA_MIN_PAGE` tokens. The same grid, params and tensor map as
-//! [`crate::decode::tma`], so the host's schedule, workspace and combine are shared.
+//! The small-row TMA decode (sm_90a only; `--cfg mla_wgmma`): bf16 Q with a bf16 or fp8
+//! e4m3 cache, or fp8 Q with an fp8 cache; at most `decode_tile::TMA32_ROWS` query rows (16
+//! heads at one or two query tokens), pages of at least `decode_tile::TMA_MIN_PAGE` tokens.
+//! The same grid, params and tensor map as [`crate::decode::tma`], so the host's schedule,
+//! workspace and combine are shared.
 //!
 //! Both products run transposed, with the query rows as the `wgmma`'s N: S^T = K Q^T (A =
 //! a block's K slabs as the copies land them, 64 tokens x 64 dims, K-major; B = the Q tile,
@@ -17,6 +18,11 @@
 //!   last read of the slab is done: S^T for the rope slab 8, P.V for slabs 0-7). The
 //!   producer runs ahead of the consumer by as many slabs as are free, across blocks and
 //!   the persistent CTA's cells.
+//! - An fp8 cache lands raw in a second ring (4 KB slabs, the same two mbarriers per slot);
+//!   warps 4-5 (the converters) widen each raw slab exactly into the next bf16 slot (rows
+//!   past the sequence end as zeros) and complete its full barrier themselves, and the
+//!   producer is warp 6. fp8 Q widens exactly as it loads. The consumer's math is the same
+//!   for every dtype; the fp8 scales are in the params' softmax and value scales.
 //! - A thread's S^T accumulators hold tokens `16 w + g` and `+ 8` (warp `w`, quad row `g`)
 //!   of its rows `8 j + 2 c` and `+ 1` (`j < 4`, quad column `c`); so do its O^T
 //!   accumulators (dims instead of tokens), so the row statistics of a thread's eight rows
@@ -25,7 +31,8 @@
 //!   the epilogue. P goes to shared memory with `stmatrix.trans` (row-major, the K-major
 //!   B operand; named barrier [`BAR_P`]).
 //! - V rows past the sequence end (inside a page that was read) are zeroed before the
-//!   P.V; boxes past the end and pages outside `0..num_pages` land as zeros (the map).
+//!   P.V (by the converters with an fp8 cache); boxes past the end and pages outside
+//!   `0..num_pages` land as zeros (the map).
 //! - A sequence of one split writes its output through the Q tile's shared memory (one
 //!   16-byte chunk per store); a split's f32 partial goes straight from the accumulators
 //!   (each store a warp's four rows x 32 bytes).
@@ -33,28 +40,32 @@
 use crate::arch::{self, bulk, cp_async, ldmatrix, smem, sync, wgmma};
 use crate::decode::tma::{block_pages, uniform};
 use crate::decode::wg::{SLAB, aligned_base};
-use crate::decode::{self, CtaWork};
+use crate::decode::{self, CtaWork, DecodeKind};
 use crate::elem::{Bf16, Half16};
+use core::marker::PhantomData;
 use mla_abi::DecodeParams;
-use mla_abi::decode_tile as T;
+use mla_abi::decode_tile::{self as T, Tma32Smem};
 
 const BLOCK_N: u32 = T::BLOCK_N as u32;
 const ROWS: u32 = T::TMA32_ROWS as u32;
-const THREADS: u32 = T::TMA32_THREADS as u32;
-const SLOTS: u32 = T::TMA32_SLOTS as u32;
 const Q_SLAB: u32 = T::TMA32_Q_SLAB as u32;
-/// The consumer warpgroup's threads (warps 0-3); warp 4 is the producer's.
+const RAW_SLAB: u32 = T::TMA32_RAW_SLAB as u32;
+/// The consumer warpgroup's threads (warps 0-3); then the converters (fp8 caches, warps
+/// 4-5) and the producer (the last warp).
 const CONSUMERS: u32 = 128;
+const CONVERTERS: u32 = 64;
 /// The consumer's named barriers (0 is the CTA barrier): the four warps' row maxima are
 /// in the exchange; P (and any zeroed V rows) are in shared memory; the output staging.
 const BAR_MAX: u32 = 1;
 const BAR_P: u32 = 2;
 const BAR_OUT: u32 = 3;
+/// The converters' barrier: a bf16 slab is written.
+const BAR_CVT: u32 = 4;
 /// 16-byte chunks of a query row (576 bf16).
 const Q_CHUNKS: u32 = (mla_abi::D_QK * 2 / 16) as u32;
-const _: () = assert!(SLOTS >= 18 && ROWS == 32 && THREADS == CONSUMERS + 32);
+const _: () = assert!(ROWS == 32 && CONVERTERS == BLOCK_N);
 
-/// Where a slab sits in the ring: its slot and the parity of the slot's phase it takes.
+/// Where a slab sits in a ring: its slot and the parity of the slot's phase it takes.
 #[derive(Clone, Copy)]
 struct Pos {
     slot: u32,
@@ -62,13 +73,15 @@ struct Pos {
 }
 
 impl Pos {
-    /// The ring position `n` slabs on (`n < SLOTS`).
+    const START: Pos = Pos { slot: 0, parity: 0 };
+
+    /// The position `k` slabs on in a ring of `n` slots (`k < n`).
     #[inline(always)]
-    fn plus(self, n: u32) -> Pos {
-        let t = self.slot + n;
-        if t >= SLOTS {
+    fn plus(self, k: u32, n: u32) -> Pos {
+        let t = self.slot + k;
+        if t >= n {
             Pos {
-                slot: t - SLOTS,
+                slot: t - n,
                 parity: self.parity ^ 1,
             }
         } else {
@@ -80,18 +93,44 @@ impl Pos {
     }
 }
 
-/// The shared regions from the aligned base (opaque: recomputed where used rather than
-/// held in registers through the pair loop).
-#[derive(Clone, Copy)]
-struct Smem {
-    base: u32,
+/// The layout of kind `K`'s form and its roles' thread ranges.
+struct Form<K>(PhantomData<K>);
+
+impl<K: DecodeKind> Form<K> {
+    const L: Tma32Smem = if K::KV_FP8 {
+        T::TMA32_FP8
+    } else {
+        T::TMA32_BF16
+    };
+    const THREADS: u32 = Self::L.threads as u32;
+    const SLOTS: u32 = Self::L.slots as u32;
+    const RAW_SLOTS: u32 = Self::L.raw_slots as u32;
+    /// The producer warp's lane 0.
+    const PRODUCER: u32 = Self::THREADS - 32;
 }
 
-impl Smem {
+/// The shared regions from the aligned base (opaque: recomputed where used rather than
+/// held in registers through the block loop).
+struct Smem<K> {
+    base: u32,
+    _kind: PhantomData<K>,
+}
+
+impl<K> Clone for Smem<K> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<K> Copy for Smem<K> {}
+
+impl<K: DecodeKind> Smem<K> {
+    const L: Tma32Smem = Form::<K>::L;
+
     #[inline(always)]
-    fn new() -> Smem {
+    fn new() -> Self {
         Smem {
             base: arch::opaque(aligned_base()),
+            _kind: PhantomData,
         }
     }
     #[inline(always)]
@@ -100,43 +139,95 @@ impl Smem {
     }
     #[inline(always)]
     fn p(self) -> u32 {
-        self.base + T::TMA32_SMEM_P as u32
+        self.base + Self::L.p as u32
     }
+    /// Slot `slot` of the bf16 ring.
     #[inline(always)]
-    fn slab(self, at: Pos) -> u32 {
-        self.base + T::TMA32_SMEM_RING as u32 + at.slot * SLAB
+    fn slab(self, slot: u32) -> u32 {
+        self.base + Self::L.ring as u32 + slot * SLAB
+    }
+    /// Slot `slot` of the raw ring.
+    #[inline(always)]
+    fn raw(self, slot: u32) -> u32 {
+        self.base + Self::L.raw as u32 + slot * RAW_SLAB
     }
     #[inline(always)]
     fn red(self) -> u32 {
-        self.base + T::TMA32_SMEM_RED as u32
+        self.base + Self::L.red as u32
+    }
+    /// The bf16 ring's mbarriers: full, then free.
+    #[inline(always)]
+    fn full(self, slot: u32) -> u32 {
+        self.base + Self::L.bars as u32 + 8 * slot
     }
     #[inline(always)]
-    fn full(self, at: Pos) -> u32 {
-        self.base + T::TMA32_SMEM_BARS as u32 + 8 * at.slot
+    fn free(self, slot: u32) -> u32 {
+        self.base + Self::L.bars as u32 + 8 * (Self::L.slots as u32 + slot)
+    }
+    /// The raw ring's mbarriers: full, then free.
+    #[inline(always)]
+    fn raw_full(self, slot: u32) -> u32 {
+        self.base + Self::L.bars as u32 + 8 * (2 * Self::L.slots as u32 + slot)
     }
     #[inline(always)]
-    fn free(self, at: Pos) -> u32 {
-        self.base + T::TMA32_SMEM_BARS as u32 + 8 * (SLOTS + at.slot)
+    fn raw_free(self, slot: u32) -> u32 {
+        self.base
+            + Self::L.bars as u32
+            + 8 * (2 * Self::L.slots as u32 + Self::L.raw_slots as u32 + slot)
     }
     #[inline(always)]
     fn cells(self) -> u32 {
-        self.base + T::TMA32_SMEM_CELLS as u32
+        self.base + Self::L.cells as u32
     }
 }
 
 /// The producer's copies of one cell: every block of `w`, slab by slab, each into the next
-/// ring slot once the consumer has freed it. `at`: the ring position of the cell's first
-/// slab, advanced past its last.
+/// slot of its ring (the bf16 ring, or the raw ring for an fp8 cache) once that slot is
+/// free. `at`: the ring position of the cell's first slab, advanced past its last.
 ///
 /// # Safety
-/// One thread (warp 4's lane 0), for every cell the consumer runs, in the same order; the
-/// mbarriers are initialised; `tmap` is the cache's map.
+/// One thread (the producer warp's lane 0), for every cell the consumer runs, in the same
+/// order; the mbarriers are initialised; `tmap` is the cache's map.
 #[inline(always)]
-unsafe fn produce(p: &DecodeParams, tmap: *const u8, sm: Smem, w: &CtaWork, b: u32, at: &mut Pos) {
+unsafe fn produce<K: DecodeKind>(
+    p: &DecodeParams,
+    tmap: *const u8,
+    sm: Smem<K>,
+    w: &CtaWork,
+    b: u32,
+    at: &mut Pos,
+) {
     let (len, kb0, kb1) = (w.len, w.kb0, w.kb1);
     if kb0 >= kb1 {
         return;
     }
+    // The ring the copies land in: raw slabs of 64-byte rows, or bf16 slabs.
+    let (n, bytes, row_bytes) = if K::KV_FP8 {
+        (Form::<K>::RAW_SLOTS, RAW_SLAB, 64)
+    } else {
+        (Form::<K>::SLOTS, SLAB, 128)
+    };
+    let slab = |slot: u32| {
+        if K::KV_FP8 {
+            sm.raw(slot)
+        } else {
+            sm.slab(slot)
+        }
+    };
+    let full = |slot: u32| {
+        if K::KV_FP8 {
+            sm.raw_full(slot)
+        } else {
+            sm.full(slot)
+        }
+    };
+    let free = |slot: u32| {
+        if K::KV_FP8 {
+            sm.raw_free(slot)
+        } else {
+            sm.free(slot)
+        }
+    };
     let rows = p.page_size.min(BLOCK_N);
     let mut pages = block_pages(p, b, kb0, len);
     let mut blk = kb0;
@@ -151,24 +242,78 @@ unsafe fn produce(p: &DecodeParams, tmap: *const u8, sm: Smem, w: &CtaWork, b: u
         let row_in_page = ((blk * BLOCK_N) & (p.page_size - 1)) as i32;
         let mut s = 0;
         while s < 9 {
-            let slot = at.plus(s);
+            let at_s = at.plus(s, n);
             // SAFETY: the slot's last reader arrived on its free barrier (parity of the
             // previous use; a fresh barrier's previous phase counts as complete); each
-            // box lands inside the slab at a multiple of 1024 bytes (rows >= 16).
+            // box lands inside the slab at a multiple of 1024 bytes (512 for raw rows;
+            // rows >= 16).
             unsafe {
-                while !bulk::mbarrier_try_wait_parity(sm.free(slot), slot.parity ^ 1) {}
-                bulk::mbarrier_arrive_expect_tx(sm.full(slot), SLAB);
+                while !bulk::mbarrier_try_wait_parity(free(at_s.slot), at_s.parity ^ 1) {}
+                bulk::mbarrier_arrive_expect_tx(full(at_s.slot), bytes);
                 unroll!(q in [0, 1, 2, 3] {
                     if (q as u32) * rows < BLOCK_N {
                         let c = [(64 * s) as i32, row_in_page, pages[q]];
-                        bulk::tma_load_3d(sm.slab(slot) + q as u32 * rows * 128, tmap, c, sm.full(slot));
+                        let dst = slab(at_s.slot) + q as u32 * rows * row_bytes;
+                        bulk::tma_load_3d(dst, tmap, c, full(at_s.slot));
                     }
                 });
             }
             s += 1;
         }
-        *at = at.plus(9);
+        *at = at.plus(9, n);
         pages = next;
+        blk += 1;
+    }
+}
+
+/// The converters' work of one cell (fp8 caches): each raw slab, once landed, widened into
+/// the next bf16 slot once that is free (a thread per token row; rows past the sequence
+/// end as zeros); then the bf16 slot is full and the raw slot free. `raw_at` / `at`: the
+/// cell's first positions in each ring, advanced past its last.
+///
+/// # Safety
+/// The two converter warps (threads `CONSUMERS..CONSUMERS + CONVERTERS`), for every cell
+/// the producer and consumer run, in the same order.
+#[inline(always)]
+unsafe fn convert<K: DecodeKind>(sm: Smem<K>, w: &CtaWork, raw_at: &mut Pos, at: &mut Pos) {
+    let (len, kb0, kb1) = (w.len, w.kb0, w.kb1);
+    let tid = arch::thread_idx_x();
+    let tok = tid - CONSUMERS;
+    let (n, nr) = (Form::<K>::SLOTS, Form::<K>::RAW_SLOTS);
+    let mut blk = kb0;
+    while blk < kb1 {
+        let valid = len.saturating_sub(blk * BLOCK_N);
+        let mut s = 0;
+        while s < 9 {
+            let (r, d) = (raw_at.plus(s, nr), at.plus(s, n));
+            // SAFETY: the raw slab landed (its full barrier) and the bf16 slot's last
+            // reader freed it; row tok < 64 of each; converged warps.
+            unsafe {
+                bulk::mbarrier_wait_parity_warp(sm.raw_full(r.slot), r.parity);
+                bulk::mbarrier_wait_parity_warp(sm.free(d.slot), d.parity ^ 1);
+                let (src, dst) = (sm.raw(r.slot) + tok * 64, sm.slab(d.slot) + tok * 128);
+                unroll!(ch in [0, 1, 2, 3] {
+                    let v = if tok < valid {
+                        smem::ld_shared_v4(src + (((ch as u32) ^ ((tok / 2) % 4)) << 4))
+                    } else {
+                        [0; 4]
+                    };
+                    let lo = decode::fp8x8_to_half::<Bf16>([v[0], v[1]]);
+                    let hi = decode::fp8x8_to_half::<Bf16>([v[2], v[3]]);
+                    smem::st_shared_v4(dst + (((2 * ch as u32) ^ (tok % 8)) << 4), lo);
+                    smem::st_shared_v4(dst + (((2 * ch as u32 + 1) ^ (tok % 8)) << 4), hi);
+                });
+                wgmma::fence_proxy_async_shared();
+                sync::bar_sync_named::<BAR_CVT, CONVERTERS>();
+                if tid == CONSUMERS {
+                    bulk::mbarrier_arrive(sm.full(d.slot));
+                    bulk::mbarrier_arrive(sm.raw_free(r.slot));
+                }
+            }
+            s += 1;
+        }
+        *raw_at = raw_at.plus(9, nr);
+        *at = at.plus(9, n);
         blk += 1;
     }
 }
@@ -176,9 +321,9 @@ unsafe fn produce(p: &DecodeParams, tmap: *const u8, sm: Smem, w: &CtaWork, b: u
 /// The consumer warpgroup's state through a cell: its O^T (eight 64-dim tiles x this
 /// thread's 16 values), and per row of this thread (`k = 2 j + e`: row `8 j + 2 c + e`) the
 /// running max (log2 units, scaled), exp-sum part and causal visibility.
-struct Consumer<'a> {
+struct Consumer<'a, K: DecodeKind> {
     p: &'a DecodeParams,
-    sm: Smem,
+    sm: Smem<K>,
     b: u32,
     split: u32,
     nsplit: u32,
@@ -197,9 +342,15 @@ struct Consumer<'a> {
     l: [f32; 8],
 }
 
-impl<'a> Consumer<'a> {
+impl<'a, K: DecodeKind> Consumer<'a, K> {
+    /// A position `k` slabs on in the bf16 ring.
     #[inline(always)]
-    fn new(p: &'a DecodeParams, sm: Smem, w: &CtaWork, b: u32, split: u32) -> Self {
+    fn pos(at: Pos, k: u32) -> Pos {
+        at.plus(k, Form::<K>::SLOTS)
+    }
+
+    #[inline(always)]
+    fn new(p: &'a DecodeParams, sm: Smem<K>, w: &CtaWork, b: u32, split: u32) -> Self {
         let tid = arch::opaque(arch::thread_idx_x());
         let lane = tid % 32;
         let c = lane % 4;
@@ -234,7 +385,8 @@ impl<'a> Consumer<'a> {
         }
     }
 
-    /// Loads the cell's Q rows (zeros past the last) as nine 32-row slabs, 128-byte swizzled.
+    /// Loads the cell's Q rows (zeros past the last) as nine 32-row slabs of bf16, 128-byte
+    /// swizzled (fp8 Q widened exactly).
     ///
     /// # Safety
     /// The consumer warpgroup; the previous cell's readers of the Q tile are done (its
@@ -252,15 +404,25 @@ impl<'a> Consumer<'a> {
             unsafe {
                 if r < rows {
                     let (t, h) = ((r / p.heads) as u64, (r % p.heads) as u64);
-                    let src = if k < 64 {
-                        (p.q.ptr() as *const u8)
-                            .add((p.q_row(self.b as u64, t, h) * 2) as usize + 16 * k as usize)
+                    // The element offset of chunk k's first value (8 values a chunk).
+                    let (base, off) = if k < 64 {
+                        (
+                            p.q.ptr() as *const u8,
+                            p.q_row(self.b as u64, t, h) + 8 * k as u64,
+                        )
                     } else {
-                        (p.q_pe.ptr() as *const u8).add(
-                            (p.q_pe_row(self.b as u64, t, h) * 2) as usize + 16 * (k - 64) as usize,
+                        (
+                            p.q_pe.ptr() as *const u8,
+                            p.q_pe_row(self.b as u64, t, h) + 8 * (k - 64) as u64,
                         )
                     };
-                    cp_async::cp_async_cg_16(dst, src, 16);
+                    if K::Q_FP8 {
+                        // 8 e4m3 values (8-byte aligned), widened exactly.
+                        let raw = *(base.add(off as usize) as *const [u32; 2]);
+                        smem::st_shared_v4(dst, decode::fp8x8_to_half::<Bf16>(raw));
+                    } else {
+                        cp_async::cp_async_cg_16(dst, base.add(2 * off as usize), 16);
+                    }
                 } else {
                     cp_async::cp_async_cg_16(dst, p.q.ptr() as *const u8, 0);
                 }
@@ -279,7 +441,7 @@ impl<'a> Consumer<'a> {
     fn release(&self, at: Pos) {
         if self.tid == 0 {
             // SAFETY: an initialised mbarrier; this slab's reads are complete.
-            unsafe { bulk::mbarrier_arrive(self.sm.free(at)) };
+            unsafe { bulk::mbarrier_arrive(self.sm.free(at.slot)) };
         }
     }
 
@@ -295,9 +457,9 @@ impl<'a> Consumer<'a> {
         unsafe {
             wgmma::wgmma_fence();
             unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
-                let slab = at.plus(j as u32);
-                bulk::mbarrier_wait_parity_warp(sm.full(slab), slab.parity);
-                let da = wgmma::smem_desc(sm.slab(slab), 16, 1024, wgmma::Swizzle::B128);
+                let slab = Self::pos(at, j as u32);
+                bulk::mbarrier_wait_parity_warp(sm.full(slab.slot), slab.parity);
+                let da = wgmma::smem_desc(sm.slab(slab.slot), 16, 1024, wgmma::Swizzle::B128);
                 let db = wgmma::smem_desc(arch::opaque(sm.q()) + j as u32 * Q_SLAB, 16, 1024, wgmma::Swizzle::B128);
                 unroll!(kk in [0, 1, 2, 3] {
                     let k = 2 * kk as u64;
@@ -307,18 +469,21 @@ impl<'a> Consumer<'a> {
             wgmma::wgmma_commit_group();
             wgmma::wgmma_wait_group::<0>();
         }
-        self.release(at.plus(8));
+        self.release(Self::pos(at, 8));
     }
 
     /// V rows of block `blk` (slabs 0-7 at `at`) past the sequence end become zeros.
     #[inline(always)]
     fn zero_tail(&self, blk: u32, at: Pos) {
         let valid = self.len.saturating_sub(blk * BLOCK_N);
-        if valid < BLOCK_N {
+        // With an fp8 cache the converters wrote those rows as zeros.
+        if valid < BLOCK_N && !K::KV_FP8 {
             let mut i = self.tid;
             while i < (BLOCK_N - valid) * 64 {
                 let (r, ch) = (valid + i / 64, i % 64);
-                let dst = self.sm.slab(at.plus(ch / 8)) + r * 128 + (((ch % 8) ^ (r % 8)) << 4);
+                let dst = self.sm.slab(Self::pos(at, ch / 8).slot)
+                    + r * 128
+                    + (((ch % 8) ^ (r % 8)) << 4);
                 // SAFETY: row r < 64, chunk < 8 of a slab of this block (landed; S^T done).
                 unsafe {
                     arch::no_unroll();
@@ -438,7 +603,7 @@ impl<'a> Consumer<'a> {
         unsafe {
             wgmma::wgmma_fence();
             unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
-                let v = sm.slab(at.plus(i as u32));
+                let v = sm.slab(Self::pos(at, i as u32).slot);
                 unroll!(t in [0, 1, 2, 3] {
                     let da = wgmma::smem_desc(v + t as u32 * 16 * 128, SLAB, 1024, wgmma::Swizzle::B128);
                     let db = wgmma::smem_desc(p_s + 32 * t as u32, 16, 1024, wgmma::Swizzle::B128);
@@ -450,16 +615,16 @@ impl<'a> Consumer<'a> {
             });
             wgmma::wgmma_wait_group::<3>();
             self.release(at);
-            self.release(at.plus(1));
+            self.release(Self::pos(at, 1));
             wgmma::wgmma_wait_group::<2>();
-            self.release(at.plus(2));
-            self.release(at.plus(3));
+            self.release(Self::pos(at, 2));
+            self.release(Self::pos(at, 3));
             wgmma::wgmma_wait_group::<1>();
-            self.release(at.plus(4));
-            self.release(at.plus(5));
+            self.release(Self::pos(at, 4));
+            self.release(Self::pos(at, 5));
             wgmma::wgmma_wait_group::<0>();
-            self.release(at.plus(6));
-            self.release(at.plus(7));
+            self.release(Self::pos(at, 6));
+            self.release(Self::pos(at, 7));
         }
     }
 
@@ -606,7 +771,7 @@ impl<'a> Consumer<'a> {
                 self.zero_tail(blk, *at);
                 self.softmax(&mut s, blk);
                 self.pv(*at);
-                *at = at.plus(9);
+                *at = Self::pos(*at, 9);
                 blk += 1;
             }
             self.epilogue();
@@ -616,19 +781,20 @@ impl<'a> Consumer<'a> {
 
 /// The kernel body (see the module docs): a persistent CTA takes the cells of the virtual
 /// grid `(row tiles, batch, persist_splits)` that are its own (`c, c + grid, ...`) and have
-/// work, marked `THREADS` at a time (one bit per cell); the consumer warpgroup runs each
-/// cell, the producer issues its copies.
+/// work, marked one bit per thread at a time; the consumer warpgroup runs each cell, the
+/// producer issues its copies, the converters (fp8 caches) widen them.
 ///
 /// # Safety
-/// Launched with `TMA32_THREADS` threads, at most `tiles * batch * persist_splits` CTAs in
-/// x, and `TMA32_SMEM_BYTES` of dynamic shared memory on params the host validated (bf16 Q
-/// and cache, at most `TMA32_ROWS` rows, pages of at least `TMA_MIN_PAGE` tokens,
+/// Launched with `tma32_smem(K::KV_FP8).threads` threads, at most `tiles * batch *
+/// persist_splits` CTAs in x, and that layout's `bytes` of dynamic shared memory on params
+/// the host validated (bf16 Q with a bf16 or fp8 cache, or fp8 Q with an fp8 cache; at
+/// most `TMA32_ROWS` rows, pages of at least `TMA_MIN_PAGE` tokens,
 /// `persist_splits >= 1`); `tmap` is the generic address of the cache's map as for
 /// [`crate::decode::tma`].
 #[inline(always)]
-pub unsafe fn decode_tma32(p: DecodeParams, tmap: *const u8) {
+pub unsafe fn decode_tma32<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *const u8) {
+    let threads = Form::<K>::THREADS;
     let tid = arch::thread_idx_x();
-    let producer = tid >= CONSUMERS;
     let tiles = || arch::opaque((p.s_q * p.heads).div_ceil(BLOCK_N));
     let coords = |i: u32| {
         let (c, g, tiles) = (arch::block_idx_x(), arch::grid_dim_x(), tiles());
@@ -644,30 +810,34 @@ pub unsafe fn decode_tma32(p: DecodeParams, tmap: *const u8) {
             0
         }
     };
-    let sm = Smem::new();
+    let sm = Smem::<K>::new();
     // SAFETY: thread 0 initialises every mbarrier before the CTA barrier below; the
-    // producer's lane 0 prefetches the map.
+    // producer prefetches the map.
     unsafe {
         if tid == 0 {
-            for k in 0..2 * SLOTS {
-                bulk::mbarrier_init(sm.base + T::TMA32_SMEM_BARS as u32 + 8 * k, 1);
+            let bars = 2 * (Form::<K>::SLOTS + Form::<K>::RAW_SLOTS);
+            for k in 0..bars {
+                bulk::mbarrier_init(sm.full(0) + 8 * k, 1);
             }
             bulk::fence_mbarrier_init();
         }
-        if tid == CONSUMERS {
+        if tid == Form::<K>::PRODUCER {
             bulk::prefetch_tensormap(tmap);
         }
         sync::bar_sync();
     }
-    let mut at = Pos { slot: 0, parity: 0 };
+    // Each role's ring positions: the producer's in the ring it fills, the converters' in
+    // both, the consumer's in the bf16 ring.
+    let mut at = Pos::START;
+    let mut raw_at = Pos::START;
     let mut next = 0u32;
     // SAFETY: every thread walks the same cells (the marks come from shared memory after a
     // CTA barrier, loop bounds are CTA-uniform): the producer issues exactly the slabs the
-    // consumer reads, in order.
+    // converters and the consumer read, in order.
     unsafe {
         while next < mine() {
             let marks = sm.cells();
-            if next.is_multiple_of(THREADS) {
+            if next.is_multiple_of(threads) {
                 let fold = decode::fold_total(&p);
                 let i = next + tid;
                 let busy = i < mine() && {
@@ -684,7 +854,7 @@ pub unsafe fn decode_tma32(p: DecodeParams, tmap: *const u8) {
                 );
                 sync::bar_sync();
             }
-            let mut m = uniform(smem::ld_shared_f32(marks + 4 * (next % THREADS / 32)).to_bits());
+            let mut m = uniform(smem::ld_shared_f32(marks + 4 * (next % threads / 32)).to_bits());
             while m != 0 {
                 let i = next + m.trailing_zeros();
                 m &= m - 1;
@@ -693,13 +863,15 @@ pub unsafe fn decode_tma32(p: DecodeParams, tmap: *const u8) {
                 let Some(work) = decode::cta_work(&p, tile, split, b, fold) else {
                     continue;
                 };
-                if producer {
-                    if tid == CONSUMERS {
+                if tid < CONSUMERS {
+                    let mut cell = Consumer::<K>::new(&p, sm, &work, b, split);
+                    cell.run(&mut at);
+                } else if tid >= Form::<K>::PRODUCER {
+                    if tid == Form::<K>::PRODUCER {
                         produce(&p, tmap, sm, &work, b, &mut at);
                     }
                 } else {
-                    let mut cell = Consumer::new(&p, sm, &work, b, split);
-                    cell.run(&mut at);
+                    convert(sm, &work, &mut raw_at, &mut at);
                 }
             }
             next += 32;
