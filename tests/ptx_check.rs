@@ -240,6 +240,22 @@ const SYNC_SITES: &[(&str, SyncSites)] = &[
     // arrivals sit after a P.V wait (warpgroup 0's in both branches of its S).
     ("mla_decode_tma_fp8kv_bf16q", E4M3_SITES),
     ("mla_decode_tma_fp8", E4M3_SITES),
+    // The small-row TMA decodes: S^T's wait and P.V's four; the consumer's row exchange
+    // (1: each block and the epilogue), P (2), Q and the output staging (3); the
+    // converters' slab barrier (4, fp8 caches); three CTA barriers (the unaligned
+    // `barrier.sync 0`: the start, two around each marking of the cells).
+    (
+        "mla_decode_tma32_bf16",
+        (5, &[(0, 3), (1, 2), (2, 1), (3, 3)], &[]),
+    ),
+    (
+        "mla_decode_tma32_fp8kv_bf16q",
+        (5, &[(0, 3), (1, 2), (2, 1), (3, 3), (4, 1)], &[]),
+    ),
+    (
+        "mla_decode_tma32_fp8",
+        (5, &[(0, 3), (1, 2), (2, 1), (3, 3), (4, 1)], &[]),
+    ),
     ("mla_decode_wg_bf16", (2, &[(0, 1), (1, 2), (2, 1)], &[])),
     (
         "mla_decode_wg_fp8kv_bf16q",
@@ -307,7 +323,8 @@ fn ptx_body<'a>(ptx: &'a str, name: &str) -> Option<&'a str> {
     Some(&rest[..rest.find(".entry ").unwrap_or(rest.len())])
 }
 
-/// Counts in PTX: `wgmma.wait_group`, `bar.sync ID[, N]`, `bar.arrive ID, N`.
+/// Counts in PTX: `wgmma.wait_group`, `bar.sync ID[, N]` (and `barrier.sync ID[, N]`),
+/// `bar.arrive ID, N`.
 fn ptx_sync_counts(body: &str) -> SyncCounts {
     let mut waits = 0;
     let mut bars = BTreeMap::new();
@@ -315,7 +332,13 @@ fn ptx_sync_counts(body: &str) -> SyncCounts {
         if l.starts_with("wgmma.wait_group") {
             waits += 1;
         }
-        for (kind, prefix) in [("sync", "bar.sync "), ("arrive", "bar.arrive ")] {
+        // `barrier.sync` (the unaligned form) counts with `bar.sync`, as the SASS has both
+        // as `BAR.SYNC`.
+        for (kind, prefix) in [
+            ("sync", "bar.sync "),
+            ("sync", "barrier.sync "),
+            ("arrive", "bar.arrive "),
+        ] {
             if let Some(rest) = l.strip_prefix(prefix) {
                 let id = rest.split([',', ';']).next().unwrap_or("").trim();
                 if let Ok(id) = id.parse() {

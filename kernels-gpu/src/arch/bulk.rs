@@ -52,6 +52,27 @@ pub unsafe fn mbarrier_arrive(bar: u32) {
     }
 }
 
+/// [`mbarrier_arrive`] where `pred` is non-zero, predicated inside the asm: a thread-0
+/// arrival that leaves no branch on the thread index in front of the next `.aligned`
+/// instruction.
+///
+/// # Safety
+/// `bar` is an initialised mbarrier.
+#[inline(always)]
+pub unsafe fn mbarrier_arrive_if(bar: u32, pred: u32) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        asm!(
+            "{{",
+            ".reg .pred p;",
+            "setp.ne.b32 p, {c}, 0;",
+            "@p mbarrier.arrive.shared::cta.b64 _, [{b}];",
+            "}}",
+            b = in(reg32) bar, c = in(reg32) pred, options(nostack)
+        )
+    }
+}
+
 /// `mbarrier.try_wait.parity.shared::cta.b64`: whether the phase with `parity` has
 /// completed (the hardware may suspend the thread a while before answering false).
 ///

@@ -65,6 +65,12 @@ const BAR_CVT: u32 = 4;
 const Q_CHUNKS: u32 = (mla_abi::D_QK * 2 / 16) as u32;
 const _: () = assert!(ROWS == 32 && CONVERTERS == BLOCK_N);
 
+/// A row's exponent reference: its running max, or 0 while the row has seen nothing.
+#[inline(always)]
+fn m_ref_of(m: f32) -> f32 {
+    if m == f32::NEG_INFINITY { 0.0 } else { m }
+}
+
 /// Where a slab sits in a ring: its slot and the parity of the slot's phase it takes.
 #[derive(Clone, Copy)]
 struct Pos {
@@ -73,7 +79,14 @@ struct Pos {
 }
 
 impl Pos {
-    const START: Pos = Pos { slot: 0, parity: 0 };
+    /// The ring position of the `n`-th slab in a ring of `slots` slots.
+    #[inline(always)]
+    fn of(n: u32, slots: u32) -> Pos {
+        Pos {
+            slot: n % slots,
+            parity: (n / slots) & 1,
+        }
+    }
 
     /// The position `k` slabs on in a ring of `n` slots (`k < n`).
     #[inline(always)]
@@ -183,7 +196,8 @@ impl<K: DecodeKind> Smem<K> {
 
 /// The producer's copies of one cell: every block of `w`, slab by slab, each into the next
 /// slot of its ring (the bf16 ring, or the raw ring for an fp8 cache) once that slot is
-/// free. `at`: the ring position of the cell's first slab, advanced past its last.
+/// free. `n`: the count of slabs before the cell's first, advanced past its last (every
+/// role counts the same slabs; a slab's slot in either ring follows from it).
 ///
 /// # Safety
 /// One thread (the producer warp's lane 0), for every cell the consumer runs, in the same
@@ -195,7 +209,7 @@ unsafe fn produce<K: DecodeKind>(
     sm: Smem<K>,
     w: &CtaWork,
     b: u32,
-    at: &mut Pos,
+    n_slabs: &mut u32,
 ) {
     let (len, kb0, kb1) = (w.len, w.kb0, w.kb1);
     if kb0 >= kb1 {
@@ -240,6 +254,7 @@ unsafe fn produce<K: DecodeKind>(
             pages
         };
         let row_in_page = ((blk * BLOCK_N) & (p.page_size - 1)) as i32;
+        let at = Pos::of(*n_slabs, n);
         let mut s = 0;
         while s < 9 {
             let at_s = at.plus(s, n);
@@ -260,7 +275,7 @@ unsafe fn produce<K: DecodeKind>(
             }
             s += 1;
         }
-        *at = at.plus(9, n);
+        *n_slabs += 9;
         pages = next;
         blk += 1;
     }
@@ -268,14 +283,14 @@ unsafe fn produce<K: DecodeKind>(
 
 /// The converters' work of one cell (fp8 caches): each raw slab, once landed, widened into
 /// the next bf16 slot once that is free (a thread per token row; rows past the sequence
-/// end as zeros); then the bf16 slot is full and the raw slot free. `raw_at` / `at`: the
-/// cell's first positions in each ring, advanced past its last.
+/// end as zeros); then the bf16 slot is full and the raw slot free. `n_slabs`: as for
+/// [`produce`].
 ///
 /// # Safety
 /// The two converter warps (threads `CONSUMERS..CONSUMERS + CONVERTERS`), for every cell
 /// the producer and consumer run, in the same order.
 #[inline(always)]
-unsafe fn convert<K: DecodeKind>(sm: Smem<K>, w: &CtaWork, raw_at: &mut Pos, at: &mut Pos) {
+unsafe fn convert<K: DecodeKind>(sm: Smem<K>, w: &CtaWork, n_slabs: &mut u32) {
     let (len, kb0, kb1) = (w.len, w.kb0, w.kb1);
     let tid = arch::thread_idx_x();
     let tok = tid - CONSUMERS;
@@ -283,6 +298,7 @@ unsafe fn convert<K: DecodeKind>(sm: Smem<K>, w: &CtaWork, raw_at: &mut Pos, at:
     let mut blk = kb0;
     while blk < kb1 {
         let valid = len.saturating_sub(blk * BLOCK_N);
+        let (raw_at, at) = (Pos::of(*n_slabs, nr), Pos::of(*n_slabs, n));
         let mut s = 0;
         while s < 9 {
             let (r, d) = (raw_at.plus(s, nr), at.plus(s, n));
@@ -305,22 +321,20 @@ unsafe fn convert<K: DecodeKind>(sm: Smem<K>, w: &CtaWork, raw_at: &mut Pos, at:
                 });
                 wgmma::fence_proxy_async_shared();
                 sync::bar_sync_named::<BAR_CVT, CONVERTERS>();
-                if tid == CONSUMERS {
-                    bulk::mbarrier_arrive(sm.full(d.slot));
-                    bulk::mbarrier_arrive(sm.raw_free(r.slot));
-                }
+                let first = (tid == CONSUMERS) as u32;
+                bulk::mbarrier_arrive_if(sm.full(d.slot), first);
+                bulk::mbarrier_arrive_if(sm.raw_free(r.slot), first);
             }
             s += 1;
         }
-        *raw_at = raw_at.plus(9, nr);
-        *at = at.plus(9, n);
+        *n_slabs += 9;
         blk += 1;
     }
 }
 
 /// The consumer warpgroup's state through a cell: its O^T (eight 64-dim tiles x this
 /// thread's 16 values), and per row of this thread (`k = 2 j + e`: row `8 j + 2 c + e`) the
-/// running max (log2 units, scaled), exp-sum part and causal visibility.
+/// running max (log2 units, scaled) and exp-sum part.
 struct Consumer<'a, K: DecodeKind> {
     p: &'a DecodeParams,
     sm: Smem<K>,
@@ -331,10 +345,8 @@ struct Consumer<'a, K: DecodeKind> {
     kb0: u32,
     kb1: u32,
     tid: u32,
-    w: u32,
-    g: u32,
-    c: u32,
-    vis: [u32; 8],
+    glen: u32,
+    /// The fewest keys any of this thread's rows sees: blocks below it need no mask.
     vis_min: u32,
     scale: f32,
     o: [[f32; 16]; 8],
@@ -343,6 +355,20 @@ struct Consumer<'a, K: DecodeKind> {
 }
 
 impl<'a, K: DecodeKind> Consumer<'a, K> {
+    /// This thread's warp, quad row and quad column (from the thread index where used,
+    /// not held through the block loop).
+    #[inline(always)]
+    fn wgc(&self) -> (u32, u32, u32) {
+        let tid = arch::opaque(self.tid);
+        (tid / 32, (tid % 32) / 4, tid % 4)
+    }
+
+    /// This thread's row `k` (`8 (k / 2) + 2 c + k % 2`).
+    #[inline(always)]
+    fn row(c: u32, k: u32) -> u32 {
+        8 * (k / 2) + 2 * c + k % 2
+    }
+
     /// A position `k` slabs on in the bf16 ring.
     #[inline(always)]
     fn pos(at: Pos, k: u32) -> Pos {
@@ -354,12 +380,9 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
         let tid = arch::opaque(arch::thread_idx_x());
         let lane = tid % 32;
         let c = lane % 4;
-        let mut vis = [0u32; 8];
         let mut vis_min = u32::MAX;
         unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
-            let row = 8 * (k as u32 / 2) + 2 * c + (k as u32 % 2);
-            vis[k] = decode::visible(p, w.len, w.glen, row);
-            vis_min = vis_min.min(vis[k]);
+            vis_min = vis_min.min(decode::visible(p, w.len, w.glen, Self::row(c, k as u32)));
         });
         // SAFETY (every `uniform`): converged warps.
         let (len, kb0, kb1) = unsafe { (uniform(w.len), uniform(w.kb0), uniform(w.kb1)) };
@@ -373,10 +396,7 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
             kb0,
             kb1,
             tid,
-            w: tid / 32,
-            g: lane / 4,
-            c,
-            vis,
+            glen: w.glen,
             vis_min,
             scale: p.softmax_scale * core::f32::consts::LOG2_E,
             o: [[0.0; 16]; 8],
@@ -436,13 +456,12 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
         unsafe { sync::bar_sync_named::<BAR_OUT, CONSUMERS>() };
     }
 
-    /// Thread 0 frees the slab at `at` for the producer.
+    /// Thread 0 frees the slab at `at` for the producer (predicated: no branch on the
+    /// thread index between the `wgmma` waits).
     #[inline(always)]
     fn release(&self, at: Pos) {
-        if self.tid == 0 {
-            // SAFETY: an initialised mbarrier; this slab's reads are complete.
-            unsafe { bulk::mbarrier_arrive(self.sm.free(at.slot)) };
-        }
+        // SAFETY: an initialised mbarrier; this slab's reads are complete.
+        unsafe { bulk::mbarrier_arrive_if(self.sm.free(at.slot), (self.tid == 0) as u32) };
     }
 
     /// S^T of the block whose first slab is at `at`: nine slabs, each after its own full
@@ -503,19 +522,29 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
     /// block's P.V is complete.
     #[inline(always)]
     unsafe fn softmax(&mut self, s: &mut [f32; 16], blk: u32) {
-        let (w, g, c) = (self.w, self.g, self.c);
+        let (w, g, c) = self.wgc();
         let tok0 = blk * BLOCK_N + 16 * w + g;
         let mut mx = [f32::NEG_INFINITY; 8];
-        let whole = blk * BLOCK_N + BLOCK_N <= self.vis_min;
-        unroll!(j in [0, 1, 2, 3] {
-            unroll!(e in [0, 1, 2, 3] {
-                let k = 2 * j + e % 2;
-                let tok = tok0 + 8 * (e / 2) as u32;
-                let x = if whole || tok < self.vis[k] { s[4 * j + e] } else { f32::NEG_INFINITY };
-                s[4 * j + e] = x;
-                mx[k] = sync::fmax(mx[k], x);
+        if blk * BLOCK_N + BLOCK_N <= self.vis_min {
+            unroll!(j in [0, 1, 2, 3] {
+                unroll!(e in [0, 1, 2, 3] {
+                    let k = 2 * j + e % 2;
+                    mx[k] = sync::fmax(mx[k], s[4 * j + e]);
+                });
             });
-        });
+        } else {
+            // A block some row sees only in part (the last ones): each row's visible
+            // keys, recomputed here rather than held through the block loop.
+            unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
+                let vis = decode::visible(self.p, self.len, self.glen, Self::row(c, k as u32));
+                unroll!(h in [0, 1] {
+                    let e = 2 * h + k % 2;
+                    let x = if tok0 + 8 * (h as u32) < vis { s[4 * (k / 2) + e] } else { f32::NEG_INFINITY };
+                    s[4 * (k / 2) + e] = x;
+                    mx[k] = sync::fmax(mx[k], x);
+                });
+            });
+        }
         let red = self.sm.red();
         // SAFETY: converged warps; the exchange's rows < 32 of four warps; the named
         // barriers are the consumer warpgroup's.
@@ -525,12 +554,11 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
                 mx[k] = sync::fmax(mx[k], sync::shfl_xor_f32(mx[k], 8));
                 mx[k] = sync::fmax(mx[k], sync::shfl_xor_f32(mx[k], 16));
             });
-            if g == 0 {
-                unroll!(j in [0, 1, 2, 3] {
-                    let v = mx[2 * j].to_bits() as u64 | ((mx[2 * j + 1].to_bits() as u64) << 32);
-                    smem::st_shared_u64(red + w * 128 + (8 * j as u32 + 2 * c) * 4, v);
-                });
-            }
+            unroll!(j in [0, 1, 2, 3] {
+                let at = red + w * 128 + (8 * j as u32 + 2 * c) * 4;
+                smem::st_shared_f32_if(at, mx[2 * j], (g == 0) as u32);
+                smem::st_shared_f32_if(at + 4, mx[2 * j + 1], (g == 0) as u32);
+            });
             sync::bar_sync_named::<BAR_MAX, CONSUMERS>();
             unroll!(j in [0, 1, 2, 3] {
                 unroll!(ww in [0, 1, 2, 3] {
@@ -540,19 +568,21 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
                 });
             });
         }
-        // The running max (scaled; the scale is positive), the factor for what O and the
-        // sums hold, P = exp2(S scale - m_ref).
+        // The running max (scaled; the scale is positive) and the factor for what O and the
+        // sums hold; O and the sums rescaled before P = exp2(S scale - m_ref) is formed
+        // (fewer values live at once: O, S, the running maxima and sums, the factors).
         let mut f = [1.0f32; 8];
-        let mut m_ref = [0.0f32; 8];
         let mut same = true;
         unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
             let m_new = sync::fmax(self.m_run[k], mx[k] * self.scale);
-            m_ref[k] = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
-            f[k] = sync::ex2(self.m_run[k] - m_ref[k]);
+            f[k] = sync::ex2(self.m_run[k] - m_ref_of(m_new));
             same &= f[k] == 1.0;
             self.m_run[k] = m_new;
+            self.l[k] *= f[k];
         });
-        if !same {
+        // Warp-uniform (a ballot): no divergent branch before the `stmatrix` below.
+        // SAFETY: converged warp.
+        if unsafe { sync::ballot(!same) } != 0 {
             unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
                 unroll!(e in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
                     self.o[i][e] *= f[2 * (e / 4) + e % 2];
@@ -562,13 +592,10 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
         unroll!(j in [0, 1, 2, 3] {
             unroll!(e in [0, 1, 2, 3] {
                 let k = 2 * j + e % 2;
-                let pe = sync::ex2(sync::fma(s[4 * j + e], self.scale, -m_ref[k]));
+                let pe = sync::ex2(sync::fma(s[4 * j + e], self.scale, -m_ref_of(self.m_run[k])));
                 s[4 * j + e] = pe;
+                self.l[k] += pe;
             });
-        });
-        unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
-            let (j, e) = (k / 2, k % 2);
-            self.l[k] = self.l[k] * f[k] + s[4 * j + e] + s[4 * j + 2 + e];
         });
         // P[row][token] (bf16, 128-byte swizzle): matrix (j, h) of the stores holds
         // tokens 16 w + 8 h .. + 8 of rows 8 j .. 8 j + 8.
@@ -637,7 +664,7 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
     #[inline(always)]
     unsafe fn epilogue(&mut self) {
         let p = self.p;
-        let (w, g, c) = (self.w, self.g, self.c);
+        let (w, g, c) = self.wgc();
         let rows = p.s_q * p.heads;
         let red = self.sm.red();
         let mut l = self.l;
@@ -649,12 +676,11 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
                 l[k] += sync::shfl_xor_f32(l[k], 8);
                 l[k] += sync::shfl_xor_f32(l[k], 16);
             });
-            if g == 0 {
-                unroll!(j in [0, 1, 2, 3] {
-                    let v = l[2 * j].to_bits() as u64 | ((l[2 * j + 1].to_bits() as u64) << 32);
-                    smem::st_shared_u64(red + w * 128 + (8 * j as u32 + 2 * c) * 4, v);
-                });
-            }
+            unroll!(j in [0, 1, 2, 3] {
+                let at = red + w * 128 + (8 * j as u32 + 2 * c) * 4;
+                smem::st_shared_f32_if(at, l[2 * j], (g == 0) as u32);
+                smem::st_shared_f32_if(at + 4, l[2 * j + 1], (g == 0) as u32);
+            });
             sync::bar_sync_named::<BAR_MAX, CONSUMERS>();
             unroll!(j in [0, 1, 2, 3] {
                 let (mut a, mut bb) = (0.0f32, 0.0f32);
@@ -754,24 +780,25 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
         unsafe { sync::bar_sync_named::<BAR_OUT, CONSUMERS>() };
     }
 
-    /// The whole cell: Q, then per block S^T, softmax, P.V; the epilogue. `at`: the ring
-    /// position of the cell's first slab, advanced past its last.
+    /// The whole cell: Q, then per block S^T, softmax, P.V; the epilogue. `n_slabs`: as for
+    /// [`produce`].
     ///
     /// # Safety
     /// The consumer warpgroup, for every cell the producer runs, in the same order.
     #[inline(always)]
-    unsafe fn run(&mut self, at: &mut Pos) {
+    unsafe fn run(&mut self, n_slabs: &mut u32) {
         // SAFETY: forwarded from the caller.
         unsafe {
             self.load_q();
             let mut blk = self.kb0;
             while blk < self.kb1 {
+                let at = Pos::of(*n_slabs, Form::<K>::SLOTS);
                 let mut s = [0.0f32; 16];
-                self.qk(&mut s, *at);
-                self.zero_tail(blk, *at);
+                self.qk(&mut s, at);
+                self.zero_tail(blk, at);
                 self.softmax(&mut s, blk);
-                self.pv(*at);
-                *at = Self::pos(*at, 9);
+                self.pv(at);
+                *n_slabs += 9;
                 blk += 1;
             }
             self.epilogue();
@@ -824,12 +851,12 @@ pub unsafe fn decode_tma32<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *co
         if tid == Form::<K>::PRODUCER {
             bulk::prefetch_tensormap(tmap);
         }
-        sync::bar_sync();
+        // Unaligned CTA barriers in this kernel: the producer warp reaches them with lane
+        // 0 back from its copies, possibly at another copy of the instruction.
+        sync::bar_sync_unaligned();
     }
-    // Each role's ring positions: the producer's in the ring it fills, the converters' in
-    // both, the consumer's in the bf16 ring.
-    let mut at = Pos::START;
-    let mut raw_at = Pos::START;
+    // The slabs this CTA's cells have taken so far: each role's ring positions.
+    let mut n_slabs = 0u32;
     let mut next = 0u32;
     // SAFETY: every thread walks the same cells (the marks come from shared memory after a
     // CTA barrier, loop bounds are CTA-uniform): the producer issues exactly the slabs the
@@ -846,13 +873,13 @@ pub unsafe fn decode_tma32<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *co
                 };
                 let word = sync::ballot(busy);
                 // The previous marks are read by every thread before they change.
-                sync::bar_sync();
+                sync::bar_sync_unaligned();
                 smem::st_shared_f32_if(
                     marks + 4 * (tid / 32),
                     f32::from_bits(word),
                     tid.is_multiple_of(32) as u32,
                 );
-                sync::bar_sync();
+                sync::bar_sync_unaligned();
             }
             let mut m = uniform(smem::ld_shared_f32(marks + 4 * (next % threads / 32)).to_bits());
             while m != 0 {
@@ -865,13 +892,13 @@ pub unsafe fn decode_tma32<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *co
                 };
                 if tid < CONSUMERS {
                     let mut cell = Consumer::<K>::new(&p, sm, &work, b, split);
-                    cell.run(&mut at);
+                    cell.run(&mut n_slabs);
                 } else if tid >= Form::<K>::PRODUCER {
                     if tid == Form::<K>::PRODUCER {
-                        produce(&p, tmap, sm, &work, b, &mut at);
+                        produce(&p, tmap, sm, &work, b, &mut n_slabs);
                     }
                 } else {
-                    convert(sm, &work, &mut raw_at, &mut at);
+                    convert(sm, &work, &mut n_slabs);
                 }
             }
             next += 32;
