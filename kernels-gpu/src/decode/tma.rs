@@ -627,6 +627,79 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     }
 }
 
+/// The cell walk of a persistent TMA decode: runs `$body` with `($tile, $b, $split, $work)`
+/// bound for each cell of the virtual grid `(row tiles, batch, persist_splits)` that is
+/// this CTA's (`c, c + grid, ...`) and has work, in order. Every `$threads` cells, each
+/// thread checks one (its split count, or the folded schedule) and a ballot per warp marks
+/// those with work in the word at `$marks + 4 warp` (an expression evaluated where used);
+/// the walk reads the marks through a `shfl`, so ptxas sees uniform bounds. `$bar` is the
+/// CTA barrier around a marking (the unaligned one where a warp may reach it split). A
+/// macro, not a function taking a closure: the kernels' bodies must stay in their entry,
+/// and a closure that large is not inlined; an iterator held more registers.
+///
+/// Every thread of the CTA runs it, converged warps (unsafe code inside).
+macro_rules! for_each_cell {
+    ($p:expr, $threads:expr, $marks:expr, $bar:path,
+     |$tile:pat_param, $b:pat_param, $split:pat_param, $work:pat_param| $body:block) => {{
+        let p: &DecodeParams = $p;
+        let threads: u32 = $threads;
+        let tid = arch::thread_idx_x();
+        // The virtual grid and this CTA's share of it, recomputed where used (opaque)
+        // rather than held in registers through the cells.
+        let tiles = || arch::opaque((p.s_q * p.heads).div_ceil(BLOCK_N));
+        let coords = |i: u32| {
+            let (c, g, tiles) = (arch::block_idx_x(), arch::grid_dim_x(), tiles());
+            let v = c + i * g;
+            (v % tiles, (v / tiles) % p.batch, v / (tiles * p.batch))
+        };
+        let mine = || {
+            let (c, g) = (arch::block_idx_x(), arch::grid_dim_x());
+            let cells = tiles() * p.batch * p.persist_splits;
+            if c < cells {
+                (cells - c).div_ceil(g)
+            } else {
+                0
+            }
+        };
+        // The next of this CTA's cells to look at (a multiple of 32: one warp's marks).
+        let mut at = 0u32;
+        while at < mine() {
+            let marks = $marks;
+            if at.is_multiple_of(threads) {
+                let fold = decode::fold_total(p);
+                let i = at + tid;
+                let busy = i < mine() && {
+                    let (tile, b, split) = coords(i);
+                    decode::cell_busy(p, tile, b, split, fold)
+                };
+                let word = sync::ballot(busy);
+                // The previous marks are read by every thread before they change.
+                $bar();
+                smem::st_shared_f32_if(
+                    marks + 4 * (tid / 32),
+                    f32::from_bits(word),
+                    tid.is_multiple_of(32) as u32,
+                );
+                $bar();
+            }
+            let mut m = uniform(smem::ld_shared_f32(marks + 4 * (at % threads / 32)).to_bits());
+            while m != 0 {
+                let i = at + m.trailing_zeros();
+                m &= m - 1;
+                let (tile, b, split) = coords(i);
+                let fold = decode::fold_total(p);
+                let Some(work) = decode::cta_work(p, tile, split, b, fold) else {
+                    continue;
+                };
+                let ($tile, $b, $split, $work) = (tile, b, split, work);
+                $body
+            }
+            at += 32;
+        }
+    }};
+}
+pub(crate) use for_each_cell;
+
 /// The kernel body (see the module docs): a persistent CTA takes the cells of the virtual
 /// grid `(row tiles, batch, persist_splits)` that are its own (`c, c + grid, ...`) and have
 /// work; it marks them 256 at a time (one bit per cell, each thread checking one), then
@@ -643,62 +716,19 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
 /// address of the cache's map as `decode_tile` describes it, in the kernel's parameter space.
 #[inline(always)]
 pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *const u8) {
-    const MARKED: u32 = T::THREADS as u32;
-    let tid = arch::thread_idx_x();
-    // The virtual grid and this CTA's share of it, recomputed where used (opaque) rather
-    // than held in registers through the cells.
-    let tiles = || arch::opaque((p.s_q * p.heads).div_ceil(BLOCK_N));
-    let coords = |i: u32| {
-        let (c, g, tiles) = (arch::block_idx_x(), arch::grid_dim_x(), tiles());
-        let v = c + i * g;
-        (v % tiles, (v / tiles) % p.batch, v / (tiles * p.batch))
-    };
-    let mine = || {
-        let (c, g) = (arch::block_idx_x(), arch::grid_dim_x());
-        let cells = tiles() * p.batch * p.persist_splits;
-        if c < cells {
-            (cells - c).div_ceil(g)
-        } else {
-            0
-        }
-    };
     // Bit `st`: the parity of stage `st`'s next mbarrier phase; bit 2: initialised.
     let mut phase = 0u32;
-    // The next of this CTA's cells to look at (a multiple of 32: one warp's marks).
-    let mut at = 0u32;
     // SAFETY: every thread runs every phase (the marks come from shared memory after a
     // CTA barrier, loop bounds and has_b / next flags are CTA-uniform), so both
     // warpgroups reach the named barriers in the order the module docs give; each
     // warpgroup runs its wgmma sequences converged.
     unsafe {
-        while at < mine() {
-            let marks = arch::opaque(aligned_base()) + T::TMA_SMEM_CELLS as u32;
-            if at.is_multiple_of(MARKED) {
-                let fold = decode::fold_total(&p);
-                let i = at + tid;
-                let busy = i < mine() && {
-                    let (tile, b, split) = coords(i);
-                    decode::cell_busy(&p, tile, b, split, fold)
-                };
-                let word = sync::ballot(busy);
-                // The previous marks are read by every thread before they change.
-                sync::bar_sync();
-                smem::st_shared_f32_if(
-                    marks + 4 * (tid / 32),
-                    f32::from_bits(word),
-                    tid.is_multiple_of(32) as u32,
-                );
-                sync::bar_sync();
-            }
-            let mut m = uniform(smem::ld_shared_f32(marks + 4 * (at % MARKED / 32)).to_bits());
-            while m != 0 {
-                let i = at + m.trailing_zeros();
-                m &= m - 1;
-                let (tile, b, split) = coords(i);
-                let fold = decode::fold_total(&p);
-                let Some(work) = decode::cta_work(&p, tile, split, b, fold) else {
-                    continue;
-                };
+        for_each_cell!(
+            &p,
+            T::THREADS as u32,
+            arch::opaque(aligned_base()) + T::TMA_SMEM_CELLS as u32,
+            sync::bar_sync,
+            |tile, b, split, work| {
                 let mut cta = Cta::<K>::new(&p, tmap, work, tile, b, split);
                 // Declared per cell: S is dead between cells (its first wgmma overwrites it).
                 let mut s = [0.0f32; 32];
@@ -730,7 +760,6 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *cons
                 phase ^= (blocks.div_ceil(2) & 1) | (((blocks / 2) & 1) << 1);
                 cta.epilogue();
             }
-            at += 32;
-        }
+        );
     }
 }

@@ -38,7 +38,7 @@
 //!   (each store a warp's four rows x 32 bytes).
 
 use crate::arch::{self, bulk, cp_async, ldmatrix, smem, sync, wgmma};
-use crate::decode::tma::{block_pages, uniform};
+use crate::decode::tma::{block_pages, for_each_cell, uniform};
 use crate::decode::wg::{SLAB, aligned_base};
 use crate::decode::{self, CtaWork, DecodeKind};
 use crate::elem::{Bf16, Half16};
@@ -820,23 +820,7 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
 /// [`crate::decode::tma`].
 #[inline(always)]
 pub unsafe fn decode_tma32<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *const u8) {
-    let threads = Form::<K>::THREADS;
     let tid = arch::thread_idx_x();
-    let tiles = || arch::opaque((p.s_q * p.heads).div_ceil(BLOCK_N));
-    let coords = |i: u32| {
-        let (c, g, tiles) = (arch::block_idx_x(), arch::grid_dim_x(), tiles());
-        let v = c + i * g;
-        (v % tiles, (v / tiles) % p.batch, v / (tiles * p.batch))
-    };
-    let mine = || {
-        let (c, g) = (arch::block_idx_x(), arch::grid_dim_x());
-        let cells = tiles() * p.batch * p.persist_splits;
-        if c < cells {
-            (cells - c).div_ceil(g)
-        } else {
-            0
-        }
-    };
     let sm = Smem::<K>::new();
     // SAFETY: thread 0 initialises every mbarrier before the CTA barrier below; the
     // producer prefetches the map.
@@ -857,39 +841,15 @@ pub unsafe fn decode_tma32<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *co
     }
     // The slabs this CTA's cells have taken so far: each role's ring positions.
     let mut n_slabs = 0u32;
-    let mut next = 0u32;
-    // SAFETY: every thread walks the same cells (the marks come from shared memory after a
-    // CTA barrier, loop bounds are CTA-uniform): the producer issues exactly the slabs the
-    // converters and the consumer read, in order.
+    // SAFETY: every thread walks the same cells in the same order (`for_each_cell`): the
+    // producer issues exactly the slabs the converters and the consumer read.
     unsafe {
-        while next < mine() {
-            let marks = sm.cells();
-            if next.is_multiple_of(threads) {
-                let fold = decode::fold_total(&p);
-                let i = next + tid;
-                let busy = i < mine() && {
-                    let (tile, b, split) = coords(i);
-                    decode::cell_busy(&p, tile, b, split, fold)
-                };
-                let word = sync::ballot(busy);
-                // The previous marks are read by every thread before they change.
-                sync::bar_sync_unaligned();
-                smem::st_shared_f32_if(
-                    marks + 4 * (tid / 32),
-                    f32::from_bits(word),
-                    tid.is_multiple_of(32) as u32,
-                );
-                sync::bar_sync_unaligned();
-            }
-            let mut m = uniform(smem::ld_shared_f32(marks + 4 * (next % threads / 32)).to_bits());
-            while m != 0 {
-                let i = next + m.trailing_zeros();
-                m &= m - 1;
-                let (tile, b, split) = coords(i);
-                let fold = decode::fold_total(&p);
-                let Some(work) = decode::cta_work(&p, tile, split, b, fold) else {
-                    continue;
-                };
+        for_each_cell!(
+            &p,
+            Form::<K>::THREADS,
+            sm.cells(),
+            sync::bar_sync_unaligned,
+            |_, b, split, work| {
                 if tid < CONSUMERS {
                     let mut cell = Consumer::<K>::new(&p, sm, &work, b, split);
                     cell.run(&mut n_slabs);
@@ -901,7 +861,6 @@ pub unsafe fn decode_tma32<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *co
                     convert(sm, &work, &mut n_slabs);
                 }
             }
-            next += 32;
-        }
+        );
     }
 }
