@@ -513,6 +513,48 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
         }
     }
 
+    /// Each of this thread's eight row values `v` combined by `op` (identity `zero`) over
+    /// the rows' 64 tokens: the lanes of a quad column (shuffles over `g`), then the four
+    /// warps through the exchange (named barrier [`BAR_MAX`]).
+    ///
+    /// # Safety
+    /// Converged warpgroup; the exchange's previous readers are past a later barrier.
+    #[inline(always)]
+    unsafe fn across_warpgroup(
+        &self,
+        mut v: [f32; 8],
+        op: fn(f32, f32) -> f32,
+        zero: f32,
+    ) -> [f32; 8] {
+        let (w, g, c) = self.wgc();
+        let red = self.sm.red();
+        // SAFETY: forwarded from the caller; rows < 32 of the four warps' exchange.
+        unsafe {
+            unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
+                v[k] = op(v[k], sync::shfl_xor_f32(v[k], 4));
+                v[k] = op(v[k], sync::shfl_xor_f32(v[k], 8));
+                v[k] = op(v[k], sync::shfl_xor_f32(v[k], 16));
+            });
+            unroll!(j in [0, 1, 2, 3] {
+                let at = red + w * 128 + (8 * j as u32 + 2 * c) * 4;
+                smem::st_shared_f32_if(at, v[2 * j], (g == 0) as u32);
+                smem::st_shared_f32_if(at + 4, v[2 * j + 1], (g == 0) as u32);
+            });
+            sync::bar_sync_named::<BAR_MAX, CONSUMERS>();
+            unroll!(j in [0, 1, 2, 3] {
+                let (mut a, mut b) = (zero, zero);
+                unroll!(ww in [0, 1, 2, 3] {
+                    let x = smem::ld_shared_u64(red + ww as u32 * 128 + (8 * j as u32 + 2 * c) * 4);
+                    a = op(a, f32::from_bits(x as u32));
+                    b = op(b, f32::from_bits((x >> 32) as u32));
+                });
+                v[2 * j] = a;
+                v[2 * j + 1] = b;
+            });
+        }
+        v
+    }
+
     /// Block `blk`'s softmax (S^T in `s`, unscaled): masks keys past each row's visible
     /// end, the block's row maxima over the warpgroup, the running max and the factor for
     /// O and the exp-sums, P to shared memory.
@@ -545,29 +587,9 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
                 });
             });
         }
-        let red = self.sm.red();
-        // SAFETY: converged warps; the exchange's rows < 32 of four warps; the named
-        // barriers are the consumer warpgroup's.
-        unsafe {
-            unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
-                mx[k] = sync::fmax(mx[k], sync::shfl_xor_f32(mx[k], 4));
-                mx[k] = sync::fmax(mx[k], sync::shfl_xor_f32(mx[k], 8));
-                mx[k] = sync::fmax(mx[k], sync::shfl_xor_f32(mx[k], 16));
-            });
-            unroll!(j in [0, 1, 2, 3] {
-                let at = red + w * 128 + (8 * j as u32 + 2 * c) * 4;
-                smem::st_shared_f32_if(at, mx[2 * j], (g == 0) as u32);
-                smem::st_shared_f32_if(at + 4, mx[2 * j + 1], (g == 0) as u32);
-            });
-            sync::bar_sync_named::<BAR_MAX, CONSUMERS>();
-            unroll!(j in [0, 1, 2, 3] {
-                unroll!(ww in [0, 1, 2, 3] {
-                    let v = smem::ld_shared_u64(red + ww as u32 * 128 + (8 * j as u32 + 2 * c) * 4);
-                    mx[2 * j] = sync::fmax(mx[2 * j], f32::from_bits(v as u32));
-                    mx[2 * j + 1] = sync::fmax(mx[2 * j + 1], f32::from_bits((v >> 32) as u32));
-                });
-            });
-        }
+        // SAFETY: converged warpgroup; the previous block's readers of the exchange passed
+        // its P barrier.
+        let mx = unsafe { self.across_warpgroup(mx, sync::fmax, f32::NEG_INFINITY) };
         // The running max (scaled; the scale is positive) and the factor for what O and the
         // sums hold; O and the sums rescaled before P = exp2(S scale - m_ref) is formed
         // (fewer values live at once: O, S, the running maxima and sums, the factors).
@@ -666,33 +688,9 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
         let p = self.p;
         let (w, g, c) = self.wgc();
         let rows = p.s_q * p.heads;
-        let red = self.sm.red();
-        let mut l = self.l;
-        // SAFETY: as in softmax: the exchange's rows; every thread read the last block's
-        // maxima before the block's P barrier.
-        unsafe {
-            unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
-                l[k] += sync::shfl_xor_f32(l[k], 4);
-                l[k] += sync::shfl_xor_f32(l[k], 8);
-                l[k] += sync::shfl_xor_f32(l[k], 16);
-            });
-            unroll!(j in [0, 1, 2, 3] {
-                let at = red + w * 128 + (8 * j as u32 + 2 * c) * 4;
-                smem::st_shared_f32_if(at, l[2 * j], (g == 0) as u32);
-                smem::st_shared_f32_if(at + 4, l[2 * j + 1], (g == 0) as u32);
-            });
-            sync::bar_sync_named::<BAR_MAX, CONSUMERS>();
-            unroll!(j in [0, 1, 2, 3] {
-                let (mut a, mut bb) = (0.0f32, 0.0f32);
-                unroll!(ww in [0, 1, 2, 3] {
-                    let v = smem::ld_shared_u64(red + ww as u32 * 128 + (8 * j as u32 + 2 * c) * 4);
-                    a += f32::from_bits(v as u32);
-                    bb += f32::from_bits((v >> 32) as u32);
-                });
-                l[2 * j] = a;
-                l[2 * j + 1] = bb;
-            });
-        }
+        // SAFETY: converged warpgroup; every thread read the last block's maxima before
+        // the block's P barrier.
+        let l = unsafe { self.across_warpgroup(self.l, |x, y| x + y, 0.0) };
         let mut inv = [0.0f32; 8];
         let mut lse = [0.0f32; 8];
         unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
