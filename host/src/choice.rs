@@ -49,13 +49,15 @@ use crate::tactic::{Switches, Tile};
 ///
 /// One more is no tactic switch (the C ABI's 64-byte tactic string has no room for it):
 /// - `MLA_TMA32=0`: the 64-row TMA decode also where the small-row one would run
-///   ([`DecodeKernels::tma32`]).
+///   ([`DecodeKernels::tma32`]); `MLA_TMA32=fp8`: the small-row decode for fp8 caches too
+///   (slower than the e4m3 TMA decode on the H200, docs/PERF.md; for A/Bs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Overrides {
     pub pdl: bool,
     pub tma: bool,
     pub fold: bool,
     pub tma32: bool,
+    pub tma32_fp8: bool,
 }
 
 impl Overrides {
@@ -69,6 +71,7 @@ impl Overrides {
                 tma: on("MLA_WG_TMA"),
                 fold: on("MLA_SCHED_FOLD"),
                 tma32: on("MLA_TMA32"),
+                tma32_fp8: std::env::var("MLA_TMA32").as_deref() == Ok("fp8"),
             }
         })
     }
@@ -135,7 +138,8 @@ pub struct DecodeKernels {
     /// ([`DecodeKernels::decode_for`]); `None` where it never can.
     pub tma: Option<&'static Kernel>,
     /// The small-row TMA decode that stands in for `tma` where a request has at most
-    /// `decode_tile::TMA32_ROWS` rows; `None` where it never can.
+    /// `decode_tile::TMA32_ROWS` rows (bf16; fp8 caches with `MLA_TMA32=fp8`); `None` where
+    /// it never can.
     pub tma32: Option<&'static Kernel>,
     /// Batches up to this many sequences fold the split schedule into the decode; larger
     /// ones launch the schedule kernel first. 0: never folded.
@@ -185,12 +189,17 @@ impl DecodeKernels {
         let tma = tma_symbol
             .filter(|_| switches.tma && page_size >= mla_abi::decode_tile::TMA_MIN_PAGE)
             .map(spec);
+        // The small-row TMA decode: bf16; its fp8 forms only on request (their converter
+        // warps make them slower than the e4m3 TMA decode).
+        let over = Overrides::get();
         let tma32 = tma
-            .filter(|_| Overrides::get().tma32)
+            .filter(|_| over.tma32)
             .and_then(|t| match t.symbol {
                 names::DECODE_TMA_BF16 => Some(names::DECODE_TMA32_BF16),
-                names::DECODE_TMA_FP8KV_BF16Q => Some(names::DECODE_TMA32_FP8KV_BF16Q),
-                names::DECODE_TMA_FP8 => Some(names::DECODE_TMA32_FP8),
+                names::DECODE_TMA_FP8KV_BF16Q if over.tma32_fp8 => {
+                    Some(names::DECODE_TMA32_FP8KV_BF16Q)
+                }
+                names::DECODE_TMA_FP8 if over.tma32_fp8 => Some(names::DECODE_TMA32_FP8),
                 _ => None,
             })
             .map(spec);

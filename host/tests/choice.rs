@@ -82,8 +82,8 @@ fn bf16_h64_sq2_page16_on_sm90a() {
     assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_WG_BF16);
 }
 
-/// A request of at most 32 rows that takes a TMA decode takes its small-row form; more
-/// rows, or bf16 splits of one block, do not.
+/// A bf16 request of at most 32 rows that takes the TMA decode takes its small-row form;
+/// more rows, bf16 splits of one block, and fp8 caches do not.
 #[test]
 fn bf16_small_rows_take_the_small_row_tma_decode() {
     let k = kernels(Backend::Sm90a, Tile::Wg64N64, DecodeDtypes::Bf16, 64, 32);
@@ -103,14 +103,15 @@ fn bf16_small_rows_take_the_small_row_tma_decode() {
     assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_WG_BF16);
     assert!(k.all(8, 16, 132).contains(&names::DECODE_TMA32_BF16));
     assert!(!k.all(8, 64, 132).contains(&names::DECODE_TMA32_BF16));
-    for (d, small) in [
-        (DecodeDtypes::Fp8KvBf16Q, names::DECODE_TMA32_FP8KV_BF16Q),
-        (DecodeDtypes::Fp8, names::DECODE_TMA32_FP8),
+    // fp8 caches keep the e4m3 TMA decode (their small-row forms only with MLA_TMA32=fp8).
+    for (d, tma) in [
+        (DecodeDtypes::Fp8KvBf16Q, names::DECODE_TMA_FP8KV_BF16Q),
+        (DecodeDtypes::Fp8, names::DECODE_TMA_FP8),
     ] {
         let k = kernels(Backend::Sm90a, Tile::Wg64N64, d, 64, 32);
-        assert_eq!(k.tma32.map(|t| t.symbol), Some(small));
+        assert_eq!(k.tma32, None);
         let (req, shape) = request_rows(d, 64, 256, 2, 16);
-        assert_eq!(k.decode_for(&req, &shape).symbol, small);
+        assert_eq!(k.decode_for(&req, &shape).symbol, tma);
     }
     let k = kernels(Backend::Sm90a, Tile::Wg64N64, DecodeDtypes::Bf16, 8, 32);
     assert_eq!(k.tma32, None);
