@@ -47,10 +47,12 @@ use crate::tactic::{Switches, Tile};
 /// - `MLA_WG_TMA=0`: `tma=off` (the `cp.async` `wgmma` decode where the TMA decode would run).
 /// - `MLA_SCHED_FOLD=0`: `fold=off` (the schedule kernel at every batch size).
 ///
-/// One more is no tactic switch (the C ABI's 64-byte tactic string has no room for it):
-/// - `MLA_TMA32=0`: the 64-row TMA decode also where the small-row one would run
-///   ([`DecodeKernels::tma32`]); `MLA_TMA32=fp8`: the small-row decode for fp8 caches too
-///   (slower than the e4m3 TMA decode on the H200, docs/PERF.md; for A/Bs).
+/// One more turns a kernel on, and is no tactic switch (the C ABI's 64-byte tactic string has
+/// no room for it):
+/// - `MLA_TMA32=1`: the small-row TMA decode where a bf16 request of at most 32 rows would
+///   take the 64-row one ([`DecodeKernels::tma32`]; 1.00-1.14x its speed on the H200, but
+///   only the case matrix and corner cases of the GPU suite have run it, so it is opt-in);
+///   `MLA_TMA32=fp8`: for fp8 caches too (slower than the e4m3 TMA decode; for A/Bs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Overrides {
     pub pdl: bool,
@@ -70,7 +72,7 @@ impl Overrides {
                 pdl: on("MLA_PDL"),
                 tma: on("MLA_WG_TMA"),
                 fold: on("MLA_SCHED_FOLD"),
-                tma32: on("MLA_TMA32"),
+                tma32: matches!(std::env::var("MLA_TMA32").as_deref(), Ok("1" | "fp8")),
                 tma32_fp8: std::env::var("MLA_TMA32").as_deref() == Ok("fp8"),
             }
         })
@@ -138,8 +140,8 @@ pub struct DecodeKernels {
     /// ([`DecodeKernels::decode_for`]); `None` where it never can.
     pub tma: Option<&'static Kernel>,
     /// The small-row TMA decode that stands in for `tma` where a request has at most
-    /// `decode_tile::TMA32_ROWS` rows (bf16; fp8 caches with `MLA_TMA32=fp8`); `None` where
-    /// it never can.
+    /// `decode_tile::TMA32_ROWS` rows; `None` where it never can, and by default
+    /// ([`DecodeKernels::small_rows`]).
     pub tma32: Option<&'static Kernel>,
     /// Batches up to this many sequences fold the split schedule into the decode; larger
     /// ones launch the schedule kernel first. 0: never folded.
@@ -189,24 +191,11 @@ impl DecodeKernels {
         let tma = tma_symbol
             .filter(|_| switches.tma && page_size >= mla_abi::decode_tile::TMA_MIN_PAGE)
             .map(spec);
-        // The small-row TMA decode: bf16; its fp8 forms only on request (their converter
-        // warps make them slower than the e4m3 TMA decode).
         let over = Overrides::get();
-        let tma32 = tma
-            .filter(|_| over.tma32)
-            .and_then(|t| match t.symbol {
-                names::DECODE_TMA_BF16 => Some(names::DECODE_TMA32_BF16),
-                names::DECODE_TMA_FP8KV_BF16Q if over.tma32_fp8 => {
-                    Some(names::DECODE_TMA32_FP8KV_BF16Q)
-                }
-                names::DECODE_TMA_FP8 if over.tma32_fp8 => Some(names::DECODE_TMA32_FP8),
-                _ => None,
-            })
-            .map(spec);
-        DecodeKernels {
+        let kernels = DecodeKernels {
             decode,
             tma,
-            tma32,
+            tma32: None,
             fold_max_batch: if switches.fold && !reference {
                 mla_abi::SCHED_FOLD_MAX_BATCH
             } else {
@@ -218,7 +207,26 @@ impl DecodeKernels {
             // The portable (sm_80) image's kernels have no `griddepcontrol.wait`.
             pdl: switches.pdl && variant != Variant::Portable,
             reference,
-        }
+        };
+        kernels.small_rows(over.tma32, over.tma32_fp8)
+    }
+
+    /// [`DecodeKernels`] that run the small-row TMA decode (`on`) where a request of at most
+    /// `decode_tile::TMA32_ROWS` rows takes the TMA decode: bf16, and fp8 caches with `fp8`
+    /// (slower than their e4m3 TMA decode; for A/Bs). Off by default (`MLA_TMA32`,
+    /// [`Overrides`]).
+    pub fn small_rows(self, on: bool, fp8: bool) -> DecodeKernels {
+        let tma32 = self
+            .tma
+            .filter(|_| on)
+            .and_then(|t| match t.symbol {
+                names::DECODE_TMA_BF16 => Some(names::DECODE_TMA32_BF16),
+                names::DECODE_TMA_FP8KV_BF16Q if fp8 => Some(names::DECODE_TMA32_FP8KV_BF16Q),
+                names::DECODE_TMA_FP8 if fp8 => Some(names::DECODE_TMA32_FP8),
+                _ => None,
+            })
+            .map(spec);
+        DecodeKernels { tma32, ..self }
     }
 
     /// [`DecodeKernels`] whose schedule gives a lone sequence `wave_splits` splits before

@@ -82,11 +82,18 @@ fn bf16_h64_sq2_page16_on_sm90a() {
     assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_WG_BF16);
 }
 
-/// A bf16 request of at most 32 rows that takes the TMA decode takes its small-row form;
-/// more rows, bf16 splits of one block, and fp8 caches do not.
+/// With the small-row TMA decode on, a bf16 request of at most 32 rows that takes the TMA
+/// decode takes its small-row form; more rows, bf16 splits of one block, and fp8 caches (but
+/// with `fp8`) do not. Off (the default), nothing takes it.
 #[test]
 fn bf16_small_rows_take_the_small_row_tma_decode() {
-    let k = kernels(Backend::Sm90a, Tile::Wg64N64, DecodeDtypes::Bf16, 64, 32);
+    let off =
+        kernels(Backend::Sm90a, Tile::Wg64N64, DecodeDtypes::Bf16, 64, 32).small_rows(false, false);
+    let (req, shape) = request_rows(DecodeDtypes::Bf16, 64, 256, 2, 16);
+    assert_eq!(off.tma32, None);
+    assert_eq!(off.decode_for(&req, &shape).symbol, names::DECODE_TMA_BF16);
+    let k =
+        kernels(Backend::Sm90a, Tile::Wg64N64, DecodeDtypes::Bf16, 64, 32).small_rows(true, false);
     assert_eq!(k.tma32.map(|t| t.symbol), Some(names::DECODE_TMA32_BF16));
     for (s, h, want) in [
         (1, 16, names::DECODE_TMA32_BF16),
@@ -103,17 +110,28 @@ fn bf16_small_rows_take_the_small_row_tma_decode() {
     assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_WG_BF16);
     assert!(k.all(8, 16, 132).contains(&names::DECODE_TMA32_BF16));
     assert!(!k.all(8, 64, 132).contains(&names::DECODE_TMA32_BF16));
-    // fp8 caches keep the e4m3 TMA decode (their small-row forms only with MLA_TMA32=fp8).
-    for (d, tma) in [
-        (DecodeDtypes::Fp8KvBf16Q, names::DECODE_TMA_FP8KV_BF16Q),
-        (DecodeDtypes::Fp8, names::DECODE_TMA_FP8),
+    // fp8 caches keep the e4m3 TMA decode (their small-row forms only with `fp8`).
+    for (d, tma, small) in [
+        (
+            DecodeDtypes::Fp8KvBf16Q,
+            names::DECODE_TMA_FP8KV_BF16Q,
+            names::DECODE_TMA32_FP8KV_BF16Q,
+        ),
+        (
+            DecodeDtypes::Fp8,
+            names::DECODE_TMA_FP8,
+            names::DECODE_TMA32_FP8,
+        ),
     ] {
-        let k = kernels(Backend::Sm90a, Tile::Wg64N64, d, 64, 32);
-        assert_eq!(k.tma32, None);
         let (req, shape) = request_rows(d, 64, 256, 2, 16);
+        let k = kernels(Backend::Sm90a, Tile::Wg64N64, d, 64, 32).small_rows(true, false);
+        assert_eq!(k.tma32, None);
         assert_eq!(k.decode_for(&req, &shape).symbol, tma);
+        let k = k.small_rows(true, true);
+        assert_eq!(k.decode_for(&req, &shape).symbol, small);
     }
-    let k = kernels(Backend::Sm90a, Tile::Wg64N64, DecodeDtypes::Bf16, 8, 32);
+    let k =
+        kernels(Backend::Sm90a, Tile::Wg64N64, DecodeDtypes::Bf16, 8, 32).small_rows(true, true);
     assert_eq!(k.tma32, None);
 }
 
