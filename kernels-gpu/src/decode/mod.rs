@@ -336,6 +336,34 @@ pub(crate) unsafe fn load_q_tile<K: DecodeKind, L: Layout, H: Half16>(
     }
 }
 
+/// Stores 16-byte chunk `ch` (dims `8 ch .. 8 ch + 8`, 16-bit) of sequence `b`'s output row
+/// `gr` (`t * heads + h`): one 16-byte store, or four 4-byte ones if the address is not
+/// 16-byte aligned (a guard: validation keeps out rows 16-byte aligned, `CHUNK_ALIGN` at the
+/// base and every stride).
+///
+/// # Safety
+/// `gr < s_q * heads`, `b < batch`, `ch < 64`: inside the validated `out`.
+#[cfg(mla_wgmma)]
+#[inline(always)]
+pub(crate) unsafe fn store_out_chunk(p: &DecodeParams, b: u32, gr: u32, ch: u32, v: [u32; 4]) {
+    let (t, h) = (gr / p.heads, gr % p.heads);
+    let off = b as u64 * p.out_stride_b
+        + t as u64 * p.out_stride_s
+        + h as u64 * p.out_stride_h
+        + 8 * ch as u64;
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        let dst = (p.out.ptr() as *mut u16).add(off as usize) as *mut u8;
+        if (dst as usize).is_multiple_of(16) {
+            smem::st_global_v4(dst, v);
+        } else {
+            unroll!(k in [0, 1, 2, 3] {
+                *(dst.add(4 * k) as *mut u32) = v[k];
+            });
+        }
+    }
+}
+
 /// Issues the `cp.async` copies of this thread's row of the KV rows starting at token `n0`
 /// (`THREADS / TPR` rows: a full block or a ring half-block) into a stage: the swizzled
 /// 16-bit tile ([`qk_off`]), or for fp8 caches the raw staging buffer (rows of 576 bytes,

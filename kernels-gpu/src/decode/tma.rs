@@ -604,22 +604,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                 let r = 4 * pass as u32 + tid / 64;
                 let gr = self.row0 + r;
                 if gr < rows {
-                    let v = smem::ld_shared_v4(chunk_at(r, ch));
-                    let (t, h) = (gr / p.heads, gr % p.heads);
-                    let off = self.b as u64 * p.out_stride_b
-                        + t as u64 * p.out_stride_s
-                        + h as u64 * p.out_stride_h
-                        + 8 * ch as u64;
-                    let dst = (p.out.ptr() as *mut u16).add(off as usize) as *mut u8;
-                    if (dst as usize).is_multiple_of(16) {
-                        smem::st_global_v4(dst, v);
-                    } else {
-                        // A guard: validation keeps out rows 16-byte aligned
-                        // (`CHUNK_ALIGN` at the base and every stride).
-                        unroll!(k in [0, 1, 2, 3] {
-                            *(dst.add(4 * k) as *mut u32) = v[k];
-                        });
-                    }
+                    decode::store_out_chunk(p, self.b, gr, ch, smem::ld_shared_v4(chunk_at(r, ch)));
                 }
             });
             sync::bar_sync();

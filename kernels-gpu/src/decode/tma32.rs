@@ -733,20 +733,7 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
                     let r = 2 * pass as u32 + self.tid / 64;
                     if r < rows {
                         let v = smem::ld_shared_v4(stage + r * 1024 + ((ch ^ (r % 8)) << 4));
-                        let (t, h) = (r / p.heads, r % p.heads);
-                        let off = b as u64 * p.out_stride_b
-                            + t as u64 * p.out_stride_s
-                            + h as u64 * p.out_stride_h
-                            + 8 * ch as u64;
-                        let dst = (p.out.ptr() as *mut u16).add(off as usize) as *mut u8;
-                        if (dst as usize).is_multiple_of(16) {
-                            smem::st_global_v4(dst, v);
-                        } else {
-                            // A guard: validation keeps out rows 16-byte aligned.
-                            unroll!(q in [0, 1, 2, 3] {
-                                *(dst.add(4 * q) as *mut u32) = v[q];
-                            });
-                        }
+                        decode::store_out_chunk(p, b, r, ch, v);
                     }
                 });
             }
