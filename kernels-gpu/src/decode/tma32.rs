@@ -11,9 +11,9 @@
 //! `wgmma` work of 32 rows instead of a 64-row tile's, and every shared buffer is small.
 //!
 //! - Warps 0-3 (the consumer warpgroup) compute; warp 4's lane 0 (the producer) issues the
-//!   tensor copies, one 64-dim slab of a block at a time, into a ring of
-//!   `decode_tile::TMA32_SLOTS` slab slots: slab `s` of the `n`-th block this CTA walks is
-//!   the ring's slab `9 n + s`. Each slot has two mbarriers: *full* (the producer's
+//!   tensor copies, one 64-dim slab of a block at a time, into a ring of slab slots
+//!   (`decode_tile::tma32_smem`'s `slots`: 23 for a bf16 cache): slab `s` of the `n`-th
+//!   block this CTA walks is the ring's slab `9 n + s`. Each slot has two mbarriers: *full* (the producer's
 //!   expected bytes; the copy completes it) and *free* (the consumer's arrival once its
 //!   last read of the slab is done: S^T for the rope slab 8, P.V for slabs 0-7). The
 //!   producer runs ahead of the consumer by as many slabs as are free, across blocks and
