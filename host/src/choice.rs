@@ -68,12 +68,13 @@ impl Overrides {
         static CELL: std::sync::OnceLock<Overrides> = std::sync::OnceLock::new();
         *CELL.get_or_init(|| {
             let on = |var: &str| std::env::var(var).as_deref() != Ok("0");
+            let tma32 = std::env::var("MLA_TMA32");
             Overrides {
                 pdl: on("MLA_PDL"),
                 tma: on("MLA_WG_TMA"),
                 fold: on("MLA_SCHED_FOLD"),
-                tma32: matches!(std::env::var("MLA_TMA32").as_deref(), Ok("1" | "fp8")),
-                tma32_fp8: std::env::var("MLA_TMA32").as_deref() == Ok("fp8"),
+                tma32: matches!(tma32.as_deref(), Ok("1" | "fp8")),
+                tma32_fp8: tma32.as_deref() == Ok("fp8"),
             }
         })
     }
