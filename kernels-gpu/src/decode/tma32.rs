@@ -299,33 +299,40 @@ unsafe fn convert<K: DecodeKind>(sm: Smem<K>, w: &CtaWork, n_slabs: &mut u32) {
     while blk < kb1 {
         let valid = len.saturating_sub(blk * BLOCK_N);
         let (raw_at, at) = (Pos::of(*n_slabs, nr), Pos::of(*n_slabs, n));
-        let mut s = 0;
-        while s < 9 {
-            let (r, d) = (raw_at.plus(s, nr), at.plus(s, n));
-            // SAFETY: the raw slab landed (its full barrier) and the bf16 slot's last
-            // reader freed it; row tok < 64 of each; converged warps.
-            unsafe {
+        // SAFETY: each raw slab is read once landed (its full barrier), each bf16 slot
+        // written once its last reader freed it; row tok < 64 of each; converged warps.
+        unsafe {
+            // The whole block per hand-over: one proxy fence and one barrier for nine
+            // slabs (a slab per hand-over was a latency chain, docs/PERF.md 3.12).
+            let mut s = 0;
+            while s < 9 {
+                let (r, d) = (raw_at.plus(s, nr), at.plus(s, n));
                 bulk::mbarrier_wait_parity_warp(sm.raw_full(r.slot), r.parity);
                 bulk::mbarrier_wait_parity_warp(sm.free(d.slot), d.parity ^ 1);
                 let (src, dst) = (sm.raw(r.slot) + tok * 64, sm.slab(d.slot) + tok * 128);
+                let mut v = [[0u32; 4]; 4];
                 unroll!(ch in [0, 1, 2, 3] {
-                    let v = if tok < valid {
-                        smem::ld_shared_v4(src + (((ch as u32) ^ ((tok / 2) % 4)) << 4))
-                    } else {
-                        [0; 4]
-                    };
-                    let lo = decode::fp8x8_to_half::<Bf16>([v[0], v[1]]);
-                    let hi = decode::fp8x8_to_half::<Bf16>([v[2], v[3]]);
+                    if tok < valid {
+                        v[ch] = smem::ld_shared_v4(src + (((ch as u32) ^ ((tok / 2) % 4)) << 4));
+                    }
+                });
+                unroll!(ch in [0, 1, 2, 3] {
+                    let lo = decode::fp8x8_to_half::<Bf16>([v[ch][0], v[ch][1]]);
+                    let hi = decode::fp8x8_to_half::<Bf16>([v[ch][2], v[ch][3]]);
                     smem::st_shared_v4(dst + (((2 * ch as u32) ^ (tok % 8)) << 4), lo);
                     smem::st_shared_v4(dst + (((2 * ch as u32 + 1) ^ (tok % 8)) << 4), hi);
                 });
-                wgmma::fence_proxy_async_shared();
-                sync::bar_sync_named::<BAR_CVT, CONVERTERS>();
-                let first = (tid == CONSUMERS) as u32;
-                bulk::mbarrier_arrive_if(sm.full(d.slot), first);
-                bulk::mbarrier_arrive_if(sm.raw_free(r.slot), first);
+                s += 1;
             }
-            s += 1;
+            wgmma::fence_proxy_async_shared();
+            sync::bar_sync_named::<BAR_CVT, CONVERTERS>();
+            let first = (tid == CONSUMERS) as u32;
+            let mut s = 0;
+            while s < 9 {
+                bulk::mbarrier_arrive_if(sm.full(at.plus(s, n).slot), first);
+                bulk::mbarrier_arrive_if(sm.raw_free(raw_at.plus(s, nr).slot), first);
+                s += 1;
+            }
         }
         *n_slabs += 9;
         blk += 1;
