@@ -103,14 +103,18 @@ impl KernelCase {
 const MAX_BATCH: usize = 16;
 
 /// Every tile the loaded image runs for each dtype at H=128 S_q=1 (on sm_90a the bf16
-/// `wgmma` tile takes the TMA decode at these lengths), the 16-row default at H=16 S_q=2,
-/// each at pages 16, 64 and 256; every other case with more sequences than the fold
+/// `wgmma` tile takes the TMA decode at these lengths), the 16-row default and the `wgmma`
+/// tile at H=16 S_q=2 (on sm_90a its small-row TMA decode for bf16 at pages of 16 and
+/// more), each at pages 16, 64 and 256; every other case with more sequences than the fold
 /// takes; and the reference backend.
 fn kernel_cases(rt: &Runtime) -> Vec<KernelCase> {
     let mut v = Vec::new();
     for d in DecodeDtypes::ALL {
         for page in [16, 64, 256] {
             let mut shapes = vec![(16, 2, Tile::M16N64)];
+            if Tile::Wg64N64.check(rt.backend(), d).is_ok() {
+                shapes.push((16, 2, Tile::Wg64N64));
+            }
             for tile in Tile::ALL {
                 if tile.check(rt.backend(), d).is_ok() {
                     shapes.push((128, 1, tile));

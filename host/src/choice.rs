@@ -20,7 +20,9 @@
 //!    contiguous and 16-byte aligned, with pages of at least 16 tokens and splits of two or
 //!    more 64-token blocks, the TMA decode `mla_decode_tma_bf16` instead (`decode_for`;
 //!    `crate::tmap` says why each condition holds); an fp8 cache's TMA decodes
-//!    (`mla_decode_tma_fp8kv_bf16q`, `mla_decode_tma_fp8`) under the same rule.
+//!    (`mla_decode_tma_fp8kv_bf16q`, `mla_decode_tma_fp8`) under the same rule. A bf16
+//!    request of at most 32 rows (H=16 at S_q=2, say) takes the small-row TMA decode
+//!    `mla_decode_tma32_bf16` in its place.
 //! 4. Schedule: folded into the decode up to [`mla_abi::SCHED_FOLD_MAX_BATCH`] sequences,
 //!    the `mla_schedule` kernel above (always the kernel with the tactic's `fold=off`).
 //! 5. Combine: when the plan's grid has more than one split, the narrow or wide combine by
@@ -47,12 +49,12 @@ use crate::tactic::{Switches, Tile};
 /// - `MLA_WG_TMA=0`: `tma=off` (the `cp.async` `wgmma` decode where the TMA decode would run).
 /// - `MLA_SCHED_FOLD=0`: `fold=off` (the schedule kernel at every batch size).
 ///
-/// One more turns a kernel on, and is no tactic switch (the C ABI's 64-byte tactic string has
+/// One more picks a kernel, and is no tactic switch (the C ABI's 64-byte tactic string has
 /// no room for it):
-/// - `MLA_TMA32=1`: the small-row TMA decode where a bf16 request of at most 32 rows would
-///   take the 64-row one ([`DecodeKernels::tma32`]; 1.00-1.14x its speed on the H200, but
-///   only the case matrix and corner cases of the GPU suite have run it, so it is opt-in);
-///   `MLA_TMA32=fp8`: for fp8 caches too (slower than the e4m3 TMA decode; for A/Bs).
+/// - `MLA_TMA32=0`: the 64-row TMA decode where a bf16 request of at most 32 rows takes the
+///   small-row one by default ([`DecodeKernels::tma32`]; 1.00-1.14x the 64-row one's speed on
+///   the H200); `MLA_TMA32=fp8`: the small-row forms for fp8 caches too (about half the
+///   e4m3 TMA decode's speed; for A/Bs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Overrides {
     pub pdl: bool,
@@ -73,7 +75,7 @@ impl Overrides {
                 pdl: on("MLA_PDL"),
                 tma: on("MLA_WG_TMA"),
                 fold: on("MLA_SCHED_FOLD"),
-                tma32: matches!(tma32.as_deref(), Ok("1" | "fp8")),
+                tma32: tma32.as_deref() != Ok("0"),
                 tma32_fp8: tma32.as_deref() == Ok("fp8"),
             }
         })
@@ -141,7 +143,7 @@ pub struct DecodeKernels {
     /// ([`DecodeKernels::decode_for`]); `None` where it never can.
     pub tma: Option<&'static Kernel>,
     /// The small-row TMA decode that stands in for `tma` where a request has at most
-    /// `decode_tile::TMA32_ROWS` rows; `None` where it never can, and by default
+    /// `decode_tile::TMA32_ROWS` rows; `None` where it never can
     /// ([`DecodeKernels::small_rows`]).
     pub tma32: Option<&'static Kernel>,
     /// Batches up to this many sequences fold the split schedule into the decode; larger
@@ -214,7 +216,7 @@ impl DecodeKernels {
 
     /// [`DecodeKernels`] that run the small-row TMA decode (`on`) where a request of at most
     /// `decode_tile::TMA32_ROWS` rows takes the TMA decode: bf16, and fp8 caches with `fp8`
-    /// (slower than their e4m3 TMA decode; for A/Bs). Off by default (`MLA_TMA32`,
+    /// (slower than their e4m3 TMA decode; for A/Bs). By default bf16 only (`MLA_TMA32`,
     /// [`Overrides`]).
     pub fn small_rows(self, on: bool, fp8: bool) -> DecodeKernels {
         let tma32 = self

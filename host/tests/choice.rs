@@ -82,11 +82,19 @@ fn bf16_h64_sq2_page16_on_sm90a() {
     assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_WG_BF16);
 }
 
-/// With the small-row TMA decode on, a bf16 request of at most 32 rows that takes the TMA
-/// decode takes its small-row form; more rows, bf16 splits of one block, and fp8 caches (but
-/// with `fp8`) do not. Off (the default), nothing takes it.
+/// With the small-row TMA decode on (the default), a bf16 request of at most 32 rows that
+/// takes the TMA decode takes its small-row form; more rows, bf16 splits of one block, and
+/// fp8 caches (but with `fp8`) do not. Off, nothing takes it.
 #[test]
 fn bf16_small_rows_take_the_small_row_tma_decode() {
+    let env = std::env::var("MLA_TMA32");
+    let over = mla_host::choice::Overrides::get();
+    assert_eq!(over.tma32, env.as_deref() != Ok("0"), "MLA_TMA32={env:?}");
+    assert_eq!(
+        over.tma32_fp8,
+        env.as_deref() == Ok("fp8"),
+        "MLA_TMA32={env:?}"
+    );
     let off =
         kernels(Backend::Sm90a, Tile::Wg64N64, DecodeDtypes::Bf16, 64, 32).small_rows(false, false);
     let (req, shape) = request_rows(DecodeDtypes::Bf16, 64, 256, 2, 16);
