@@ -81,6 +81,12 @@ impl Overrides {
         })
     }
 
+    /// Whether a bf16 request of at most 32 rows on the `wgmma` tile may take the small-row
+    /// TMA decode (neither it nor the TMA decode turned off).
+    pub fn small_row_tma(self) -> bool {
+        self.tma && self.tma32
+    }
+
     /// `switches` with every switch this override turns off, off.
     pub fn apply(self, switches: Switches) -> Switches {
         Switches {
