@@ -43,20 +43,11 @@ pub const E4M3_32_ROW_MIN_TOKENS_FP8Q: usize = 65536;
 /// Bf16 with 17 to 32 rows on sm_90a, pages of 16 or more: the most tokens in all
 /// (`max_batch * max_seq_len`, sequences of at most 4096) for which two 16-row CTAs per split
 /// beat the `wgmma` tile's small-row TMA decode. H200, peers' harness, H=16 S_q=2, page 64, us
-/// (16-row against small-row TMA, two runs of one session): B=1 L=1024 13.2 / 16.0, B=1
-/// L=4096 16.6 / 18.6, B=8 L=1024 18.6 / 21.0; from 32768 the small-row kernel leads (B=8
-/// L=4096 32.1 / 29.0, B=32 L=1024 32.3 / 30.0) (docs/PERF.md, section 3.12).
+/// (16-row against small-row TMA): B=1 L=1024 13.2 / 16.0, B=1 L=4096 16.6 / 18.6, B=8
+/// L=1024 18.6 / 21.0 (two runs of one session); from 32768 the small-row kernel leads (one
+/// run, two repeats each: B=8 L=4096 32.0 / 29.8, page 16 32.2 / 28.5, B=32 L=1024 32.0 /
+/// 30.8, B=16 L=2048 32.0 / 31.1) (docs/PERF.md, section 3.12).
 pub const TMA32_SMALL_PLAN_TOKENS: usize = 16384;
-/// Bf16 with at most 16 rows on sm_90a, pages of 16 or more: the fewest tokens in all for
-/// which the `wgmma` tile's small-row TMA decode beats the 16-row tile; its sequences must
-/// also admit [`TMA32_16_ROW_MIN_LEN`] tokens. H200, peers' harness, H=16 S_q=1, page 64, us
-/// (16-row against small-row TMA, two runs of one session): B=128 L=16384 653.4 / 604.1, B=64
-/// L=16384 320.2 / 313.6; level or behind below (B=128 L=4096 167.8 / 167.1, B=64 L=4096 93.1
-/// / 94.9, B=128 L=1024 53.8 / 58.6, B=8 L=16384 55.3 / 58.7) (docs/PERF.md, section 3.12).
-pub const TMA32_16_ROW_MIN_TOKENS: usize = 1 << 20;
-/// The longest sequence a plan must admit for [`TMA32_16_ROW_MIN_TOKENS`] to apply.
-pub const TMA32_16_ROW_MIN_LEN: usize = 8192;
-
 /// The extent of a plan that the tile choice reads: up to `max_batch` sequences of up to
 /// `max_seq_len` tokens, in pages of `page_size` tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -181,10 +172,10 @@ impl Tile {
     /// TMA decode) in plans of [`E4M3_32_ROW_MIN_TOKENS`] tokens or more
     /// ([`E4M3_32_ROW_MIN_TOKENS_FP8Q`] under fp8 Q) with pages the TMA decode takes, else
     /// the 32-row tile from [`M32_MIN_BATCH`] sequences on, unless the plan is small
-    /// ([`small_plan`]; two 16-row tiles otherwise); with bf16 up to 32 rows and pages of 16
-    /// or more, the `wgmma` tile (its small-row TMA decode) above 16 rows outside plans of
-    /// sequences of at most 4096 tokens and [`TMA32_SMALL_PLAN_TOKENS`] in all, and at 16 rows
-    /// from [`TMA32_16_ROW_MIN_TOKENS`], else the 16-row tile; the `wgmma` tile where it runs (sm_90a;
+    /// ([`small_plan`]; two 16-row tiles otherwise); with bf16 at 17-32 rows and pages of 16
+    /// or more, the `wgmma` tile (its small-row TMA decode) outside plans of sequences of at
+    /// most 4096 tokens and [`TMA32_SMALL_PLAN_TOKENS`] in all, else two 16-row tiles; the
+    /// `wgmma` tile where it runs (sm_90a;
     /// any dtypes but fp16) and the rows fill more than a 16-row tile, except two 16-row
     /// tiles for up to 32 rows in a small plan; else [`Tile::default_for`].
     pub fn default_for_plan(
@@ -225,20 +216,17 @@ impl Tile {
                 return Tile::M32N64;
             }
         }
-        // bf16 up to 32 rows where the `wgmma` tile's decode would be the small-row TMA one
-        // (pages it takes, the kernel not turned off by `choice::Overrides`).
+        // bf16 at 17-32 rows where the `wgmma` tile's decode would be the small-row TMA one
+        // (pages it takes, the kernel not turned off by `choice::Overrides`). At 16 rows the
+        // 16-row tile stays: the small-row kernel measured level there (docs/PERF.md 3.12).
         if backend == Backend::Sm90a
             && dtypes == DecodeDtypes::Bf16
+            && rows > decode_tile::BLOCK_M_SMALL
             && fits_two_16
             && page_size >= decode_tile::TMA_MIN_PAGE
             && crate::choice::Overrides::get().small_row_tma()
         {
-            let tokens = size.tokens();
-            let wgmma = if rows <= decode_tile::BLOCK_M_SMALL {
-                tokens >= TMA32_16_ROW_MIN_TOKENS && max_seq_len >= TMA32_16_ROW_MIN_LEN
-            } else {
-                max_seq_len > 4096 || tokens > TMA32_SMALL_PLAN_TOKENS
-            };
+            let wgmma = max_seq_len > 4096 || size.tokens() > TMA32_SMALL_PLAN_TOKENS;
             return if wgmma { Tile::Wg64N64 } else { Tile::M16N64 };
         }
         let portable = Tile::default_for(rows);

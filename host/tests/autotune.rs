@@ -904,18 +904,14 @@ fn backend_defaults_and_candidates() {
         ),
         Tile::M64N64
     );
-    // bf16 up to 32 rows with pages of 16 or more (the small-row TMA decode on): 17..=32 rows
-    // take two 16-row tiles in plans of sequences of at most 4096 tokens and
-    // TMA32_SMALL_PLAN_TOKENS in all, the wgmma tile otherwise; 16 rows the wgmma tile from
-    // TMA32_16_ROW_MIN_TOKENS with sequences of TMA32_16_ROW_MIN_LEN. Smaller pages (or the
-    // small-row decode off): two 16-row tiles in a small plan (`small_plan`), the wgmma tile
-    // above 16 rows otherwise. Above 32 rows: the wgmma tile.
-    use mla_host::tactic::{
-        TMA32_16_ROW_MIN_LEN, TMA32_16_ROW_MIN_TOKENS, TMA32_SMALL_PLAN_TOKENS,
-    };
+    // bf16 at 17..=32 rows with pages of 16 or more (the small-row TMA decode on): two
+    // 16-row tiles in plans of sequences of at most 4096 tokens and TMA32_SMALL_PLAN_TOKENS in
+    // all, the wgmma tile otherwise. Smaller pages (or the small-row decode off): two 16-row
+    // tiles in a small plan (`small_plan`), the wgmma tile otherwise. Up to 16 rows the
+    // 16-row tile; above 32 rows the wgmma tile.
+    use mla_host::tactic::TMA32_SMALL_PLAN_TOKENS;
     let t32 = mla_host::choice::Overrides::get().small_row_tma();
     let (wg, m16) = (Tile::Wg64N64, Tile::M16N64);
-    let min16 = TMA32_16_ROW_MIN_TOKENS / TMA32_16_ROW_MIN_LEN;
     for (rows, batch, len, page, on, off) in [
         (32, 1, 1024, 64, m16, m16),
         (32, TMA32_SMALL_PLAN_TOKENS / 4096, 4096, 64, m16, m16),
@@ -931,13 +927,8 @@ fn backend_defaults_and_candidates() {
         (32, 32, 4096, 64, wg, wg),
         (32, 32, 4096, 8, wg, wg),
         (33, 1, 1024, 64, wg, wg),
-        (16, min16, TMA32_16_ROW_MIN_LEN, 64, wg, m16),
-        (1, min16, TMA32_16_ROW_MIN_LEN, 16, wg, m16),
-        (16, min16 - 1, TMA32_16_ROW_MIN_LEN, 64, m16, m16),
-        (16, 2 * min16, TMA32_16_ROW_MIN_LEN / 2, 64, m16, m16),
-        (16, 128, 16384, 64, wg, m16),
-        (16, 128, 16384, 8, m16, m16),
-        (16, 128, 4096, 64, m16, m16),
+        (16, 128, 16384, 64, m16, m16),
+        (1, 128, 131072, 64, m16, m16),
     ] {
         let got = Tile::default_for_plan(
             rows,
