@@ -48,6 +48,7 @@ pub const E4M3_32_ROW_MIN_TOKENS_FP8Q: usize = 65536;
 /// run, two repeats each: B=8 L=4096 32.0 / 29.8, page 16 32.2 / 28.5, B=32 L=1024 32.0 /
 /// 30.8, B=16 L=2048 32.0 / 31.1) (docs/PERF.md, section 3.12).
 pub const TMA32_SMALL_PLAN_TOKENS: usize = 16384;
+
 /// The extent of a plan that the tile choice reads: up to `max_batch` sequences of up to
 /// `max_seq_len` tokens, in pages of `page_size` tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
