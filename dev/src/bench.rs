@@ -370,10 +370,27 @@ pub fn extra_shapes(backend: mla::gate::Backend) -> Vec<BenchShape> {
 /// Small batches (B = 1, 8) over the peers' lengths and heads, bf16, each with the shape's
 /// default tile on `backend`: the small-batch target's shapes.
 pub fn small_shapes(backend: mla::gate::Backend) -> Vec<BenchShape> {
+    default_tile_shapes(backend, &[1, 8], &[1024, 4096, 16384])
+}
+
+/// Short sequences at large batch (B = 32, 64, 128; L = 256, 1024), bf16, each with the
+/// shape's default tile on `backend`: the shapes where a decode's fixed cost per cell and
+/// the combine weigh most (for `MLA_NCU` / `MLA_BENCH_FILTER`).
+pub fn short_shapes(backend: mla::gate::Backend) -> Vec<BenchShape> {
+    default_tile_shapes(backend, &[32, 64, 128], &[256, 1024])
+}
+
+/// bf16 at H = 16 and 128, S_q = 1 and 2, page 64, over `batches` x `lens`, each with the
+/// default tile of a plan of exactly that size on `backend`.
+fn default_tile_shapes(
+    backend: mla::gate::Backend,
+    batches: &[usize],
+    lens: &[usize],
+) -> Vec<BenchShape> {
     let mut v = Vec::new();
     for (heads, s_q) in [(16, 1), (16, 2), (128, 1), (128, 2)] {
-        for batch in [1, 8] {
-            for len in [1024, 4096, 16384] {
+        for &batch in batches {
+            for &len in lens {
                 v.push(BenchShape {
                     dtypes: DecodeDtypes::Bf16,
                     tile: Tile::default_for_plan(

@@ -14,7 +14,8 @@ use mla_dev::harness::{self, CaseSpec, DeviceCase, HostCase, Splits};
 use mla_dev::rng::SplitMix64;
 
 const USAGE: &str = "usage: mla <info|demo|bench> [--seed N] [--json FILE (bench: the peers' JSON schema)] \
-     [--grid default|extra|small (bench: extra = page sizes 16..128 and S_q 1, 2, 4; small = B 1, 8)]";
+     [--grid default|extra|small|short (bench: extra = page sizes 16..128 and S_q 1, 2, 4; \
+     small = B 1, 8; short = B 32..128 at L 256, 1024)]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -39,8 +40,11 @@ fn main() -> ExitCode {
                 }
                 Some("extra") => bench(seed, opt("--json"), mla_dev::bench::extra_shapes),
                 Some("small") => bench(seed, opt("--json"), mla_dev::bench::small_shapes),
+                Some("short") => bench(seed, opt("--json"), mla_dev::bench::short_shapes),
                 Some(other) => {
-                    eprintln!("--grid: expected default, extra or small, got {other:?}\n{USAGE}");
+                    eprintln!(
+                        "--grid: expected default, extra, small or short, got {other:?}\n{USAGE}"
+                    );
                     return ExitCode::from(2);
                 }
             }

@@ -136,6 +136,7 @@ if [[ -x stage/bin/mla-swfp8 ]]; then
 fi
 # MLA_NCU="bf16 wg64n64 B64 L4096 H128 S1": Nsight Compute on one decode launch of that
 # `mla bench` shape (MLA_NCU_KERNEL: kernel-name regex, default the decode kernels;
+# MLA_NCU_GRID=short|small|extra: the bench grid the shape is in, default the default grid;
 # MLA_NCU_SOURCE=1 adds the stall samples per SASS instruction as ncu-src-N.csv).
 if [[ -n "${MLA_NCU:-}" ]]; then
   ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
@@ -145,7 +146,7 @@ if [[ -n "${MLA_NCU:-}" ]]; then
       --launch-skip 3 --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
       --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy \
       --section LaunchStats ${MLA_NCU_SOURCE:+--section SourceCounters -o "$logs/ncu-$i"} \
-      stage/bin/mla bench >"$logs/ncu-$i.log" 2>&1
+      stage/bin/mla bench ${MLA_NCU_GRID:+--grid "$MLA_NCU_GRID"} >"$logs/ncu-$i.log" 2>&1
     summary+=("$(printf '%-11s rc=%-3d  %s' "ncu-$i" "$?" "${ncu_shapes[$i]} (ncu-$i.log)")")
     # MLA_NCU_SOURCE=1: also the sections and the per-SASS-instruction stall samples.
     if [[ -f "$logs/ncu-$i.ncu-rep" ]]; then
