@@ -283,13 +283,17 @@ impl DecodeKernels {
                     )
                     && crate::tmap::tma_unsupported(req, shape).is_none() =>
             {
-                match self.tma32 {
-                    Some(small) if shape.rows() <= mla_abi::decode_tile::TMA32_ROWS => small,
-                    _ => tma,
-                }
+                self.small_row(shape.rows()).unwrap_or(tma)
             }
             _ => self.decode,
         }
+    }
+
+    /// The small-row TMA decode where `rows` query rows fit it (at most
+    /// `decode_tile::TMA32_ROWS`) and the plan has it.
+    fn small_row(&self, rows: usize) -> Option<&'static Kernel> {
+        self.tma32
+            .filter(|_| rows <= mla_abi::decode_tile::TMA32_ROWS)
     }
 
     /// Whether a batch of `batch` sequences folds the schedule into the decode.
@@ -346,9 +350,7 @@ impl DecodeKernels {
         if max_batch > self.fold_max_batch {
             out.push(names::SCHEDULE);
         }
-        if let Some(t) = self.tma32
-            && rows <= mla_abi::decode_tile::TMA32_ROWS
-        {
+        if let Some(t) = self.small_row(rows) {
             out.push(t.symbol);
         }
         if let Some(t) = self.tma {
