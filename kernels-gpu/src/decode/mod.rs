@@ -254,7 +254,7 @@ const _: () = assert!(HALF_TPR * HALF_N == THREADS && ROW_CHUNKS.is_multiple_of(
 
 /// Loads the CTA's `BM` query rows into the Q tile, chunk `k` of row `r` at `tile_off(r, k)`
 /// (zeros past the last row); fp8 Q widens exactly to `H` as it loads (16-bit Q is copied
-/// as it is, and `H` is unused).
+/// as it is, and `H` is unused). Every thread of the CTA: [`load_q_rows`] over `THREADS`.
 #[inline(always)]
 pub(crate) unsafe fn load_q_tile<K: DecodeKind, L: Layout, H: Half16>(
     p: &DecodeParams,
@@ -263,105 +263,165 @@ pub(crate) unsafe fn load_q_tile<K: DecodeKind, L: Layout, H: Half16>(
     q_smem: u32,
     tile_off: fn(u32, u32) -> u32,
 ) {
-    let rows = p.s_q * p.heads;
-    let total = L::BM * ROW_CHUNKS;
-    // Chunk c of the tile (8 dims of a row): the latent part from q, the rope part from
-    // q_pe, as (base pointer, element offset of the row, chunk within the part); `None`
-    // past the last row.
-    let source = |c: u32| {
-        let (r, k) = (c / ROW_CHUNKS, c % ROW_CHUNKS);
-        let gr = row0 + r;
-        (gr < rows).then(|| {
-            let (t, h) = (gr / p.heads, gr % p.heads);
-            if k < 64 {
-                (
-                    p.q.ptr() as *const u8,
-                    p.q_row(b as u64, t as u64, h as u64),
-                    k,
-                )
-            } else {
-                (
-                    p.q_pe.ptr() as *const u8,
-                    p.q_pe_row(b as u64, t as u64, h as u64),
-                    k - 64,
-                )
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        load_q_rows::<K, H>(
+            p,
+            b,
+            (row0, L::BM),
+            (arch::thread_idx_x(), THREADS),
+            q_smem,
+            tile_off,
+        )
+    };
+}
+
+/// Loads query rows `row0 .. row0 + bm` of sequence `b` (zeros past the last row) with the
+/// `threads` threads `tid < threads` (a multiple of `bm`): chunk `k` (8 dims) of row `r` at
+/// `q_smem + tile_off(r, k)`, the latent chunks from `q`, the rope chunks from `q_pe`; fp8
+/// Q widened exactly to `H` (16-bit Q copied by `cp.async`, left uncommitted). Thread `t`
+/// takes row `t / (threads / bm)` and every `threads / bm`-th chunk of it, so the row's
+/// address (a division by the head count, three 64-bit products) is computed once per
+/// thread, not once per chunk: per chunk, that arithmetic made the Q load a tenth of a
+/// short cell's stall samples (Nsight Compute).
+///
+/// # Safety
+/// `q_smem + tile_off(r, k)` is a 16-byte aligned address of the tile for `r < bm`,
+/// `k < ROW_CHUNKS`; `b < batch` of params the host validated.
+#[inline(always)]
+pub(crate) unsafe fn load_q_rows<K: DecodeKind, H: Half16>(
+    p: &DecodeParams,
+    b: u32,
+    (row0, bm): (u32, u32),
+    (tid, threads): (u32, u32),
+    q_smem: u32,
+    tile_off: impl Fn(u32, u32) -> u32,
+) {
+    let tpr = threads / bm;
+    let (r, k0) = (tid / tpr, tid % tpr);
+    let gr = row0 + r;
+    // Bytes per element of Q: chunk `k` of a part starts `8 k` elements into its row.
+    let es: usize = if K::Q_FP8 { 1 } else { 2 };
+    // The row's latent and rope parts; `None` past the last row (and for threads past the
+    // tile's rows, which a `threads` that is a multiple of `bm` does not have).
+    let src = (gr < p.s_q * p.heads && r < bm).then(|| {
+        let (t, h) = ((gr / p.heads) as u64, (gr % p.heads) as u64);
+        // SAFETY: the row offsets of a validated q and q_pe row.
+        unsafe {
+            (
+                (p.q.ptr() as *const u8).add(es * p.q_row(b as u64, t, h) as usize),
+                (p.q_pe.ptr() as *const u8).add(es * p.q_pe_row(b as u64, t, h) as usize),
+            )
+        }
+    });
+    // Chunk k of the row (k < ROW_CHUNKS), when the row exists.
+    let chunk = |k: u32| {
+        src.map(|(q, q_pe)| {
+            // SAFETY: chunk k of the row's part lies inside it (64 latent chunks of 8
+            // dims, then 8 rope chunks).
+            unsafe {
+                if k < 64 {
+                    q.add(8 * es * k as usize)
+                } else {
+                    q_pe.add(8 * es * (k - 64) as usize)
+                }
             }
         })
     };
-    let dst = |c: u32| q_smem + tile_off(c / ROW_CHUNKS, c % ROW_CHUNKS);
-    let tid = arch::thread_idx_x();
+    if r >= bm {
+        return;
+    }
     if K::Q_FP8 {
         // 8 fp8 values -> 8 16-bit values (one 16-byte chunk). The loads go out a batch at
         // a time before any conversion: loaded and stored one by one, each chunk cost a
-        // global load's latency (18 per thread at 64 rows).
+        // global load's latency.
         const BATCH: u32 = 3;
-        let mut c0 = tid;
-        while c0 < total {
+        let mut k = k0;
+        while k < ROW_CHUNKS {
             let mut raw = [[0u32; 2]; BATCH as usize];
             unroll!(i in [0, 1, 2] {
-                let c = c0 + i as u32 * THREADS;
-                if c < total && let Some((base, off, kc)) = source(c) {
-                    // SAFETY: row off + 8 kc .. +8 lies in the validated q (or q_pe) row;
-                    // 8-byte aligned.
-                    raw[i] = unsafe {
-                        *(base.add((off + 8 * kc as u64) as usize) as *const [u32; 2])
-                    };
+                let kk = k + i as u32 * tpr;
+                if kk < ROW_CHUNKS && let Some(at) = chunk(kk) {
+                    // SAFETY: 8 bytes of the row's part, 8-byte aligned.
+                    raw[i] = unsafe { *(at as *const [u32; 2]) };
                 }
             });
             unroll!(i in [0, 1, 2] {
-                let c = c0 + i as u32 * THREADS;
-                if c < total {
-                    // SAFETY: a 16-byte aligned address inside the Q tile; zeros past the
+                let kk = k + i as u32 * tpr;
+                if kk < ROW_CHUNKS {
+                    // SAFETY: a 16-byte aligned address inside the tile; zeros past the
                     // last row (e4m3 zero widens to zero).
-                    unsafe { smem::st_shared_v4(dst(c), fp8x8_to_half::<H>(raw[i])) };
+                    unsafe { smem::st_shared_v4(q_smem + tile_off(r, kk), fp8x8_to_half::<H>(raw[i])) };
                 }
             });
-            c0 += BATCH * THREADS;
+            k += BATCH * tpr;
         }
     } else {
-        let mut c = tid;
-        while c < total {
-            let (src, n) = match source(c) {
-                // SAFETY: 16-byte chunk kc of a validated, 16-byte aligned q (or q_pe) row.
-                Some((base, off, kc)) => (
-                    unsafe { base.add(((off * 2) + 16 * kc as u64) as usize) },
-                    16,
-                ),
+        let mut k = k0;
+        while k < ROW_CHUNKS {
+            let (at, n) = match chunk(k) {
+                Some(at) => (at, 16),
                 None => (p.q.ptr() as *const u8, 0),
             };
-            // SAFETY: dst inside the Q tile; src valid when n == 16, unread when n == 0.
-            unsafe { cp_async::cp_async_cg_16(dst(c), src, n) };
-            c += THREADS;
+            // SAFETY: the destination inside the tile; the source is a 16-byte aligned
+            // chunk of a validated row when n == 16, unread when n == 0 (zero fill).
+            unsafe { cp_async::cp_async_cg_16(q_smem + tile_off(r, k), at, n) };
+            k += tpr;
         }
     }
 }
 
-/// Stores 16-byte chunk `ch` (dims `8 ch .. 8 ch + 8`, 16-bit) of sequence `b`'s output row
-/// `gr` (`t * heads + h`): one 16-byte store, or four 4-byte ones if the address is not
-/// 16-byte aligned (a guard: validation keeps out rows 16-byte aligned, `CHUNK_ALIGN` at the
-/// base and every stride).
-///
-/// # Safety
-/// `gr < s_q * heads`, `b < batch`, `ch < 64`: inside the validated `out`.
+/// Element offset in `out` of sequence `b`'s output row `gr` (`t * heads + h`).
 #[cfg(mla_wgmma)]
 #[inline(always)]
-pub(crate) unsafe fn store_out_chunk(p: &DecodeParams, b: u32, gr: u32, ch: u32, v: [u32; 4]) {
+pub(crate) fn out_row(p: &DecodeParams, b: u32, gr: u32) -> u64 {
     let (t, h) = (gr / p.heads, gr % p.heads);
-    let off = b as u64 * p.out_stride_b
-        + t as u64 * p.out_stride_s
-        + h as u64 * p.out_stride_h
-        + 8 * ch as u64;
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        let dst = (p.out.ptr() as *mut u16).add(off as usize) as *mut u8;
-        if (dst as usize).is_multiple_of(16) {
-            smem::st_global_v4(dst, v);
-        } else {
-            unroll!(k in [0, 1, 2, 3] {
-                *(dst.add(4 * k) as *mut u32) = v[k];
-            });
+    b as u64 * p.out_stride_b + t as u64 * p.out_stride_s + h as u64 * p.out_stride_h
+}
+
+/// The byte address of 16-byte chunk `ch` of row `r` in a one-split output staging tile:
+/// rows of 1024 bytes (512 16-bit dims), chunk `ch` at `ch ^ (r % 8)`, so that the eight rows
+/// of a fragment store fall in distinct banks.
+#[cfg(mla_wgmma)]
+#[inline(always)]
+pub(crate) fn staged_chunk(stage: u32, r: u32, ch: u32) -> u32 {
+    stage + r * 1024 + ((ch ^ (r % 8)) << 4)
+}
+
+/// Writes a staged one-split output tile ([`staged_chunk`]) out: this thread's chunk `ch` of
+/// staged rows `first, first + step, ...` below `end` (sixteen at most), staged row `r`
+/// going to element offset `offs[r]` of `out` (the u64 at `offs + 8 r`, [`out_row`], which
+/// the kernel writes beside the staging once per row), one 16-byte store per chunk
+/// (validation keeps `out`'s base and strides 16-byte aligned, `CHUNK_ALIGN`). With each
+/// row's division and three 64-bit products at its store, the sixteen unrolled stores were
+/// about 900 instructions run once per cell from a cold instruction cache (Nsight Compute:
+/// a quarter of a short cell's stall samples, most of them `no_inst`); with the table they
+/// are about 150.
+///
+/// # Safety
+/// The staged rows and offsets below `end` are written and visible to this thread (a
+/// barrier after the stores); `end <= first + 16 step`; each offset is a row of the
+/// validated `out`, `ch < 64`.
+#[cfg(mla_wgmma)]
+#[inline(always)]
+pub(crate) unsafe fn store_staged_rows(
+    p: &DecodeParams,
+    stage: u32,
+    offs: u32,
+    (first, step, end): (u32, u32, u32),
+    ch: u32,
+) {
+    unroll!(pass in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+        let r = first + step * pass as u32;
+        if r < end {
+            // SAFETY: forwarded from the caller; r < end.
+            unsafe {
+                let v = smem::ld_shared_v4(staged_chunk(stage, r, ch));
+                let off = smem::ld_shared_u64(offs + 8 * r) + 8 * ch as u64;
+                smem::st_global_v4((p.out.ptr() as *mut u16).add(off as usize) as *mut u8, v);
+            }
         }
-    }
+    });
 }
 
 /// Issues the `cp.async` copies of this thread's row of the KV rows starting at token `n0`

@@ -54,6 +54,9 @@ use mla_abi::DecodeParams;
 use mla_abi::decode_tile as T;
 
 const BLOCK_N: u32 = T::BLOCK_N as u32;
+// The one-split output staging (64 rows of 1024 bytes, then a u64 offset per row) fits the
+// Q tile.
+const _: () = assert!(BLOCK_N * (1024 + 8) <= SLAB_TILE);
 /// Warpgroup 0's max and scale of this pair are in the exchange.
 const BAR_SCALE0: u32 = 1;
 /// Warpgroup 1's (the pair's final max and the scale from warpgroup 0's).
@@ -580,9 +583,12 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         let p = self.p;
         let rows = p.s_q * p.heads;
         let stage = self.base;
-        let chunk_at = |r: u32, ch: u32| stage + r * 1024 + ((ch ^ (r % 8)) << 4);
-        // SAFETY: rows < 64 and chunks < 64 of the Q tile's first 64 KB; lse rows below
-        // `rows` of sequence b < batch; out rows below `rows`, dims < 512 (validated out).
+        let chunk_at = |r: u32, ch: u32| decode::staged_chunk(stage, r, ch);
+        // The rows' offsets in `out`, after the staged tile (the Q tile's last 8 KB).
+        let offs = stage + BLOCK_N * 1024;
+        // SAFETY: rows < 64 and chunks < 64 of the Q tile's first 64 KB, and the 512 bytes
+        // after them; lse rows below `rows` of sequence b < batch; out rows below `rows`,
+        // dims < 512 (validated out).
         unsafe {
             unroll!(half in [0, 1] {
                 let r = self.r_loc + 8 * half as u32;
@@ -597,16 +603,30 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                     *p.lse.ptr().add((self.b * rows + gr) as usize) = lse;
                 }
             });
-            sync::bar_sync();
             let tid = arch::thread_idx_x();
-            let ch = tid % 64;
-            unroll!(pass in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-                let r = 4 * pass as u32 + tid / 64;
-                let gr = self.row0 + r;
-                if gr < rows {
-                    decode::store_out_chunk(p, self.b, gr, ch, smem::ld_shared_v4(chunk_at(r, ch)));
+            if Self::E4 {
+                // The e4m3 kernels (255 registers) spill with the offsets table below; they
+                // keep each row's arithmetic at its store.
+                sync::bar_sync();
+                let ch = tid % 64;
+                unroll!(pass in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+                    let r = 4 * pass as u32 + tid / 64;
+                    let gr = self.row0 + r;
+                    if gr < rows {
+                        let off = decode::out_row(p, self.b, gr) + 8 * ch as u64;
+                        let v = smem::ld_shared_v4(chunk_at(r, ch));
+                        smem::st_global_v4((p.out.ptr() as *mut u16).add(off as usize) as *mut u8, v);
+                    }
+                });
+            } else {
+                // The rows' offsets once the fragments are staged.
+                let end = (rows - self.row0).min(BLOCK_N);
+                if tid < end {
+                    smem::st_shared_u64(offs + 8 * tid, decode::out_row(p, self.b, self.row0 + tid));
                 }
-            });
+                sync::bar_sync();
+                decode::store_staged_rows(p, stage, offs, (tid / 64, 4, end), tid % 64);
+            }
             sync::bar_sync();
         }
     }

@@ -62,8 +62,10 @@ const BAR_OUT: u32 = 3;
 /// The converters' barrier: a bf16 slab is written.
 const BAR_CVT: u32 = 4;
 /// 16-byte chunks of a query row (576 bf16).
-const Q_CHUNKS: u32 = (mla_abi::D_QK * 2 / 16) as u32;
 const _: () = assert!(ROWS == 32 && CONVERTERS == BLOCK_N);
+// The one-split output staging (rows of 1024 bytes, then a u64 offset per row) fits the
+// Q tile.
+const _: () = assert!(ROWS * (1024 + 8) <= 9 * Q_SLAB);
 
 /// A row's exponent reference: its running max, or 0 while the row has seen nothing.
 #[inline(always)]
@@ -420,42 +422,19 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
     /// epilogue's barrier).
     #[inline(always)]
     unsafe fn load_q(&self) {
-        let p = self.p;
-        let rows = p.s_q * p.heads;
-        let mut ch = self.tid;
-        while ch < ROWS * Q_CHUNKS {
-            let (r, k) = (ch / Q_CHUNKS, ch % Q_CHUNKS);
-            let dst = self.sm.q() + (k / 8) * Q_SLAB + r * 128 + (((k % 8) ^ (r % 8)) << 4);
-            // SAFETY: dst inside the Q tile; the source is chunk k of a validated, 16-byte
-            // aligned q (or q_pe) row when the row exists, else unread (zero fill).
-            unsafe {
-                if r < rows {
-                    let (t, h) = ((r / p.heads) as u64, (r % p.heads) as u64);
-                    // The element offset of chunk k's first value (8 values a chunk).
-                    let (base, off) = if k < 64 {
-                        (
-                            p.q.ptr() as *const u8,
-                            p.q_row(self.b as u64, t, h) + 8 * k as u64,
-                        )
-                    } else {
-                        (
-                            p.q_pe.ptr() as *const u8,
-                            p.q_pe_row(self.b as u64, t, h) + 8 * (k - 64) as u64,
-                        )
-                    };
-                    if K::Q_FP8 {
-                        // 8 e4m3 values (8-byte aligned), widened exactly.
-                        let raw = *(base.add(off as usize) as *const [u32; 2]);
-                        smem::st_shared_v4(dst, decode::fp8x8_to_half::<Bf16>(raw));
-                    } else {
-                        cp_async::cp_async_cg_16(dst, base.add(2 * off as usize), 16);
-                    }
-                } else {
-                    cp_async::cp_async_cg_16(dst, p.q.ptr() as *const u8, 0);
-                }
-            }
-            ch += CONSUMERS;
-        }
+        let q = self.sm.q();
+        let slab_off = |r: u32, k: u32| (k / 8) * Q_SLAB + r * 128 + (((k % 8) ^ (r % 8)) << 4);
+        // SAFETY: the offsets lie in the Q tile (nine slabs of 32 rows); b < batch.
+        unsafe {
+            decode::load_q_rows::<K, Bf16>(
+                self.p,
+                self.b,
+                (0, ROWS),
+                (self.tid, CONSUMERS),
+                q,
+                slab_off,
+            )
+        };
         cp_async::cp_async_commit_group();
         cp_async::cp_async_wait_group::<0>();
         wgmma::fence_proxy_async_shared();
@@ -710,13 +689,14 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
             let (mm, r) = (lane / 8, lane % 8);
             let sc = inv.map(|x| x * p.value_scale * p.output_scale);
             // SAFETY: the Q tile is free (every S^T is done: each warp passed the last
-            // block's barriers); rows < 32 of 1024 bytes, chunks < 64.
+            // block's barriers); rows < 32 of 1024 bytes, chunks < 64, then 256 bytes of
+            // offsets (36 KB of Q tile).
             unsafe {
                 unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
                     unroll!(x in [0, 1] {
                         let (j, h) = (2 * x as u32 + mm / 2, mm % 2);
                         let ch = 8 * i as u32 + 2 * w + h;
-                        let addr = stage + (8 * j + r) * 1024 + ((ch ^ r) << 4);
+                        let addr = decode::staged_chunk(stage, 8 * j + r, ch);
                         let mut v = [0u32; 4];
                         unroll!(m in [0, 1, 2, 3] {
                             let (jj, hh) = (2 * x + m / 2, m % 2);
@@ -726,6 +706,9 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
                         ldmatrix::stmatrix_x4_trans(addr, v);
                     });
                 });
+                // The rows' offsets in `out`, after the staged rows (in the Q tile's last
+                // slab).
+                let offs = stage + ROWS * 1024;
                 if w == 0 && g == 0 {
                     unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
                         let row = 8 * (k as u32 / 2) + 2 * c + (k as u32 % 2);
@@ -734,15 +717,13 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
                         }
                     });
                 }
+                let tid = self.tid;
+                let end = rows.min(ROWS);
+                if tid < end {
+                    smem::st_shared_u64(offs + 8 * tid, decode::out_row(p, b, tid));
+                }
                 sync::bar_sync_named::<BAR_OUT, CONSUMERS>();
-                let ch = self.tid % 64;
-                unroll!(pass in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-                    let r = 2 * pass as u32 + self.tid / 64;
-                    if r < rows {
-                        let v = smem::ld_shared_v4(stage + r * 1024 + ((ch ^ (r % 8)) << 4));
-                        decode::store_out_chunk(p, b, r, ch, v);
-                    }
-                });
+                decode::store_staged_rows(p, stage, offs, (tid / 64, 2, end), tid % 64);
             }
         } else {
             let split = self.split;
