@@ -389,10 +389,9 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
         let tid = arch::opaque(arch::thread_idx_x());
         let lane = tid % 32;
         let c = lane % 4;
-        let mut vis_min = u32::MAX;
-        unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
-            vis_min = vis_min.min(decode::visible(p, w.len, w.glen, Self::row(c, k as u32)));
-        });
+        // A row's visible keys never decrease with its token (nor, so, with the row), and
+        // row(c, 0) is the thread's lowest: one division, not eight.
+        let vis_min = decode::visible(p, w.len, w.glen, Self::row(c, 0));
         // SAFETY (every `uniform`): converged warps.
         let (len, kb0, kb1) = unsafe { (uniform(w.len), uniform(w.kb0), uniform(w.kb1)) };
         Consumer {
