@@ -622,7 +622,10 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                 // The rows' offsets once the fragments are staged.
                 let end = (rows - self.row0).min(BLOCK_N);
                 if tid < end {
-                    smem::st_shared_u64(offs + 8 * tid, decode::out_row(p, self.b, self.row0 + tid));
+                    smem::st_shared_u64(
+                        offs + 8 * tid,
+                        decode::out_row(p, self.b, self.row0 + tid),
+                    );
                 }
                 sync::bar_sync();
                 decode::store_staged_rows(p, stage, offs, (tid / 64, 4, end), tid % 64);
