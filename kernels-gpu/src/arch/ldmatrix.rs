@@ -39,6 +39,23 @@ pub unsafe fn ldmatrix_x4_trans(addr: u32) -> [u32; 4] {
     [a, b, c, d]
 }
 
+/// `stmatrix.sync.aligned.m8n8.x4.shared.b16`: register `j` of lane `l` holds row `l / 4`,
+/// columns `2 * (l % 4)` and `+ 1` of matrix `j` (an accumulator fragment's layout); lane `l`
+/// supplies the address of matrix `l / 8`'s row `l % 8` (16 bytes).
+///
+/// # Safety
+/// sm_90+; all lanes converged; each lane's `addr` is a 16-byte aligned smem address of 16
+/// writable bytes.
+#[inline(always)]
+pub unsafe fn stmatrix_x4(addr: u32, v: [u32; 4]) {
+    // SAFETY: the caller guarantees convergence and valid addresses.
+    unsafe {
+        asm!("stmatrix.sync.aligned.m8n8.x4.shared.b16 [{p}], {{{a}, {b}, {c}, {d}}};",
+            p = in(reg32) addr, a = in(reg32) v[0], b = in(reg32) v[1], c = in(reg32) v[2], d = in(reg32) v[3],
+            options(nostack))
+    }
+}
+
 /// `stmatrix.sync.aligned.m8n8.x4.trans.shared.b16`: register `j` of lane `l` holds row
 /// `l / 4`, columns `2 * (l % 4)` and `+ 1` of matrix `j`; lane `l` supplies the address of
 /// matrix `l / 8`'s stored row `l % 8`, which receives that matrix's column `l % 8`

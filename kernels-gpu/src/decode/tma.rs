@@ -45,7 +45,7 @@
 //! Here: the CTA's state, its phases (prologue, each warpgroup's pair step, epilogue) and
 //! the kernel body; the copy issue in [`issue`], S, P and P.V in [`math`].
 
-use crate::arch::{self, bulk, cp_async, smem, sync, wgmma};
+use crate::arch::{self, bulk, cp_async, ldmatrix, smem, sync, wgmma};
 use crate::decode::wg::{SLAB, SLAB_TILE, aligned_base, slab_off};
 use crate::decode::{self, DecodeKind, M64};
 use crate::elem::{Bf16, Half16};
@@ -590,14 +590,11 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         // after them; lse rows below `rows` of sequence b < batch; out rows below `rows`,
         // dims < 512 (validated out).
         unsafe {
+            let mut sc = [0.0f32; 2];
             unroll!(half in [0, 1] {
                 let r = self.r_loc + 8 * half as u32;
                 let (inv, lse) = decode::row_norm(l_tot[half], self.m_run[half]);
-                let scale = inv * p.value_scale * p.output_scale;
-                unroll!(nt in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
-                    let v = Bf16::pack2(self.o[nt][2 * half] * scale, self.o[nt][2 * half + 1] * scale);
-                    smem::st_shared_u32(chunk_at(r, 32 * self.wg + nt as u32) + 4 * self.c, v);
-                });
+                sc[half] = inv * p.value_scale * p.output_scale;
                 let gr = self.row0 + r;
                 if self.wg == 0 && self.c == 0 && gr < rows {
                     *p.lse.ptr().add((self.b * rows + gr) as usize) = lse;
@@ -605,8 +602,16 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             });
             let tid = arch::thread_idx_x();
             if Self::E4 {
-                // The e4m3 kernels (255 registers) spill with the offsets table below; they
-                // keep each row's arithmetic at its store.
+                // The e4m3 kernels (255 registers) spilled with `stmatrix` staging or the
+                // offsets table: one 4-byte store per fragment pair, and each row's
+                // arithmetic at its store.
+                unroll!(half in [0, 1] {
+                    let r = self.r_loc + 8 * half as u32;
+                    unroll!(nt in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
+                        let v = Bf16::pack2(self.o[nt][2 * half] * sc[half], self.o[nt][2 * half + 1] * sc[half]);
+                        smem::st_shared_u32(chunk_at(r, 32 * self.wg + nt as u32) + 4 * self.c, v);
+                    });
+                });
                 sync::bar_sync();
                 let ch = tid % 64;
                 unroll!(pass in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
@@ -619,6 +624,22 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                     }
                 });
             } else {
+                // Four 8 x 8 matrices a store (n-tiles nt and nt + 1, rows g and g + 8 of the
+                // warp's 16): lane l gives matrix l / 8's row l % 8.
+                let lane = tid % 32;
+                let (m, rr) = (lane / 8, lane % 8);
+                let r = self.r_loc - self.g + 8 * (m % 2) + rr;
+                unroll!(q in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+                    let nt = 2 * q;
+                    let o = &self.o;
+                    let v = [
+                        Bf16::pack2(o[nt][0] * sc[0], o[nt][1] * sc[0]),
+                        Bf16::pack2(o[nt][2] * sc[1], o[nt][3] * sc[1]),
+                        Bf16::pack2(o[nt + 1][0] * sc[0], o[nt + 1][1] * sc[0]),
+                        Bf16::pack2(o[nt + 1][2] * sc[1], o[nt + 1][3] * sc[1]),
+                    ];
+                    ldmatrix::stmatrix_x4(chunk_at(r, 32 * self.wg + nt as u32 + m / 2), v);
+                });
                 // The rows' offsets once the fragments are staged.
                 let end = (rows - self.row0).min(BLOCK_N);
                 if tid < end {
