@@ -61,7 +61,6 @@ const BAR_P: u32 = 2;
 const BAR_OUT: u32 = 3;
 /// The converters' barrier: a bf16 slab is written.
 const BAR_CVT: u32 = 4;
-/// 16-byte chunks of a query row (576 bf16).
 const _: () = assert!(ROWS == 32 && CONVERTERS == BLOCK_N);
 // The one-split output staging (rows of 1024 bytes, then a u64 offset per row) fits the
 // Q tile.
