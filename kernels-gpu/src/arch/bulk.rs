@@ -143,6 +143,21 @@ pub unsafe fn tma_load_3d(dst: u32, tmap: *const u8, c: [i32; 3], bar: u32) {
     }
 }
 
+/// [`tma_load_3d`] with an L2 cache policy (`createpolicy`'s value, e.g.
+/// [`cp_async::l2_evict_first`](super::cp_async::l2_evict_first)) on the lines it brings in.
+///
+/// # Safety
+/// As [`tma_load_3d`].
+#[inline(always)]
+pub unsafe fn tma_load_3d_hint(dst: u32, tmap: *const u8, c: [i32; 3], bar: u32, policy: u64) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        asm!("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [{d}], [{m}, {{{c0}, {c1}, {c2}}}], [{b}], {p};",
+            d = in(reg32) dst, m = in(reg64) tmap, c0 = in(reg32) c[0], c1 = in(reg32) c[1],
+            c2 = in(reg32) c[2], b = in(reg32) bar, p = in(reg64) policy, options(nostack))
+    }
+}
+
 /// `prefetch.tensormap [tmap];`: brings the tensor map into the TMA unit's descriptor
 /// cache ahead of the first copy that names it.
 ///

@@ -17,10 +17,8 @@
 //!   its softmax while the other's `wgmma`s run. Warpgroup 0 gives the P it shares the
 //!   pair's final scale, and rescales its O by it before multiplying B's P.
 //! - KV: `cp.async.bulk.tensor` (one box per slab and page, straight into the 128-byte
-//!   swizzled slab layout; no L2 policy: evict-first measured 2-7% faster in `mla bench`
-//!   but 5-10% slower in the peers' harness, where a sequence's two head tiles read its
-//!   KV further apart) on one mbarrier per stage and slab, each slab's S waiting only
-//!   for its own.
+//!   swizzled slab layout, L2 evict-first) on one mbarrier per stage and slab, each
+//!   slab's S waiting only for its own.
 //!   A stage is reloaded in two halves: slabs 0-3 and 8 (the only ones warpgroup 0's
 //!   P.V reads, and the slab that holds B's P once S of B is done), and slabs 4-7. Each
 //!   half is reloaded for the next pair by the warpgroup whose P.V read it last, as

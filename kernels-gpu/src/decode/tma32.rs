@@ -244,6 +244,8 @@ unsafe fn produce<K: DecodeKind>(
         }
     };
     let rows = p.page_size.min(BLOCK_N);
+    // The cell's KV is streamed and read by no other CTA (at most 32 rows: one row tile).
+    let policy = cp_async::l2_evict_first();
     let mut pages = block_pages(p, b, kb0, len);
     let mut blk = kb0;
     while blk < kb1 {
@@ -270,7 +272,7 @@ unsafe fn produce<K: DecodeKind>(
                     if (q as u32) * rows < BLOCK_N {
                         let c = [(64 * s) as i32, row_in_page, pages[q]];
                         let dst = slab(at_s.slot) + q as u32 * rows * row_bytes;
-                        bulk::tma_load_3d(dst, tmap, c, full(at_s.slot));
+                        bulk::tma_load_3d_hint(dst, tmap, c, full(at_s.slot), policy);
                     }
                 });
             }

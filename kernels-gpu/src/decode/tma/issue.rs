@@ -87,6 +87,11 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             (SLAB, 128, SLAB)
         };
         let slab = |i: u32| if h == 0 && i == 4 { 8 } else { 4 * h + i };
+        // KV is streamed: evict-first keeps it from pushing out of L2 what other kernels
+        // reuse (and the dirty lines ahead of this kernel from being written back during it).
+        // A sequence's row tiles run side by side in the persistent walk, so the second
+        // tile's copies still find the lines the first brought in.
+        let policy = cp_async::l2_evict_first();
         // SAFETY: each box lands inside its slab (rows * (64 / rows) rows of `row_bytes`),
         // at a multiple of 1024 bytes (rows >= 16; 512 on the e4m3 path's 64-byte rows); the map is valid (host); the page
         // words are the caller's.
@@ -103,7 +108,13 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                 for i in 0..5 - h {
                     let s = slab(i);
                     let c = [(64 * s) as i32, row_in_page as i32, page];
-                    bulk::tma_load_3d(dst + s * stride + at, self.tmap, c, bars + 8 * s);
+                    bulk::tma_load_3d_hint(
+                        dst + s * stride + at,
+                        self.tmap,
+                        c,
+                        bars + 8 * s,
+                        policy,
+                    );
                 }
                 q += 1;
             }

@@ -1,0 +1,164 @@
+"""Where a timed call of the peers' harness spends its time: a kernel timeline of replayed calls.
+
+    python3 tools/timeline.py [--kit stage/peers] [--peers flashmla_bf16,fa3_mla,mla_rs]
+        [--shapes "H,S_q,B,L;..."] [--iters 40]
+
+For each shape and peer the call is made as the peers' harness makes it (its `Peers` and
+plugins, our `benches/peer_plugin.py`), captured in a CUDA graph, and replayed as
+`triton.testing.do_bench` does: the 256 MB cache zeroed, a start event, the replay, an end
+event. It prints the event-timed median under four settings of what comes before the call:
+- `zero`: the harness's own (zero the cache: L2 full of dirty lines);
+- `none`: nothing (the call's own data may sit in L2);
+- `read`: read the cache instead (L2 full of clean lines);
+- `zero+idle`: zero, then wait for the GPU to drain before the replay is queued (the call pays
+  its own launch and any clock ramp);
+then, from a torch profiler (CUPTI) trace of the `zero` setting, each kernel's median duration
+and the gaps between them: from the flush's end to the first kernel of the call, and between
+the call's kernels (negative: they overlap, as programmatic dependent launch allows).
+"""
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def parse_shapes(text):
+    shapes = []
+    for item in text.split(";"):
+        h, sq, b, seq = (int(x) for x in item.split(","))
+        shapes.append((h, sq, b, seq))
+    return shapes
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kit", default=str(ROOT / "stage" / "peers"))
+    ap.add_argument("--peers", default="flashmla_bf16,fa3_mla,mla_rs")
+    ap.add_argument("--shapes", default="16,2,128,256;16,2,128,1024;128,1,64,256;128,1,64,1024")
+    ap.add_argument("--iters", type=int, default=40)
+    ap.add_argument("--page", type=int, default=64)
+    args = ap.parse_args()
+
+    sys.path.insert(0, args.kit)
+    import torch
+    import bench_mla as bm
+
+    plugins, failures = bm.load_plugins([str(ROOT / "benches" / "peer_plugin.py"),
+                                         str(Path(args.kit) / "fa3_mla_plugin.py")], print)
+    for k, v in failures.items():
+        print(k, v)
+    wanted = set(args.peers.split(","))
+    peers = bm.Peers(wanted, lambda k, s: print(f"peer {k}: {s}"), plugins)
+    cache = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    sink = torch.empty(1, dtype=torch.int64, device="cuda")
+
+    def settings(g):
+        def zero():
+            cache.zero_()
+
+        def read():
+            sink.copy_(cache.sum(dtype=torch.int64).view(1))
+
+        def idle():
+            cache.zero_()
+            torch.cuda.synchronize()
+        return {"zero": zero, "none": lambda: None, "read": read, "zero+idle": idle}
+
+    def timed(g, before, n):
+        ts = []
+        for _ in range(n):
+            before()
+            s = torch.cuda.Event(enable_timing=True)
+            e = torch.cuda.Event(enable_timing=True)
+            s.record()
+            g.replay()
+            e.record()
+            ts.append((s, e))
+        torch.cuda.synchronize()
+        return statistics.median(s.elapsed_time(e) * 1e3 for s, e in ts)
+
+    for h, sq, b, seq in parse_shapes(args.shapes):
+        causal = sq > 1
+        q, kc, bt, sl = bm.make_inputs(b, seq, h, sq, 1234, page=args.page)
+        scale = bm.D_QK ** -0.5
+        print(f"\n== H={h} S_q={sq} B={b} L={seq} page={args.page}")
+        for name in args.peers.split(","):
+            if not peers.ok(name):
+                print(f"  {name}: not available: {peers.status.get(name)}")
+                continue
+            if name == "flashmla_bf16":
+                fn = peers.make_flashmla_bf16(q, kc, bt, sl, causal, scale)
+            elif name in peers.plugin_peers:
+                pl, _ = peers.plugin_peers[name]
+                fn = pl.make(q, kc, bt, sl, causal, scale)
+            else:
+                print(f"  {name}: not handled here")
+                continue
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(2):
+                    fn()
+            torch.cuda.current_stream().wait_stream(s)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                fn()
+            g.replay()
+            torch.cuda.synchronize()
+            for _ in range(3):
+                timed(g, settings(g)["zero"], 20)
+            line = []
+            for k, before in settings(g).items():
+                line.append(f"{k} {timed(g, before, args.iters):7.1f}")
+            print(f"  {name:14s} event-timed median us: " + "  ".join(line))
+
+            acts = [torch.profiler.ProfilerActivity.CUDA]
+            with torch.profiler.profile(activities=acts) as prof:
+                zero = settings(g)["zero"]
+                for _ in range(args.iters):
+                    zero()
+                    g.replay()
+                torch.cuda.synchronize()
+            kern = []
+            for ev in prof.events():
+                if ev.device_type != torch.autograd.DeviceType.CUDA:
+                    continue
+                kern.append((ev.time_range.start, ev.time_range.end, ev.name))
+            kern.sort()
+            # Split into calls at each flush kernel (the fill of `cache`).
+            calls, cur, flush_end = [], None, None
+            for st, en, nm in kern:
+                if "fill" in nm.lower() or "memset" in nm.lower():
+                    if cur:
+                        calls.append((flush_end, cur))
+                    cur, flush_end = [], en
+                elif cur is not None:
+                    cur.append((st, en, nm))
+            if cur:
+                calls.append((flush_end, cur))
+            calls = calls[2:]
+            if not calls:
+                print("  no calls in the trace")
+                continue
+            nk = statistics.mode(len(c) for _, c in calls)
+            calls = [(f, c) for f, c in calls if len(c) == nk]
+            names = [nm for _, _, nm in calls[0][1]]
+            first_gap = statistics.median(c[0][0] - f for f, c in calls)
+            span = statistics.median(c[-1][1] - f for f, c in calls)
+            print(f"  {'':14s} trace: {len(calls)} calls of {nk} kernels; flush end -> first kernel "
+                  f"{first_gap:.1f} us, flush end -> last kernel end {span:.1f} us")
+            for i, nm in enumerate(names):
+                dur = statistics.median(c[i][1] - c[i][0] for _, c in calls)
+                gap = (statistics.median(c[i][0] - c[i - 1][1] for _, c in calls) if i else first_gap)
+                print(f"  {'':14s}   {dur:7.1f} us  (start {gap:+6.1f} after the previous end)  {nm[:90]}")
+        del q, kc, bt, sl
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("FLASHINFER_WORKSPACE_BASE", "/tmp/peers_flashinfer")
+    main()
