@@ -1,0 +1,52 @@
+"""One peer's call made as the peers' harness makes it, run eagerly after an L2 flush eight
+times: a target for Nsight Compute with `--cache-control none`, so the kernels see the L2 that
+the flush left (the harness's own, zeroing, or a read of the same 256 MB).
+
+    ncu --cache-control none --clock-control none --kernel-name regex:"splitkv_mla|mla_decode" \\
+        --launch-skip 4 --launch-count 2 \\
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \\
+        python3 tools/l2probe.py flashmla_bf16|mla_rs zero|read H,S_q,B,L [--kit stage/peers]
+
+Needs the staged peers' kit (`tests/gpu/stage.sh --peers`) and, for `mla_rs`, the staged
+`libmla.so` (`benches/peer_plugin.py`). Page 64, the harness's inputs (seed 1234).
+"""
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("peer", choices=["flashmla_bf16", "mla_rs"])
+    ap.add_argument("flush", choices=["zero", "read"])
+    ap.add_argument("shape", help="H,S_q,B,L")
+    ap.add_argument("--kit", default=str(ROOT / "stage" / "peers"))
+    args = ap.parse_args()
+    sys.path.insert(0, args.kit)
+    import torch
+    import bench_mla as bm
+
+    h, sq, b, seq = (int(x) for x in args.shape.split(","))
+    plugins, _ = bm.load_plugins([str(ROOT / "benches" / "peer_plugin.py")], lambda *a: None)
+    peers = bm.Peers({args.peer}, lambda k, s: None, plugins)
+    q, kc, bt, sl = bm.make_inputs(b, seq, h, sq, 1234, page=64)
+    scale = bm.D_QK ** -0.5
+    if args.peer == "flashmla_bf16":
+        fn = peers.make_flashmla_bf16(q, kc, bt, sl, sq > 1, scale)
+    else:
+        fn = peers.plugin_peers[args.peer][0].make(q, kc, bt, sl, sq > 1, scale)
+    cache = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    sink = torch.empty(1, dtype=torch.int64, device="cuda")
+    for _ in range(8):
+        if args.flush == "zero":
+            cache.zero_()
+        else:
+            sink.copy_(cache.sum(dtype=torch.int64).view(1))
+        fn()
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
