@@ -25,25 +25,20 @@ def main():
     ap.add_argument("--kit", default=str(ROOT / "stage" / "peers"))
     args = ap.parse_args()
     sys.path.insert(0, args.kit)
+    sys.path.insert(0, str(ROOT / "tools"))
     import torch
     import bench_mla as bm
+
+    from timeline import l2_flushes, peer_call
 
     h, sq, b, seq = (int(x) for x in args.shape.split(","))
     plugins, _ = bm.load_plugins([str(ROOT / "benches" / "peer_plugin.py")], lambda *a: None)
     peers = bm.Peers({args.peer}, lambda k, s: None, plugins)
-    q, kc, bt, sl = bm.make_inputs(b, seq, h, sq, 1234, page=64)
-    scale = bm.D_QK ** -0.5
-    if args.peer == "flashmla_bf16":
-        fn = peers.make_flashmla_bf16(q, kc, bt, sl, sq > 1, scale)
-    else:
-        fn = peers.plugin_peers[args.peer][0].make(q, kc, bt, sl, sq > 1, scale)
-    cache = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
-    sink = torch.empty(1, dtype=torch.int64, device="cuda")
+    inputs = bm.make_inputs(b, seq, h, sq, 1234, page=64)
+    fn = peer_call(peers, args.peer, inputs, sq > 1, bm.D_QK ** -0.5)
+    flush = l2_flushes(torch)[args.flush]
     for _ in range(8):
-        if args.flush == "zero":
-            cache.zero_()
-        else:
-            sink.copy_(cache.sum(dtype=torch.int64).view(1))
+        flush()
         fn()
     torch.cuda.synchronize()
 

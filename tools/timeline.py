@@ -33,6 +33,32 @@ def parse_shapes(text):
     return shapes
 
 
+def peer_call(peers, name, inputs, causal, scale):
+    """The zero-argument call the peers' harness times for peer `name` (its `Peers` made it
+    available), on `inputs` = (q, kcache, block_table, seq_lens); `None` for a peer that this
+    tool does not make (FlashMLA's bf16 kernel and plugin peers only)."""
+    q, kc, bt, sl = inputs
+    if name == "flashmla_bf16":
+        return peers.make_flashmla_bf16(q, kc, bt, sl, causal, scale)
+    if name in peers.plugin_peers:
+        return peers.plugin_peers[name][0].make(q, kc, bt, sl, causal, scale)
+    return None
+
+
+def l2_flushes(torch):
+    """The harness's L2 flush (`zero`: zeroing a 256 MB buffer, as `do_bench` does) and a
+    read of the same buffer (`read`), as callables."""
+    cache = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    sink = torch.empty(1, dtype=torch.int64, device="cuda")
+
+    def zero():
+        cache.zero_()
+
+    def read():
+        sink.copy_(cache.sum(dtype=torch.int64).view(1))
+    return {"zero": zero, "read": read}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kit", default=str(ROOT / "stage" / "peers"))
@@ -52,20 +78,12 @@ def main():
         print(k, v)
     wanted = set(args.peers.split(","))
     peers = bm.Peers(wanted, lambda k, s: print(f"peer {k}: {s}"), plugins)
-    cache = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
-    sink = torch.empty(1, dtype=torch.int64, device="cuda")
+    flush = l2_flushes(torch)
 
-    def settings(g):
-        def zero():
-            cache.zero_()
-
-        def read():
-            sink.copy_(cache.sum(dtype=torch.int64).view(1))
-
-        def idle():
-            cache.zero_()
-            torch.cuda.synchronize()
-        return {"zero": zero, "none": lambda: None, "read": read, "zero+idle": idle}
+    def idle():
+        flush["zero"]()
+        torch.cuda.synchronize()
+    settings = {"zero": flush["zero"], "none": lambda: None, "read": flush["read"], "zero+idle": idle}
 
     def timed(g, before, n):
         ts = []
@@ -89,12 +107,8 @@ def main():
             if not peers.ok(name):
                 print(f"  {name}: not available: {peers.status.get(name)}")
                 continue
-            if name == "flashmla_bf16":
-                fn = peers.make_flashmla_bf16(q, kc, bt, sl, causal, scale)
-            elif name in peers.plugin_peers:
-                pl, _ = peers.plugin_peers[name]
-                fn = pl.make(q, kc, bt, sl, causal, scale)
-            else:
+            fn = peer_call(peers, name, (q, kc, bt, sl), causal, scale)
+            if fn is None:
                 print(f"  {name}: not handled here")
                 continue
             s = torch.cuda.Stream()
@@ -110,17 +124,16 @@ def main():
             g.replay()
             torch.cuda.synchronize()
             for _ in range(3):
-                timed(g, settings(g)["zero"], 20)
+                timed(g, settings["zero"], 20)
             line = []
-            for k, before in settings(g).items():
+            for k, before in settings.items():
                 line.append(f"{k} {timed(g, before, args.iters):7.1f}")
             print(f"  {name:14s} event-timed median us: " + "  ".join(line))
 
             acts = [torch.profiler.ProfilerActivity.CUDA]
             with torch.profiler.profile(activities=acts) as prof:
-                zero = settings(g)["zero"]
                 for _ in range(args.iters):
-                    zero()
+                    flush["zero"]()
                     g.replay()
                 torch.cuda.synchronize()
             kern = []
