@@ -600,26 +600,14 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             });
             let tid = arch::thread_idx_x();
             if Self::E4 {
-                // The e4m3 kernels (255 registers) spilled with `stmatrix` staging or the
-                // offsets table: one 4-byte store per fragment pair, and each row's
-                // arithmetic at its store.
+                // The e4m3 kernels (255 registers) spilled with `stmatrix` staging: one
+                // 4-byte store per fragment pair.
                 unroll!(half in [0, 1] {
                     let r = self.r_loc + 8 * half as u32;
                     unroll!(nt in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
                         let v = Bf16::pack2(self.o[nt][2 * half] * sc[half], self.o[nt][2 * half + 1] * sc[half]);
                         smem::st_shared_u32(chunk_at(r, 32 * self.wg + nt as u32) + 4 * self.c, v);
                     });
-                });
-                sync::bar_sync();
-                let ch = tid % 64;
-                unroll!(pass in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-                    let r = 4 * pass as u32 + tid / 64;
-                    let gr = self.row0 + r;
-                    if gr < rows {
-                        let off = decode::out_row(p, self.b, gr) + 8 * ch as u64;
-                        let v = smem::ld_shared_v4(chunk_at(r, ch));
-                        smem::st_global_v4((p.out.ptr() as *mut u16).add(off as usize) as *mut u8, v);
-                    }
                 });
             } else {
                 // Four 8 x 8 matrices a store (n-tiles nt and nt + 1, rows g and g + 8 of the
@@ -638,17 +626,14 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                     ];
                     ldmatrix::stmatrix_x4(chunk_at(r, 32 * self.wg + nt as u32 + m / 2), v);
                 });
-                // The rows' offsets once the fragments are staged.
-                let end = (rows - self.row0).min(BLOCK_N);
-                if tid < end {
-                    smem::st_shared_u64(
-                        offs + 8 * tid,
-                        decode::out_row(p, self.b, self.row0 + tid),
-                    );
-                }
-                sync::bar_sync();
-                decode::store_staged_rows(p, stage, offs, (tid / 64, 4, end), tid % 64);
             }
+            // The rows' offsets once the fragments are staged.
+            let end = (rows - self.row0).min(BLOCK_N);
+            if tid < end {
+                smem::st_shared_u64(offs + 8 * tid, decode::out_row(p, self.b, self.row0 + tid));
+            }
+            sync::bar_sync();
+            decode::store_staged_rows(p, stage, offs, (tid / 64, 4, end), tid % 64);
             sync::bar_sync();
         }
     }
@@ -693,12 +678,13 @@ macro_rules! for_each_cell {
         while at < mine() {
             let marks = $marks;
             if at.is_multiple_of(threads) {
-                let fold = decode::fold_total(p);
                 let i = at + tid;
-                let busy = i < mine() && {
-                    let (tile, b, split) = coords(i);
-                    decode::cell_busy(p, tile, b, split, fold)
-                };
+                // The cell's coordinates before the folded schedule's total (every lane,
+                // converged), which is live only up to its one use: the e4m3 TMA decodes
+                // (255 registers) spilled it when it was live across the divisions.
+                let (tile, b, split) = coords(i);
+                let fold = decode::fold_total(p);
+                let busy = i < mine() && decode::cell_busy(p, tile, b, split, fold);
                 let word = sync::ballot(busy);
                 // The previous marks are read by every thread before they change.
                 $bar();

@@ -267,15 +267,22 @@ unsafe fn record_fault(p: &DecodeParams, kind: i32, b: u32, column: i32, value: 
 #[inline(always)]
 unsafe fn warp_batch_blocks(p: &DecodeParams) -> u64 {
     let lane = arch::thread_idx_x() % 32;
-    let mut sum = 0u64;
+    // 32-bit sums: the fold runs for at most SCHED_FOLD_MAX_BATCH (8) sequences of at
+    // most 2^25 blocks each, and a total known to fit one register keeps the e4m3 TMA
+    // decodes (255 registers) from spilling half of it.
+    let mut sum = 0u32;
     let mut i = lane;
     while i < p.batch {
         // SAFETY: i < batch entries of seq_lens.
         sum += p
             .shard
-            .schedule_blocks(unsafe { *p.seq_lens.ptr().add(i as usize) }, p.fold.max_len);
+            .schedule_blocks(unsafe { *p.seq_lens.ptr().add(i as usize) }, p.fold.max_len)
+            as u32;
         i += 32;
     }
-    // SAFETY: forwarded from the caller.
-    unsafe { sync::warp_sum_u64(sum) }
+    unroll!(x in [16, 8, 4, 2, 1] {
+        // SAFETY: forwarded from the caller.
+        sum += unsafe { sync::shfl_xor_f32(f32::from_bits(sum), x as u32) }.to_bits();
+    });
+    sum as u64
 }
