@@ -1,11 +1,12 @@
 """One peer's call made as the peers' harness makes it, run eagerly after an L2 flush eight
 times: a target for Nsight Compute with `--cache-control none`, so the kernels see the L2 that
-the flush left (the harness's own, zeroing, or a read of the same 256 MB).
+the flush left (the harness's own, zeroing, or a read, a nonzero fill or an increment of the
+same 256 MB: `tools/timeline.py`'s `l2_flushes`).
 
     ncu --cache-control none --clock-control none --kernel-name regex:"splitkv_mla|mla_decode" \\
         --launch-skip 4 --launch-count 2 \\
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \\
-        python3 tools/l2probe.py flashmla_bf16|mla_rs zero|read H,S_q,B,L [--kit stage/peers]
+        python3 tools/l2probe.py flashmla_bf16|mla_rs zero|read|fill|bump H,S_q,B,L [--kit stage/peers]
 
 Needs the staged peers' kit (`tests/gpu/stage.sh --peers`) and, for `mla_rs`, the staged
 `libmla.so` (`benches/peer_plugin.py`). Page 64, the harness's inputs (seed 1234).
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("peer", choices=["flashmla_bf16", "mla_rs"])
-    ap.add_argument("flush", choices=["zero", "read"])
+    ap.add_argument("flush", choices=["zero", "read", "fill", "bump"])
     ap.add_argument("shape", help="H,S_q,B,L")
     ap.add_argument("--kit", default=str(ROOT / "stage" / "peers"))
     args = ap.parse_args()

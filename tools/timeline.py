@@ -6,10 +6,12 @@
 For each shape and peer the call is made as the peers' harness makes it (its `Peers` and
 plugins, our `benches/peer_plugin.py`), captured in a CUDA graph, and replayed as
 `triton.testing.do_bench` does: the 256 MB cache zeroed, a start event, the replay, an end
-event. It prints the event-timed median under four settings of what comes before the call:
+event. It prints the event-timed median under six settings of what comes before the call:
 - `zero`: the harness's own (zero the cache: L2 full of dirty lines);
 - `none`: nothing (the call's own data may sit in L2);
 - `read`: read the cache instead (L2 full of clean lines);
+- `fill`: write a nonzero constant instead (dirty lines that are not zeros);
+- `bump`: add one to every word (read and written: dirty lines of changing data);
 - `zero+idle`: zero, then wait for the GPU to drain before the replay is queued (the call pays
   its own launch and any clock ramp);
 then, from a torch profiler (CUPTI) trace of the `zero` setting, each kernel's median duration
@@ -46,9 +48,11 @@ def peer_call(peers, name, inputs, causal, scale):
 
 
 def l2_flushes(torch):
-    """The harness's L2 flush (`zero`: zeroing a 256 MB buffer, as `do_bench` does) and a
-    read of the same buffer (`read`), as callables."""
-    cache = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    """The harness's L2 flush (`zero`: zeroing a 256 MB buffer, as `do_bench` does), a
+    read of the same buffer (`read`), a fill with a nonzero constant (`fill`) and an
+    increment of every word (`bump`: read and written, data that changes each time), as
+    callables."""
+    cache = torch.zeros(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
     sink = torch.empty(1, dtype=torch.int64, device="cuda")
 
     def zero():
@@ -56,7 +60,13 @@ def l2_flushes(torch):
 
     def read():
         sink.copy_(cache.sum(dtype=torch.int64).view(1))
-    return {"zero": zero, "read": read}
+
+    def fill():
+        cache.fill_(0x5A5A5A5A)
+
+    def bump():
+        cache.add_(1)
+    return {"zero": zero, "read": read, "fill": fill, "bump": bump}
 
 
 def main():
@@ -83,7 +93,8 @@ def main():
     def idle():
         flush["zero"]()
         torch.cuda.synchronize()
-    settings = {"zero": flush["zero"], "none": lambda: None, "read": flush["read"], "zero+idle": idle}
+    settings = {"zero": flush["zero"], "none": lambda: None, "read": flush["read"],
+                "fill": flush["fill"], "bump": flush["bump"], "zero+idle": idle}
 
     def timed(g, before, n):
         ts = []
