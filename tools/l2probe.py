@@ -8,6 +8,9 @@ same 256 MB: `tools/timeline.py`'s `l2_flushes`).
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \\
         python3 tools/l2probe.py flashmla_bf16|mla_rs zero|read|fill|bump H,S_q,B,L [--kit stage/peers]
 
+With `--graph` the call is captured once and replayed after each flush, as the harness times it
+(add `--graph-profiling node` to ncu; the launch counts then count the graph's kernel nodes).
+
 Needs the staged peers' kit (`tests/gpu/stage.sh --peers`) and, for `mla_rs`, the staged
 `libmla.so` (`benches/peer_plugin.py`). Page 64, the harness's inputs (seed 1234).
 """
@@ -24,6 +27,9 @@ def main():
     ap.add_argument("flush", choices=["zero", "read", "fill", "bump"])
     ap.add_argument("shape", help="H,S_q,B,L")
     ap.add_argument("--kit", default=str(ROOT / "stage" / "peers"))
+    ap.add_argument("--graph", action="store_true",
+                    help="capture the call in a CUDA graph and replay it, as the harness times it "
+                         "(profile its kernels with ncu --graph-profiling node)")
     args = ap.parse_args()
     sys.path.insert(0, args.kit)
     sys.path.insert(0, str(ROOT / "tools"))
@@ -38,9 +44,17 @@ def main():
     inputs = bm.make_inputs(b, seq, h, sq, 1234, page=64)
     fn = peer_call(peers, args.peer, inputs, sq > 1, bm.D_QK ** -0.5)
     flush = l2_flushes(torch)[args.flush]
+    call = fn
+    if args.graph:
+        fn()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        call = g.replay
     for _ in range(8):
         flush()
-        fn()
+        call()
     torch.cuda.synchronize()
 
 
