@@ -259,6 +259,9 @@ unsafe fn record_fault(p: &DecodeParams, kind: i32, b: u32, column: i32, value: 
     }
 }
 
+// The fold's 32-bit sum holds SCHED_FOLD_MAX_BATCH sequences of up to 2^25 blocks each.
+const _: () = assert!((mla_abi::SCHED_FOLD_MAX_BATCH as u64) << 25 <= u32::MAX as u64);
+
 /// The batch's KV blocks (the folded schedule's total before the row tiles), summed by
 /// each warp over all of `seq_lens`: every lane returns the total.
 ///
