@@ -271,7 +271,14 @@ impl Runtime {
         tactic.tile.check(backend, config.dtypes)?;
         let rows = config.rows();
         let tiles = tactic.tile.row_tiles(rows);
-        let target_ctas = tactic.target_ctas(self.device().sm_count as usize);
+        let sm_count = self.device().sm_count as usize;
+        let target_ctas = plan::balanced_target(
+            tactic.target_ctas(sm_count),
+            sm_count,
+            tiles,
+            config.max_batch,
+            config.max_seq_len,
+        );
         let schedule = ScheduleConfig {
             tiles,
             target_ctas,

@@ -62,6 +62,51 @@ pub fn split_cap(target_ctas: usize, tiles: usize, max_batch: usize) -> usize {
         .clamp(1, MAX_SPLITS as usize)
 }
 
+/// Fixed cost of one decode cell (prologue, pipeline fill, epilogue) in KV blocks' time, and
+/// the combine's cost once a sequence splits, for [`balanced_target`]'s model. About 7 us and
+/// 3-4 us against 1.8-2.0 us per block at H=128 on the H200 (docs/PERF.md 3.5).
+const CELL_FIXED_BLOCKS: usize = 4;
+const COMBINE_BLOCKS: usize = 2;
+
+/// The schedule's CTA target for a plan on `sm_count` SMs: `base` (waves x SMs), or
+/// `s * tiles * max_batch` where a batch of `max_batch` sequences of `max_len` tokens would
+/// finish at least 10% sooner cut into `s` splits each. The on-device rule gives a uniform
+/// batch `floor(target / (tiles * batch))` splits; the persistent decode runs its cells in
+/// rounds of `sm_count`, so `tiles * batch` just past a multiple of the SMs (H=128 S_q=3 at
+/// B=32: 192 cells on 132 SMs) leaves most SMs idle in the last round, as does an even share
+/// that does not divide the SMs (B=8: 48 cells, 2 splits each). Model: a split count `s`
+/// costs `ceil(cells * s / sm_count)` rounds of `CELL_FIXED_BLOCKS + ceil(blocks / s)`
+/// blocks, plus `COMBINE_BLOCKS` once `s > 1`. Plans of one row tile keep `base`: their
+/// 16- and 32-row decodes run several CTAs per SM, or are memory-bound, and the model does
+/// not hold for them.
+pub fn balanced_target(
+    base: usize,
+    sm_count: usize,
+    tiles: usize,
+    max_batch: usize,
+    max_len: usize,
+) -> usize {
+    if tiles < 2 {
+        return base;
+    }
+    let sms = sm_count.max(1);
+    let cells = tiles.max(1) * max_batch.max(1);
+    let blocks = max_len.div_ceil(BLOCK_N).max(1);
+    let cost = |s: usize| {
+        (cells * s).div_ceil(sms) * (CELL_FIXED_BLOCKS + blocks.div_ceil(s))
+            + if s > 1 { COMBINE_BLOCKS } else { 0 }
+    };
+    let s0 = (base / cells).clamp(1, blocks);
+    let best = (1..=blocks.min(MAX_SPLITS as usize))
+        .min_by_key(|&s| (cost(s), s))
+        .unwrap_or(s0);
+    if 10 * cost(best) < 9 * cost(s0) {
+        best * cells
+    } else {
+        base
+    }
+}
+
 impl ScheduleConfig {
     /// The most splits any sequence can get: the decode grid's split dimension. A
     /// sequence's share `blocks_b * target / (total * tiles)` never exceeds
@@ -152,6 +197,50 @@ impl WorkspaceCapacity {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn balanced_target_fills_the_last_round() {
+        // H=128 S_q=3 (6 row tiles) at B=32 L=4096 on 132 SMs: 192 one-split cells take two
+        // rounds; two splits each (384 cells, three rounds of 32 blocks) finish sooner.
+        assert_eq!(balanced_target(132, 132, 6, 32, 4096), 384);
+        // B=8 L=16384: 48 cells of 2 splits use 96 SMs; 8 splits run three full rounds.
+        assert_eq!(balanced_target(132, 132, 6, 8, 16384), 384);
+        // Batches that already fill the rounds keep one wave.
+        for (tiles, batch, len) in [
+            (2, 64, 4096),
+            (2, 64, 1024),
+            (2, 128, 16384),
+            (2, 8, 4096),
+            (1, 64, 4096),
+            (8, 8, 16384),
+            (2, 1, 131072),
+            (6, 64, 4096),
+            (2, 100, 4096),
+        ] {
+            assert_eq!(
+                balanced_target(132, 132, tiles, batch, len),
+                132,
+                "{tiles} {batch} {len}"
+            );
+        }
+        // Whatever it picks, the schedule's counts stay inside the plan's grid bound.
+        for (tiles, batch, len) in [(6, 32, 4096), (6, 8, 16384), (3, 16, 65536), (1, 3, 100)] {
+            let target = balanced_target(132, 132, tiles, batch, len);
+            let cfg = ScheduleConfig {
+                tiles,
+                target_ctas: target,
+                max_splits: split_cap(target, tiles, batch).min(MAX_SPLITS as usize),
+                max_len: len,
+                step_log2: 0,
+            };
+            let counts = schedule(&vec![len as i32; batch], &cfg);
+            assert!(
+                counts
+                    .iter()
+                    .all(|&c| c >= 1 && c as usize <= cfg.grid_splits())
+            );
+        }
+    }
 
     #[test]
     fn one_split_plans_hold_no_partials() {
