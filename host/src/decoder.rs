@@ -272,8 +272,9 @@ impl Runtime {
         let rows = config.rows();
         let tiles = tactic.tile.row_tiles(rows);
         let sm_count = self.device().sm_count as usize;
+        let base_ctas = tactic.target_ctas(sm_count);
         let target_ctas = plan::balanced_target(
-            tactic.target_ctas(sm_count),
+            base_ctas,
             sm_count,
             tiles,
             config.max_batch,
@@ -283,8 +284,9 @@ impl Runtime {
             tiles,
             target_ctas,
             // The tactic's bound, and the plan's: a grid sized for the batch, not for one
-            // sequence taking every CTA (plan::split_cap).
-            max_splits: (tactic.max_splits as usize).min(plan::split_cap(
+            // sequence taking every CTA (plan::split_cap, with the balanced target's count).
+            max_splits: (tactic.max_splits as usize).min(plan::balanced_split_cap(
+                base_ctas,
                 target_ctas,
                 tiles,
                 config.max_batch,

@@ -62,6 +62,17 @@ pub fn split_cap(target_ctas: usize, tiles: usize, max_batch: usize) -> usize {
         .clamp(1, MAX_SPLITS as usize)
 }
 
+/// The plan's split cap when [`balanced_target`] raised its target from `base` to `target`:
+/// [`split_cap`] of the base target (headroom for uneven batches), or the uniform batch's
+/// raised split count where that is more. Not `split_cap(target)`: four times the raised
+/// count would size the grid and the partials' workspace for splits that no batch of the
+/// plan gets from the raise (B=100 H=128 L=131072: 52 splits' partials instead of 13).
+pub fn balanced_split_cap(base: usize, target: usize, tiles: usize, max_batch: usize) -> usize {
+    split_cap(base, tiles, max_batch)
+        .max(target / (tiles.max(1) * max_batch.max(1)))
+        .clamp(1, MAX_SPLITS as usize)
+}
+
 /// Fixed cost of one decode cell (prologue, pipeline fill, epilogue) in KV blocks' time, and
 /// the combine's cost once a sequence splits, for [`balanced_target`]'s model. About 7 us and
 /// 3-4 us against 1.8-2.0 us per block at H=128 on the H200 (docs/PERF.md 3.5).
@@ -223,23 +234,51 @@ mod tests {
                 "{tiles} {batch} {len}"
             );
         }
-        // Whatever it picks, the schedule's counts stay inside the plan's grid bound.
-        for (tiles, batch, len) in [(6, 32, 4096), (6, 8, 16384), (3, 16, 65536), (1, 3, 100)] {
+        // Whatever it picks, a uniform batch gets the raised count under the plan's cap,
+        // every count stays inside the grid bound (uneven batches too), and the cap is the
+        // base plan's unless the raised count is more.
+        for (tiles, batch, len) in [
+            (6, 32, 4096),
+            (6, 8, 16384),
+            (6, 16, 16384),
+            (2, 48, 16384),
+            (4, 48, 4096),
+            (2, 100, 131072),
+            (3, 16, 65536),
+            (1, 3, 100),
+        ] {
             let target = balanced_target(132, 132, tiles, batch, len);
+            let cap = balanced_split_cap(132, target, tiles, batch);
+            assert_eq!(
+                cap,
+                split_cap(132, tiles, batch).max(target / (tiles * batch))
+            );
             let cfg = ScheduleConfig {
                 tiles,
                 target_ctas: target,
-                max_splits: split_cap(target, tiles, batch).min(MAX_SPLITS as usize),
+                max_splits: cap,
                 max_len: len,
                 step_log2: 0,
             };
-            let counts = schedule(&vec![len as i32; batch], &cfg);
+            let uniform = schedule(&vec![len as i32; batch], &cfg);
+            let raised = (target / (tiles * batch)).clamp(1, len.div_ceil(BLOCK_N)) as i32;
+            assert!(
+                uniform
+                    .iter()
+                    .all(|&c| c == raised.min(cfg.grid_splits() as i32)),
+                "{tiles} {batch} {len}: {uniform:?}"
+            );
+            let mut uneven = vec![len as i32; batch];
+            uneven[0] = 1;
+            let counts = schedule(&uneven, &cfg);
             assert!(
                 counts
                     .iter()
                     .all(|&c| c >= 1 && c as usize <= cfg.grid_splits())
             );
         }
+        // The cap of a plan the rule leaves alone is the base plan's.
+        assert_eq!(balanced_split_cap(132, 132, 2, 64), split_cap(132, 2, 64));
     }
 
     #[test]
