@@ -1,5 +1,6 @@
-"""One peer's call made as the peers' harness makes it, run eagerly after an L2 flush eight
-times: a target for Nsight Compute with `--cache-control none`, so the kernels see the L2 that
+"""One peer's call made as the peers' harness makes it, run after an L2 flush eight times
+(eagerly, or replayed from a CUDA graph with `--graph`): a target for Nsight Compute with
+`--cache-control none`, so the kernels see the L2 that
 the flush left (the harness's own, zeroing, or a read, a nonzero fill or an increment of the
 same 256 MB: `tools/timeline.py`'s `l2_flushes`).
 

@@ -131,6 +131,22 @@ pub unsafe fn warp_sum_u64(mut v: u64) -> u64 {
     v
 }
 
+/// The sum of `v` over the warp's 32 lanes, in every lane ([`warp_sum_u64`] for values
+/// whose sum fits 32 bits: one shuffle a step, not two).
+///
+/// # Safety
+/// All 32 lanes of the warp must execute it together.
+#[inline(always)]
+pub unsafe fn warp_sum_u32(mut v: u32) -> u32 {
+    let mut off = 16;
+    while off > 0 {
+        // SAFETY: forwarded from the caller.
+        v += unsafe { shfl_xor_f32(f32::from_bits(v), off) }.to_bits();
+        off /= 2;
+    }
+    v
+}
+
 /// `ex2.approx.ftz.f32`: 2^x (`-inf` gives 0).
 #[inline(always)]
 pub fn ex2(x: f32) -> f32 {

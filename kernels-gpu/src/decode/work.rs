@@ -283,9 +283,6 @@ unsafe fn warp_batch_blocks(p: &DecodeParams) -> u64 {
             as u32;
         i += 32;
     }
-    unroll!(x in [16, 8, 4, 2, 1] {
-        // SAFETY: forwarded from the caller.
-        sum += unsafe { sync::shfl_xor_f32(f32::from_bits(sum), x as u32) }.to_bits();
-    });
-    sum as u64
+    // SAFETY: forwarded from the caller.
+    unsafe { sync::warp_sum_u32(sum) as u64 }
 }
