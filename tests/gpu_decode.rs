@@ -265,6 +265,25 @@ fn corner_cases() {
         CaseSpec::new(DecodeDtypes::Fp8, 32, 128, 1, vec![1, 31, 200, 3000]),
         CaseSpec::new(DecodeDtypes::Fp8, 256, 64, 2, vec![5000, 700, 64]),
     ];
+    // Pages of 2, 4 and 8 tokens (the case matrix runs 1 and 16 up): every dtype, at 16 and
+    // 128 heads, with lengths that end mid-page and mid-block.
+    for (i, &d) in DecodeDtypes::ALL.iter().enumerate() {
+        for (j, &page) in [2usize, 4, 8].iter().enumerate() {
+            let heads = if (i + j) % 2 == 0 { 16 } else { 128 };
+            let s_q = 1 + (i + j) % 2;
+            specs.push(CaseSpec::new(d, page, heads, s_q, vec![1, 7, 130, 1001]));
+        }
+    }
+    // Head counts and query tokens the case matrix skips: 2, 8 and 127 heads, S_q 3, 5, 6, 7
+    // (rows that fill no tile evenly, up to 889 rows).
+    for (d, page, heads, s_q, lens) in [
+        (DecodeDtypes::Bf16, 64, 127, 7, [300, 2100]),
+        (DecodeDtypes::Fp8KvBf16Q, 64, 8, 5, [90, 4097]),
+        (DecodeDtypes::Fp8, 16, 2, 6, [33, 1500]),
+        (DecodeDtypes::Fp16, 32, 127, 3, [64, 777]),
+    ] {
+        specs.push(CaseSpec::new(d, page, heads, s_q, lens.to_vec()));
+    }
     let mut shared = CaseSpec::new(DecodeDtypes::Bf16, 16, 32, 2, vec![500, 613, 700, 801]);
     shared.share_prefix_pages = true;
     specs.push(shared);
