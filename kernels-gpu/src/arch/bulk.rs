@@ -39,6 +39,24 @@ pub unsafe fn mbarrier_arrive_expect_tx(bar: u32, bytes: u32) {
     }
 }
 
+/// [`mbarrier_arrive_expect_tx`] once for a converged warp (`elect.sync` picks the lane).
+///
+/// # Safety
+/// `bar` is an initialised mbarrier; all 32 lanes of the warp, converged.
+#[inline(always)]
+pub unsafe fn mbarrier_arrive_expect_tx_elect(bar: u32, bytes: u32) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        asm!(
+            "{{",
+            ".reg .pred e;",
+            "elect.sync _|e, 0xffffffff;",
+            "@e mbarrier.arrive.expect_tx.shared::cta.b64 _, [{b}], {n};",
+            "}}",
+            b = in(reg32) bar, n = in(reg32) bytes, options(nostack))
+    }
+}
+
 /// `mbarrier.arrive.shared::cta.b64 _, [bar];`: one arrival (a consumer saying a buffer is
 /// free again).
 ///
@@ -153,6 +171,34 @@ pub unsafe fn tma_load_3d_hint(dst: u32, tmap: *const u8, c: [i32; 3], bar: u32,
     // SAFETY: forwarded from the caller.
     unsafe {
         asm!("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [{d}], [{m}, {{{c0}, {c1}, {c2}}}], [{b}], {p};",
+            d = in(reg32) dst, m = in(reg64) tmap, c0 = in(reg32) c[0], c1 = in(reg32) c[1],
+            c2 = in(reg32) c[2], b = in(reg32) bar, p = in(reg64) policy, options(nostack))
+    }
+}
+
+/// [`tma_load_3d_hint`] issued once by a converged warp: every lane passes the same
+/// operands and `elect.sync` picks the lane that issues. Warp-uniform operands stay in
+/// uniform registers; issued from one thread's branch instead, ptxas wraps each copy in a
+/// loop over the lanes' distinct coordinates.
+///
+/// # Safety
+/// As [`tma_load_3d`]; all 32 lanes of the warp, converged, with the same operands.
+#[inline(always)]
+pub unsafe fn tma_load_3d_hint_elect(
+    dst: u32,
+    tmap: *const u8,
+    c: [i32; 3],
+    bar: u32,
+    policy: u64,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        asm!(
+            "{{",
+            ".reg .pred e;",
+            "elect.sync _|e, 0xffffffff;",
+            "@e cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [{d}], [{m}, {{{c0}, {c1}, {c2}}}], [{b}], {p};",
+            "}}",
             d = in(reg32) dst, m = in(reg64) tmap, c0 = in(reg32) c[0], c1 = in(reg32) c[1],
             c2 = in(reg32) c[2], b = in(reg32) bar, p = in(reg64) policy, options(nostack))
     }

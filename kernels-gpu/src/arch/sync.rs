@@ -47,6 +47,18 @@ pub unsafe fn bar_arrive_named<const ID: u32, const THREADS: u32>() {
     unsafe { asm!("bar.arrive {i}, {n};", i = const ID, n = const THREADS, options(nostack)) }
 }
 
+/// `bar.warp.sync 0xffffffff;`: the warp's lanes meet here, and their shared-memory
+/// accesses before it are ordered before those after it (a lane reads what another lane's
+/// completed `cp.async` wrote).
+///
+/// # Safety
+/// All 32 lanes of the warp reach it.
+#[inline(always)]
+pub unsafe fn syncwarp() {
+    // SAFETY: forwarded from the caller.
+    unsafe { asm!("bar.warp.sync 0xffffffff;", options(nostack)) }
+}
+
 /// `shfl.sync.bfly.b32` with the full mask: the value of lane `lane ^ xor_mask`.
 ///
 /// Not `pure`: a pure asm may be sunk into the branch that uses its result, where only

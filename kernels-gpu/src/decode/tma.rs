@@ -111,8 +111,9 @@ struct Cta<'a, K: DecodeKind<Mma = Bf16>> {
     c: u32,
     r_loc: u32,
     base: u32,
-    /// The thread that issues this warpgroup's halves (warpgroup 0: slabs 0-3 and 8,
-    /// warpgroup 1: slabs 4-7, of both stages).
+    /// This thread issues its warpgroup's halves (warpgroup 0: slabs 0-3 and 8, warpgroup
+    /// 1: slabs 4-7, of both stages): with [`Cta::WARP_ISSUE`] every thread of the
+    /// warpgroup's first warp (warp-uniform), else the warpgroup's first thread.
     issuer: bool,
     /// Causal visibility of this thread's two rows.
     vis_r: [u32; 2],
@@ -163,7 +164,12 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             // Opaque: addresses derive from it per cell, as in a CTA of one cell, rather than
             // being hoisted out of the persistent loop to live through every cell.
             base: arch::opaque(aligned_base()),
-            issuer: tid.is_multiple_of(128),
+            issuer: if Self::WARP_ISSUE {
+                // SAFETY: converged warps.
+                unsafe { uniform(warp % 4) == 0 }
+            } else {
+                tid.is_multiple_of(128)
+            },
             vis_r: [
                 decode::visible(p, len, w.glen, row_a),
                 decode::visible(p, len, w.glen, row_a + 8),
@@ -176,6 +182,10 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         }
     }
 
+    /// The copies are issued by a whole warp (bf16 caches): see [`Cta::issue_half`]. The
+    /// e4m3 kernels keep one issuing thread: at 255 registers, the warp's issue made ptxas
+    /// spill their cell walk's state.
+    const WARP_ISSUE: bool = !K::KV_FP8;
     /// An fp8 cache (fp8 or bf16 Q): the e4m3 tensor-core path ([`e4m3`]).
     const E4: bool = K::KV_FP8;
     /// bf16 Q with an fp8 cache: Q split into two e4m3 parts ([`Cta::load_q_split`]).
@@ -283,25 +293,38 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         }
     }
 
-    /// Thread 0 issues the cell's first pair (both halves of each block) through its page
-    /// slots; the other threads do nothing.
+    /// Warpgroup 0's issuer issues the cell's first pair (both halves of each block)
+    /// through its page slots; the other threads do nothing.
     ///
     /// # Safety
-    /// Every thread, in the prologue: thread 0 initialised the mbarriers before; its page
-    /// slots are free (the previous cell's last fetch was read).
+    /// Every thread, in the prologue: thread 0 initialised the mbarriers before; the
+    /// issuer's page slots are free (the previous cell's last fetch was read).
     #[inline(always)]
     unsafe fn issue_first_pair(&self) {
         let (p, b, len, kb0, kb1) = (self.p, self.b, self.len, self.kb0, self.kb1);
-        if arch::thread_idx_x() == 0 {
+        let first = if Self::WARP_ISSUE {
+            self.issuer && self.wg == 0
+        } else {
+            arch::thread_idx_x() == 0
+        };
+        if first {
+            let lane0 = arch::thread_idx_x().is_multiple_of(32);
             let mut blk = kb0;
             while blk < kb1 && blk < kb0 + 2 {
                 let st = blk - kb0;
-                // Thread 0 is warpgroup 0's issuer: its page slots are free until the first
-                // pair's fetch, which this thread issues after these reads.
+                // Its page slots are free until the first pair's fetch, which the issuer
+                // issues after these reads.
                 let slot = self.pages_s(st);
-                // SAFETY: forwarded from the caller; the slot is this issuer's.
+                // SAFETY: forwarded from the caller; the slot is the issuer's, written by
+                // lane 0 and (with WARP_ISSUE) read by every lane after the warp barrier,
+                // a converged warp (warp-uniform conditions).
                 unsafe {
-                    smem::st_shared_v4(slot, block_pages(p, b, blk, len).map(|x| x as u32));
+                    if !Self::WARP_ISSUE || lane0 {
+                        smem::st_shared_v4(slot, block_pages(p, b, blk, len).map(|x| x as u32));
+                    }
+                    if Self::WARP_ISSUE {
+                        sync::syncwarp();
+                    }
                     self.issue_half(slot, blk, st, 0);
                     self.issue_half(slot, blk, st, 1);
                 }

@@ -33,14 +33,14 @@ pub(crate) fn block_pages(p: &DecodeParams, b: u32, blk: u32, len: u32) -> [i32;
 }
 
 /// Block `blk`'s box pages fetched into the four words at `dst` (16-byte aligned) with
-/// `cp.async`, so the issuing thread holds no register for them until it issues; boxes
-/// past the end get `num_pages` (out of bounds: zeros).
+/// `cp.async` by one thread, so it holds no register for them until it issues; boxes past
+/// the end get `num_pages` (out of bounds: zeros). The e4m3 path's issuer.
 ///
 /// # Safety
 /// One thread; `dst` is its own 16 bytes of shared memory; it waits for its `cp.async`
 /// groups before reading them.
 #[inline(always)]
-pub(super) unsafe fn fetch_pages(p: &DecodeParams, b: u32, blk: u32, len: u32, dst: u32) {
+unsafe fn fetch_pages_one(p: &DecodeParams, b: u32, blk: u32, len: u32, dst: u32) {
     unroll!(q in [0, 1, 2, 3] {
         let slot = dst + 4 * q as u32;
         // SAFETY: the slot is the caller's; a table entry is read only for a token < len
@@ -57,6 +57,37 @@ pub(super) unsafe fn fetch_pages(p: &DecodeParams, b: u32, blk: u32, len: u32, d
     cp_async::cp_async_commit_group();
 }
 
+/// Word `lane` (`0..8`) of the next pair's page entries, fetched by that lane of the
+/// issuing warp with `cp.async`: box `lane % 4` of block `blk0 + lane / 4` into
+/// `dst + 4 lane` (the two blocks' four-word slots, 16 bytes apart). Boxes past the end, or
+/// that the block does not have, get `num_pages` (out of bounds: zeros); a block past the
+/// split's end (`kb1`) is not touched. The other lanes do nothing. Each lane commits a
+/// group, so the lanes' fetches stay apart from any earlier ones.
+///
+/// # Safety
+/// The 32 lanes of one warp, converged; the 32 bytes at `dst` are the warp's own; every lane
+/// waits for its `cp.async` groups and the warp meets at a `bar.warp.sync` before any lane
+/// reads the words.
+#[inline(always)]
+unsafe fn fetch_pages(p: &DecodeParams, b: u32, blk0: u32, kb1: u32, len: u32, dst: u32) {
+    let lane = arch::thread_idx_x() % 32;
+    let blk = blk0 + lane / 4;
+    if lane < 8 && blk < kb1 {
+        let slot = dst + 4 * lane;
+        // SAFETY: the slot is the warp's; a table entry is read only for a token < len
+        // (inside row b, as in decode::kv_row_page_entry).
+        unsafe {
+            match box_token(p, blk, lane % 4) {
+                Some(t) if t < len => {
+                    cp_async::cp_async_ca_4(slot, decode::page_entry_ptr(p, b, t) as *const u8);
+                }
+                _ => smem::st_shared_u32(slot, p.num_pages),
+            }
+        }
+    }
+    cp_async::cp_async_commit_group();
+}
+
 impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     /// Issues half `h` (slabs 0-3 and 8, or 4-7) of block `blk` into stage `st`, its box
     /// pages read from the four words at `pages` (shared memory), slab `s` completed on the
@@ -64,13 +95,17 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     /// a packed 4 KB tile of 64-byte rows, 64-byte swizzled by the map (the e4m3 path).
     ///
     /// A loop over the box positions, each issuing the half's slabs straight-line with one
-    /// page read: about 70 instructions per call site. One thread runs this in the middle of
-    /// the pair loop, so its code sits in the other warps' instruction stream; unrolled
-    /// (20 boxes, each behind its own branch) it spread the hot path over three times as
-    /// many instruction-cache lines (docs/PERF.md 3.3, instruction fetch).
+    /// page read. Its warpgroup's next `wgmma` waits for the issuing warp, so the path is
+    /// kept short: with [`Cta::WARP_ISSUE`] the whole warp runs it with the same values (a
+    /// page word every lane reads at one address is uniform) and `elect.sync` picks the lane
+    /// that arrives on each mbarrier and issues each box, so the coordinates stay in uniform
+    /// registers (from one thread's branch ptxas loops over the lanes around every box).
+    /// Unrolled (20 boxes, each behind its own branch) it spread the hot path over three
+    /// times as many instruction-cache lines (docs/PERF.md 3.3, instruction fetch).
     ///
     /// # Safety
-    /// One thread; the half's mbarriers initialised with no copy pending on them; nothing
+    /// The issuer ([`Cta::issuer`]): with [`Cta::WARP_ISSUE`] the 32 lanes of one warp,
+    /// converged, else one thread; the half's mbarriers initialised with no copy pending on them; nothing
     /// reads a slab until its mbarrier completes; `pages` holds the block's pages (the
     /// caller waited for their `cp.async`).
     #[inline(always)]
@@ -97,7 +132,11 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         // words are the caller's.
         unsafe {
             for i in 0..5 - h {
-                bulk::mbarrier_arrive_expect_tx(bars + 8 * slab(i), bytes);
+                if Self::WARP_ISSUE {
+                    bulk::mbarrier_arrive_expect_tx_elect(bars + 8 * slab(i), bytes);
+                } else {
+                    bulk::mbarrier_arrive_expect_tx(bars + 8 * slab(i), bytes);
+                }
             }
             // One page per box position (64 / rows of them: one at pages of 64 tokens or
             // more), read once and shared by the half's slabs.
@@ -108,13 +147,12 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                 for i in 0..5 - h {
                     let s = slab(i);
                     let c = [(64 * s) as i32, row_in_page as i32, page];
-                    bulk::tma_load_3d_hint(
-                        dst + s * stride + at,
-                        self.tmap,
-                        c,
-                        bars + 8 * s,
-                        policy,
-                    );
+                    let (d, bar) = (dst + s * stride + at, bars + 8 * s);
+                    if Self::WARP_ISSUE {
+                        bulk::tma_load_3d_hint_elect(d, self.tmap, c, bar, policy);
+                    } else {
+                        bulk::tma_load_3d_hint(d, self.tmap, c, bar, policy);
+                    }
                 }
                 q += 1;
             }
@@ -165,51 +203,72 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     }
 
     /// The issuer fetches the next pair's page entries (blocks `blk_a + 2` and, if the
-    /// split has it, `blk_a + 3`); it reads them after a P.V.
+    /// split has it, `blk_a + 3`; with [`Cta::WARP_ISSUE`] one word per lane); it reads
+    /// them after a P.V.
     ///
     /// # Safety
-    /// Once per pair, before the pair's [`Cta::reissue`]s.
+    /// Once per pair, before the pair's [`Cta::reissue`]s; the whole warpgroup.
     #[inline(always)]
     pub(super) unsafe fn fetch_next_pages(&self, blk_a: u32) {
-        let kb1 = self.kb1;
+        let (p, b, kb1, len) = (self.p, self.b, self.kb1, self.len);
         if self.issuer && blk_a + 2 < kb1 {
-            // SAFETY: this issuer's own slots.
+            // SAFETY: the issuer's own slots; with WARP_ISSUE a converged warp (a
+            // warp-uniform condition).
             unsafe {
-                fetch_pages(self.p, self.b, blk_a + 2, self.len, self.pages_s(0));
-                if blk_a + 3 < kb1 {
-                    fetch_pages(self.p, self.b, blk_a + 3, self.len, self.pages_s(1));
+                if Self::WARP_ISSUE {
+                    fetch_pages(p, b, blk_a + 2, kb1, len, self.pages_s(0));
+                } else {
+                    fetch_pages_one(p, b, blk_a + 2, len, self.pages_s(0));
+                    if blk_a + 3 < kb1 {
+                        fetch_pages_one(p, b, blk_a + 3, len, self.pages_s(1));
+                    }
                 }
             }
         }
     }
 
-    /// With `next` (the next pair has the block), the issuer reloads half `h` of stage
-    /// `st` with block `blk` from the pages it fetched.
+    /// The fetched pages are in shared memory for the issuer (with [`Cta::WARP_ISSUE`],
+    /// every lane of the issuing warp).
     ///
     /// # Safety
-    /// The half's last reader (a P.V, or S) has completed (its `wgmma_wait_group`
-    /// returned); the pages were fetched ([`Cta::fetch_next_pages`]).
+    /// The issuer.
     #[inline(always)]
-    pub(super) unsafe fn reissue(&self, next: bool, blk: u32, st: u32, h: u32) {
-        if self.issuer && next {
-            // The pages [`fetch_pages`] put in this issuer's slot `st`.
-            cp_async::cp_async_wait_group::<0>();
-            // SAFETY: forwarded from the caller.
-            unsafe { self.issue_half(self.pages_s(st), blk, st, h) };
+    unsafe fn pages_landed(&self) {
+        cp_async::cp_async_wait_group::<0>();
+        if Self::WARP_ISSUE {
+            // SAFETY: forwarded from the caller (a converged warp).
+            unsafe { sync::syncwarp() };
         }
     }
 
-    /// The e4m3 path: with `next`, the issuer reloads both halves of stage `st` with block
-    /// `blk` (one wait for the fetched pages).
+    /// With `next` (the next pair has the block), the issuing warp reloads half `h` of
+    /// stage `st` with block `blk` from the pages it fetched.
+    ///
+    /// # Safety
+    /// The whole warpgroup; the half's last reader (a P.V, or S) has completed (its
+    /// `wgmma_wait_group` returned); the pages were fetched ([`Cta::fetch_next_pages`]).
+    #[inline(always)]
+    pub(super) unsafe fn reissue(&self, next: bool, blk: u32, st: u32, h: u32) {
+        if self.issuer && next {
+            // SAFETY: forwarded from the caller; a converged warp (warp-uniform condition).
+            unsafe {
+                self.pages_landed();
+                self.issue_half(self.pages_s(st), blk, st, h);
+            }
+        }
+    }
+
+    /// The e4m3 path: with `next`, the issuing warp reloads both halves of stage `st` with
+    /// block `blk` (one wait for the fetched pages).
     ///
     /// # Safety
     /// As [`Cta::reissue`], for the whole stage.
     #[inline(always)]
     pub(super) unsafe fn reissue_stage(&self, next: bool, blk: u32, st: u32) {
         if self.issuer && next {
-            cp_async::cp_async_wait_group::<0>();
             // SAFETY: forwarded from the caller.
             unsafe {
+                self.pages_landed();
                 self.issue_half(self.pages_s(st), blk, st, 0);
                 self.issue_half(self.pages_s(st), blk, st, 1);
             }
