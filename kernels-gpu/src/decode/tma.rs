@@ -302,6 +302,8 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     #[inline(always)]
     unsafe fn issue_first_pair(&self) {
         let (p, b, len, kb0, kb1) = (self.p, self.b, self.len, self.kb0, self.kb1);
+        // The same threads either way; the e4m3 kernels keep the thread-index test, whose
+        // code ptxas fits in their 255 registers.
         let first = if Self::WARP_ISSUE {
             self.issuer && self.wg == 0
         } else {

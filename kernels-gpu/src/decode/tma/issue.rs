@@ -63,6 +63,8 @@ unsafe fn fetch_pages_one(p: &DecodeParams, b: u32, blk: u32, len: u32, dst: u32
 /// that the block does not have, get `num_pages` (out of bounds: zeros); a block past the
 /// split's end (`kb1`) is not touched. The other lanes do nothing. Each lane commits a
 /// group, so the lanes' fetches stay apart from any earlier ones.
+/// (The per-word body is [`fetch_pages_one`]'s, written out again: a helper shared by the two
+/// made ptxas spill the e4m3 kernels, at 255 registers.)
 ///
 /// # Safety
 /// The 32 lanes of one warp, converged; the 32 bytes at `dst` are the warp's own; every lane
@@ -105,9 +107,9 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     ///
     /// # Safety
     /// The issuer ([`Cta::issuer`]): with [`Cta::WARP_ISSUE`] the 32 lanes of one warp,
-    /// converged, else one thread; the half's mbarriers initialised with no copy pending on them; nothing
-    /// reads a slab until its mbarrier completes; `pages` holds the block's pages (the
-    /// caller waited for their `cp.async`).
+    /// converged, else one thread; the half's mbarriers initialised with no copy pending on
+    /// them; nothing reads a slab until its mbarrier completes; `pages` holds the block's
+    /// pages (the caller waited for their `cp.async`).
     #[inline(always)]
     pub(super) unsafe fn issue_half(&self, pages: u32, blk: u32, st: u32, h: u32) {
         let p = self.p;
@@ -241,8 +243,8 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         }
     }
 
-    /// With `next` (the next pair has the block), the issuing warp reloads half `h` of
-    /// stage `st` with block `blk` from the pages it fetched.
+    /// With `next` (the next pair has the block), the issuer reloads half `h` of stage `st`
+    /// with block `blk` from the pages it fetched.
     ///
     /// # Safety
     /// The whole warpgroup; the half's last reader (a P.V, or S) has completed (its
@@ -250,7 +252,8 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     #[inline(always)]
     pub(super) unsafe fn reissue(&self, next: bool, blk: u32, st: u32, h: u32) {
         if self.issuer && next {
-            // SAFETY: forwarded from the caller; a converged warp (warp-uniform condition).
+            // SAFETY: forwarded from the caller; with WARP_ISSUE a converged warp (a
+            // warp-uniform condition).
             unsafe {
                 self.pages_landed();
                 self.issue_half(self.pages_s(st), blk, st, h);
@@ -258,8 +261,8 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         }
     }
 
-    /// The e4m3 path: with `next`, the issuing warp reloads both halves of stage `st` with
-    /// block `blk` (one wait for the fetched pages).
+    /// The e4m3 path: with `next`, the issuer reloads both halves of stage `st` with block
+    /// `blk` (one wait for the fetched pages).
     ///
     /// # Safety
     /// As [`Cta::reissue`], for the whole stage.
