@@ -24,7 +24,10 @@
 //!   half is reloaded for the next pair by the warpgroup whose P.V read it last, as
 //!   soon as that P.V is done (warpgroup 0 reloads slabs 0-3 and 8, warpgroup 1 slabs
 //!   4-7). Each warpgroup starts its S on the half it reloads itself, then takes the
-//!   other. Boxes past the sequence end, and pages
+//!   other. The reloads go out as early as the order allows (bf16): warpgroup 1 runs its
+//!   own P.V before waiting for A's P and reloads stage 1's slabs 4-7 the moment it is
+//!   done (its next S waits on that copy first), and warpgroup 0 reloads stage 1's half
+//!   before its next S, not from inside it. Boxes past the sequence end, and pages
 //!   outside `0..num_pages`, read as zeros (TMA's out-of-bounds fill); V rows of a page
 //!   past the end are zeroed in shared memory.
 //! - The e4m3 path (an fp8 cache, [`e4m3`]) reads a stage's raw slabs only in its owner's
@@ -419,10 +422,9 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                 sync::bar_sync_named::<BAR_P1, 256>();
                 self.pv_shared(1);
             }
-            // Slabs 0-3 and 8 (B's P) of stage 1: last read by the P.V above, which
-            // completes while A''s S is issued (before its second half's wait, so this
-            // copy does not queue behind warpgroup 1's).
-            // `in_qk`: A''s first half is the one group issued after the P.V.
+            // Slabs 0-3 and 8 (B's P) of stage 1: last read by the P.V above (the e4m3
+            // path: stage 1's V^T, free for warpgroup 1's next transpose). `in_qk`: called
+            // inside A''s S, whose first half is the one group issued after the P.V.
             let free_b = |in_qk: bool| {
                 if has_b {
                     if in_qk {
@@ -433,7 +435,6 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                     if !Self::E4 {
                         self.reissue(next_b, blk_b + 2, 1, 0);
                     } else if next_b {
-                        // Stage 1's V^T is free for warpgroup 1's next transpose.
                         sync::bar_arrive_named::<BAR_VT1, 256>();
                     }
                 }
@@ -444,10 +445,20 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                     sync::bar_sync_named::<BAR_VT0, 256>();
                 }
             };
-            if next_a {
-                self.qk(s, 0, parity ^ 1, blk_a + 2, &|| free_b(true), &vt_free);
+            if Self::E4 {
+                if next_a {
+                    self.qk(s, 0, parity ^ 1, blk_a + 2, &|| free_b(true), &vt_free);
+                } else {
+                    free_b(false);
+                }
             } else {
+                // bf16: the copy goes out before A''s S, as soon as the P.V is done.
+                // Warpgroup 1's next S reads it, and issued from inside A''s S it also
+                // waited for A''s first copies to land.
                 free_b(false);
+                if next_a {
+                    self.qk(s, 0, parity ^ 1, blk_a + 2, &|| {}, &vt_free);
+                }
             }
             wgmma::wgmma_wait_group::<0>();
             if next_a {
@@ -457,9 +468,9 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     }
 
     /// Warpgroup 1's half of pair `(blk_a, blk_a + 1)`: block B's max (if any) against
-    /// warpgroup 0's, the pair's final max and scale to warpgroup 0; B's P to its slab, A's
-    /// P.V from shared memory, B's P.V from registers; S of the next pair's B into `s`.
-    /// Reloads slabs 4-7 of both stages.
+    /// warpgroup 0's, the pair's final max and scale to warpgroup 0; B's P to its slab, and
+    /// the two P.Vs: bf16 B's from registers, then A's from shared memory; the e4m3 path
+    /// A's first. S of the next pair's B into `s`. Reloads slabs 4-7 of both stages.
     ///
     /// # Safety
     /// Warpgroup 1, once per pair, with warpgroup 0 in [`Cta::step_a`].
@@ -490,8 +501,6 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             let f = [scale0[0] * scale1[0], scale0[1] * scale1[1]];
             self.rescale(f);
             self.l_run = [self.l_run[0] * f[0], self.l_run[1] * f[1]];
-            // B's P to its slab and the P.V of A's P first: it frees stage 0's slabs
-            // 4-7, which A''s S needs half a step before B''s S needs stage 1.
             // Without a block B, s holds no S: P is computed but not summed, and the
             // P.V below multiplies zeros by A's (finite) V, so that no wgmma sits behind
             // a branch.
@@ -504,25 +513,33 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                 self.store_p(&a, self.p_s(1));
                 sync::bar_arrive_named::<BAR_P1, 256>();
             }
-            sync::bar_sync_named::<BAR_P0, 256>();
-            self.pv_shared(0);
-            self.pv_regs(&a, has_b as u32);
-            // The e4m3 path: stage 1's raw slabs were last read by S of B and its transpose.
             if Self::E4 {
+                // A's P.V first: it frees stage 0's V^T, which warpgroup 0's next transpose
+                // overwrites.
+                sync::bar_sync_named::<BAR_P0, 256>();
+                self.pv_shared(0);
+                self.pv_regs(&a, has_b as u32);
+                // Stage 1's raw slabs were last read by S of B and its transpose.
                 self.reissue_stage(next_b, blk_b + 2, 1);
-            }
-            wgmma::wgmma_wait_group::<1>();
-            // Slabs 4-7 of stage 0: last read by A's P.V above.
-            if !Self::E4 {
-                self.reissue(next_a, blk_a + 2, 0, 1);
-            } else if next_a {
-                // Stage 0's V^T is free for warpgroup 0's next transpose.
-                sync::bar_arrive_named::<BAR_VT0, 256>();
-            }
-            wgmma::wgmma_wait_group::<0>();
-            // Slabs 4-7 of stage 1: last read by B's P.V.
-            if !Self::E4 {
+                wgmma::wgmma_wait_group::<1>();
+                if next_a {
+                    // Stage 0's V^T is free for warpgroup 0's next transpose.
+                    sync::bar_arrive_named::<BAR_VT0, 256>();
+                }
+                wgmma::wgmma_wait_group::<0>();
+            } else {
+                // B's own P.V first, before waiting for A's P: stage 1's slabs 4-7 (read
+                // only by this warpgroup, and first by its next S) go out as soon as it is
+                // done. That copy's latency is the pair loop's longest wait where memory
+                // rules (docs/PERF.md 3.3, "Copy latency").
+                self.pv_regs(&a, has_b as u32);
+                wgmma::wgmma_wait_group::<0>();
                 self.reissue(next_b, blk_b + 2, 1, 1);
+                sync::bar_sync_named::<BAR_P0, 256>();
+                self.pv_shared(0);
+                wgmma::wgmma_wait_group::<0>();
+                // Slabs 4-7 of stage 0: last read by A's P.V above.
+                self.reissue(next_a, blk_a + 2, 0, 1);
             }
             // O holds the pair against m1, and S is dead until the next S.
             if let Some(first) = promote {
