@@ -8,7 +8,8 @@ peer's lead stays when both run hot, the lead is in the math path, not in the co
         [--kit stage/peers] [--reps 50]
 
 Needs the staged peers' kit (`tests/gpu/stage.sh --peers`; `bench_mla.py` and `vendor/`
-suffice for `mla_rs` alone) and, for `mla_rs`, the staged `libmla.so`. Page 64, the
+suffice for our plugins alone) and, for ours (`mla_rs`, `mla_rs_fp8`, `mla_rs_fp8q_fp8`), the
+staged `libmla.so`. Page 64, the
 harness's inputs (seed 1234); CUDA graph replays timed with events, median.
 """
 import argparse
@@ -35,9 +36,20 @@ def main():
     from timeline import l2_flushes, peer_call
 
     names = args.peers.split(",")
-    plugins, _ = bm.load_plugins([str(ROOT / "benches" / "peer_plugin.py")], lambda *a: None)
+    plugins, _ = bm.load_plugins(
+        [str(ROOT / "benches" / f) for f in ("peer_plugin.py", "peer_plugin_fp8q.py")],
+        lambda *a: None,
+    )
     peers = bm.Peers(set(names), lambda k, s: None, plugins)
     flush = l2_flushes(torch)["zero"]
+
+    def make(name, q, kc, table, sl, causal):
+        """The peer's call; a plugin's fp8 peer gets the harness's per-tensor e4m3 cache."""
+        plugin = peers.plugin_peers.get(name)
+        if plugin is not None and plugin[1]:
+            kv8, kv_scale = bm.quantize_fp8_per_tensor(kc)
+            return plugin[0].make_fp8(q, kv8, kv_scale, table, sl, causal, bm.D_QK ** -0.5)
+        return peer_call(peers, name, (q, kc, table, sl), causal, bm.D_QK ** -0.5)
 
     def timed(call, do_flush):
         start = torch.cuda.Event(enable_timing=True)
@@ -62,7 +74,7 @@ def main():
         for name in names:
             times = []
             for table in (bt, hot_bt):
-                fn = peer_call(peers, name, (q, kc, table, sl), sq > 1, bm.D_QK ** -0.5)
+                fn = make(name, q, kc, table, sl, sq > 1)
                 fn()
                 torch.cuda.synchronize()
                 g = torch.cuda.CUDAGraph()
