@@ -7,6 +7,7 @@
     python3 tools/ncu_source.py F.csv --top gmma [--n 12]     # lines with the most of one reason
     python3 tools/ncu_source.py F.csv --lines 3160:3240       # a range, with samples per line
     python3 tools/ncu_source.py F.csv --single                # one-thread code runs
+    python3 tools/ncu_source.py F.csv G.csv --split           # what the warps wait on
 
 The source page lists a column per stall reason but none for `gmma` (a warp waiting to issue
 a `wgmma`, which Warp State Statistics reports): a line's samples less the listed reasons'
@@ -14,7 +15,12 @@ are counted as `gmma` here (they sat on `HGMMA` lines in every profile so far). 
 finds runs of lines executed with at most 1.5 threads on average (one thread's branch, such
 as a copy issue), with their samples and warp instructions: such code delays the other warps
 of its warpgroup at their next `wgmma`. Line numbers are rows of the CSV after its header
-(stable for one report). Used for docs/PERF.md 3.3.
+(stable for one report). `--split` sorts the samples by what a warp waits on: a copy (the
+`mbarrier` polls: `TRYWAIT`, the vote and branch after it), a `wgmma` to complete
+(`WARPGROUP.DEPBAR`), a `wgmma` to issue (`HGMMA` lines), the other warpgroup (the `barrier`
+samples left, which land on the instruction after a named barrier), and everything else (the
+math and hand-off code itself), with the lines that hold most of the first and fourth. Used for
+docs/PERF.md 3.3.
 """
 import argparse
 import csv
@@ -63,6 +69,38 @@ def summary(rep):
     print("  " + ", ".join(parts))
 
 
+def split(rep, n):
+    """Samples by what the warps wait on (see the module docs), and the largest lines."""
+    total = sum(rep.samples(r) for r in rep.rows) or 1.0
+    parts = {"copy polls": [], "wgmma waits": [], "wgmma issue": [], "named barriers": [],
+             "the rest": []}
+    poll = False
+    for i, row in enumerate(rep.rows):
+        sass, v = row[1], rep.samples(row)
+        if "TRYWAIT" in sass:
+            poll = True
+            parts["copy polls"].append((v, i))
+        elif poll and ("VOTE" in sass or "BRA" in sass):
+            parts["copy polls"].append((v, i))
+            poll = "VOTE" in sass
+        else:
+            poll = False
+            if "WARPGROUP.DEPBAR" in sass:
+                parts["wgmma waits"].append((v, i))
+            elif "HGMMA" in sass:
+                parts["wgmma issue"].append((v, i))
+            else:
+                bar = rep.reason(row, "barrier")
+                parts["named barriers"].append((bar, i))
+                parts["the rest"].append((v - bar, i))
+    print("  " + ", ".join(f"{k} {100 * sum(v for v, _ in p) / total:.1f}%"
+                           for k, p in parts.items()))
+    for k in ("copy polls", "named barriers"):
+        top = sorted(parts[k], reverse=True)[:n]
+        print(f"    {k}, largest lines: " + ", ".join(
+            f"{i} ({100 * v / total:.1f}%)" for v, i in top if v > 0))
+
+
 def line(rep, i, row):
     top = sorted(((rep.reason(row, n), n) for n in rep.names()), reverse=True)[:2]
     why = " ".join(f"{n}:{v:.0f}" for v, n in top if v > 0)
@@ -77,10 +115,13 @@ def main():
     ap.add_argument("--n", type=int, default=12)
     ap.add_argument("--lines", metavar="A:B", help="print lines A..B")
     ap.add_argument("--single", action="store_true", help="runs of one-thread code")
+    ap.add_argument("--split", action="store_true", help="samples by what the warps wait on")
     args = ap.parse_args()
     for path in args.csv:
         rep = Report(path)
         summary(rep)
+        if args.split:
+            split(rep, min(args.n, 4))
         if args.top:
             if args.top not in rep.names():
                 sys.exit(f"unknown reason {args.top}: one of {', '.join(rep.names())}")
