@@ -35,15 +35,24 @@ def parse_shapes(text):
     return shapes
 
 
-def peer_call(peers, name, inputs, causal, scale):
+def peer_call(peers, name, inputs, causal, scale, fp8_kv=None):
     """The zero-argument call the peers' harness times for peer `name` (its `Peers` made it
     available), on `inputs` = (q, kcache, block_table, seq_lens); `None` for a peer that this
-    tool does not make (FlashMLA's bf16 kernel and plugin peers only)."""
+    tool does not make (FlashMLA's bf16 kernel and plugin peers only). A plugin's fp8 peer
+    gets the cache as the harness gives it, `fp8_kv` = (e4m3 cache, scale) from
+    `bench_mla.quantize_fp8_per_tensor(kcache)` (made here when not passed)."""
     q, kc, bt, sl = inputs
     if name == "flashmla_bf16":
         return peers.make_flashmla_bf16(q, kc, bt, sl, causal, scale)
     if name in peers.plugin_peers:
-        return peers.plugin_peers[name][0].make(q, kc, bt, sl, causal, scale)
+        plugin, fp8 = peers.plugin_peers[name]
+        if fp8:
+            if fp8_kv is None:
+                import bench_mla
+
+                fp8_kv = bench_mla.quantize_fp8_per_tensor(kc)
+            return plugin.make_fp8(q, fp8_kv[0], fp8_kv[1], bt, sl, causal, scale)
+        return plugin.make(q, kc, bt, sl, causal, scale)
     return None
 
 
