@@ -248,6 +248,11 @@ const SYNC_SITES: &[(&str, SyncSites)] = &[
         "mla_decode_tma32_bf16",
         (5, &[(0, 3), (1, 2), (2, 1), (3, 3)], &[]),
     ),
+    // Its `cp.async` form: the same sites (the producer warp's copies add none).
+    (
+        "mla_decode_tma32_bf16_cp",
+        (5, &[(0, 3), (1, 2), (2, 1), (3, 3)], &[]),
+    ),
     (
         "mla_decode_tma32_fp8kv_bf16q",
         (5, &[(0, 3), (1, 2), (2, 1), (3, 3), (4, 1)], &[]),

@@ -13,7 +13,8 @@ With `--graph` the call is captured once and replayed after each flush, as the h
 (add `--graph-profiling node` to ncu; the launch counts then count the graph's kernel nodes).
 
 Needs the staged peers' kit (`tests/gpu/stage.sh --peers`) and, for `mla_rs`, the staged
-`libmla.so` (`benches/peer_plugin.py`). Page 64, the harness's inputs (seed 1234).
+`libmla.so` (`benches/peer_plugin.py`). The harness's inputs (seed 1234), page 64 unless
+`--page` says otherwise.
 """
 import argparse
 import sys
@@ -28,6 +29,7 @@ def main():
     ap.add_argument("flush", choices=["zero", "read", "fill", "bump"])
     ap.add_argument("shape", help="H,S_q,B,L")
     ap.add_argument("--kit", default=str(ROOT / "stage" / "peers"))
+    ap.add_argument("--page", type=int, default=64, help="tokens per page")
     ap.add_argument("--graph", action="store_true",
                     help="capture the call in a CUDA graph and replay it, as the harness times it "
                          "(profile its kernels with ncu --graph-profiling node)")
@@ -42,7 +44,7 @@ def main():
     h, sq, b, seq = (int(x) for x in args.shape.split(","))
     plugins, _ = bm.load_plugins([str(ROOT / "benches" / "peer_plugin.py")], lambda *a: None)
     peers = bm.Peers({args.peer}, lambda k, s: None, plugins)
-    inputs = bm.make_inputs(b, seq, h, sq, 1234, page=64)
+    inputs = bm.make_inputs(b, seq, h, sq, 1234, page=args.page)
     fn = peer_call(peers, args.peer, inputs, sq > 1, bm.D_QK ** -0.5)
     flush = l2_flushes(torch)[args.flush]
     call = fn

@@ -55,6 +55,9 @@ use crate::tactic::{Switches, Tile};
 ///   small-row one by default ([`DecodeKernels::tma32`]; 1.00-1.14x the 64-row one's speed on
 ///   the H200); `MLA_TMA32=fp8`: the small-row forms for fp8 caches too (about half the
 ///   e4m3 TMA decode's speed; for A/Bs).
+/// - `MLA_TMA32_CP=0`: the `cp.async` `wgmma` decode where a bf16 request of at most 32 rows
+///   would take the small-row decode's `cp.async` form ([`DecodeKernels::tma32_cp`]; for
+///   A/Bs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Overrides {
     pub pdl: bool,
@@ -62,6 +65,7 @@ pub struct Overrides {
     pub fold: bool,
     pub tma32: bool,
     pub tma32_fp8: bool,
+    pub tma32_cp: bool,
 }
 
 impl Overrides {
@@ -77,6 +81,7 @@ impl Overrides {
                 fold: on("MLA_SCHED_FOLD"),
                 tma32: tma32.as_deref() != Ok("0"),
                 tma32_fp8: tma32.as_deref() == Ok("fp8"),
+                tma32_cp: on("MLA_TMA32_CP"),
             }
         })
     }
@@ -152,6 +157,11 @@ pub struct DecodeKernels {
     /// `decode_tile::TMA32_ROWS` rows; `None` where it never can
     /// ([`DecodeKernels::small_rows`]).
     pub tma32: Option<&'static Kernel>,
+    /// The bf16 small-row TMA decode's `cp.async` form, which stands in for `decode` where a
+    /// request of at most `decode_tile::TMA32_ROWS` rows suits the TMA decode but not its
+    /// tensor map (pages of fewer than `TMA_MIN_PAGE` tokens, strided caches:
+    /// [`crate::tmap::tma_unsupported`]); `None` where it never can.
+    pub tma32_cp: Option<&'static Kernel>,
     /// Batches up to this many sequences fold the split schedule into the decode; larger
     /// ones launch the schedule kernel first. 0: never folded.
     pub fold_max_batch: usize,
@@ -201,10 +211,17 @@ impl DecodeKernels {
             .filter(|_| switches.tma && page_size >= mla_abi::decode_tile::TMA_MIN_PAGE)
             .map(spec);
         let over = Overrides::get();
+        // Its producer reads any fused cache the `cp.async` decode reads (bf16 only).
+        let tma32_cp = (switches.tma
+            && over.small_row_tma()
+            && over.tma32_cp
+            && decode.symbol == names::DECODE_WG_BF16)
+            .then(|| spec(names::DECODE_TMA32_BF16_CP));
         let kernels = DecodeKernels {
             decode,
             tma,
             tma32: None,
+            tma32_cp,
             fold_max_batch: if switches.fold && !reference {
                 mla_abi::SCHED_FOLD_MAX_BATCH
             } else {
@@ -265,27 +282,31 @@ impl DecodeKernels {
     }
 
     /// [`DecodeKernels::decode_for`] with the split layouts of `parts`: a cache split in two
-    /// tensors never takes the TMA decode (its one tensor map spans fused rows); a split q
-    /// does not matter (q is loaded the same way by every decode).
+    /// tensors never takes the TMA decode (its one tensor map, and the `cp.async` form's
+    /// one row address, span fused rows); a split q does not matter (q is loaded the same
+    /// way by every decode).
     pub fn decode_for_parts(
         &self,
         req: &DecodeRequest,
         parts: &SplitParts,
         shape: &DecodeShape,
     ) -> &'static Kernel {
+        let pays = crate::tmap::tma_pays(
+            shape.dtypes,
+            shape.max_seq_len(),
+            self.even_splits(shape.batch),
+        );
+        if parts.kpe_cache.is_some() || !pays {
+            return self.decode;
+        }
         match self.tma {
-            Some(tma)
-                if parts.kpe_cache.is_none()
-                    && crate::tmap::tma_pays(
-                        shape.dtypes,
-                        shape.max_seq_len(),
-                        self.even_splits(shape.batch),
-                    )
-                    && crate::tmap::tma_unsupported(req, shape).is_none() =>
-            {
+            Some(tma) if crate::tmap::tma_unsupported(req, shape).is_none() => {
                 self.small_row(shape.rows()).unwrap_or(tma)
             }
-            _ => self.decode,
+            _ => self
+                .tma32_cp
+                .filter(|_| shape.rows() <= mla_abi::decode_tile::TMA32_ROWS)
+                .unwrap_or(self.decode),
         }
     }
 
@@ -354,6 +375,12 @@ impl DecodeKernels {
             out.push(t.symbol);
         }
         if let Some(t) = self.tma {
+            out.push(t.symbol);
+        }
+        if let Some(t) = self
+            .tma32_cp
+            .filter(|_| rows <= mla_abi::decode_tile::TMA32_ROWS)
+        {
             out.push(t.symbol);
         }
         out.push(self.decode.symbol);

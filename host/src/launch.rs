@@ -659,8 +659,13 @@ impl Runtime {
         unsafe {
             if persistent {
                 // The cache's tensor map by value, as the second parameter: the launch (or
-                // the graph node a capture records) holds its own copy.
-                let map = crate::tmap::encode_kv_map(req, shape)?;
+                // the graph node a capture records) holds its own copy. The `cp.async`
+                // form reads none (a zeroed map fills the parameter).
+                let map = if kernel.symbol == mla_abi::names::DECODE_TMA32_BF16_CP {
+                    mla_abi::TensorMap { words: [0; 16] }
+                } else {
+                    crate::tmap::encode_kv_map(req, shape)?
+                };
                 let mut args = [
                     &p as *const DecodeParams as *mut c_void,
                     &map as *const mla_abi::TensorMap as *mut c_void,

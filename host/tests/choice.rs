@@ -76,10 +76,65 @@ fn bf16_h64_sq2_page16_on_sm90a() {
     assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_TMA_BF16);
     let (req, shape) = request(DecodeDtypes::Bf16, 16, 4);
     assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_WG_BF16);
-    // A padded (non-contiguous) cache keeps the cp.async kernel.
+    // A padded (non-contiguous) cache keeps the cp.async kernel at 128 rows.
     let (mut req, shape) = request(DecodeDtypes::Bf16, 16, 256);
     req.kv_cache.strides[0] += D_QK;
     assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_WG_BF16);
+}
+
+/// Where the map cannot serve (pages of fewer than `TMA_MIN_PAGE` tokens, a padded cache), a
+/// bf16 request of at most 32 rows whose splits hold two or more blocks takes the small-row
+/// decode's `cp.async` form (`MLA_TMA32_CP=0`, or with `MLA_TMA32=0`: the `cp.async`
+/// decode); more rows, one-block splits, split caches and fp8 caches do not.
+#[test]
+fn small_pages_take_the_small_row_decodes_cp_async_form() {
+    let over = mla_host::choice::Overrides::get();
+    let cp_on = over.tma32_cp && over.small_row_tma();
+    let cp = if cp_on {
+        names::DECODE_TMA32_BF16_CP
+    } else {
+        names::DECODE_WG_BF16
+    };
+    for page in [1, 2, 4, 8] {
+        let k = kernels(Backend::Sm90a, Tile::Wg64N64, DecodeDtypes::Bf16, page, 32);
+        assert_eq!(k.tma, None, "page {page}");
+        assert_eq!(
+            k.tma32_cp.map(|t| t.symbol),
+            cp_on.then_some(names::DECODE_TMA32_BF16_CP)
+        );
+        // 4096 tokens: 64 blocks, two a split at the grid's 32 splits.
+        let (req, shape) = request_rows(DecodeDtypes::Bf16, page, 4096 / page, 2, 16);
+        assert_eq!(k.decode_for(&req, &shape).symbol, cp, "page {page}");
+        assert_eq!(
+            k.all(8, 32, 132).contains(&names::DECODE_TMA32_BF16_CP),
+            cp_on
+        );
+        let (req, shape) = request_rows(DecodeDtypes::Bf16, page, 4096 / page, 2, 64);
+        assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_WG_BF16);
+        assert!(!k.all(8, 128, 132).contains(&names::DECODE_TMA32_BF16_CP));
+        let (req, shape) = request_rows(DecodeDtypes::Bf16, page, 4, 2, 16);
+        assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_WG_BF16);
+        let f = kernels(
+            Backend::Sm90a,
+            Tile::Wg64N64,
+            DecodeDtypes::Fp8KvBf16Q,
+            page,
+            32,
+        );
+        assert_eq!(f.tma32_cp, None);
+    }
+    let k = kernels(Backend::Sm90a, Tile::Wg64N64, DecodeDtypes::Bf16, 64, 32);
+    let (mut req, shape) = request_rows(DecodeDtypes::Bf16, 64, 64, 2, 16);
+    req.kv_cache.strides[0] += D_QK;
+    assert_eq!(k.decode_for(&req, &shape).symbol, cp);
+    let parts = mla_host::request::SplitParts {
+        kpe_cache: Some(req.kv_cache),
+        ..Default::default()
+    };
+    assert_eq!(
+        k.decode_for_parts(&req, &parts, &shape).symbol,
+        names::DECODE_WG_BF16
+    );
 }
 
 /// With the small-row TMA decode on (the default), a bf16 request of at most 32 rows that
@@ -322,6 +377,7 @@ fn every_tile_and_dtype_names_a_kernel_of_the_table() {
         names::DECODE_TMA32_BF16,
         names::DECODE_TMA32_FP8KV_BF16Q,
         names::DECODE_TMA32_FP8,
+        names::DECODE_TMA32_BF16_CP,
         names::COMBINE_BF16,
         names::COMBINE_FP16,
         names::COMBINE_WIDE_BF16,
@@ -350,7 +406,8 @@ fn every_tile_and_dtype_names_a_kernel_of_the_table() {
                 names::DECODE_TMA_FP8,
                 names::DECODE_TMA32_BF16,
                 names::DECODE_TMA32_FP8KV_BF16Q,
-                names::DECODE_TMA32_FP8
+                names::DECODE_TMA32_FP8,
+                names::DECODE_TMA32_BF16_CP
             ]
             .contains(&a.symbol),
             "{}",

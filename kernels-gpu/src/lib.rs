@@ -270,6 +270,19 @@ macro_rules! tma_decode_kernel {
 tma_decode_kernel!(mla_decode_tma_bf16, DecodeBf16);
 tma_decode_kernel!(mla_decode_tma_fp8kv_bf16q, DecodeFp8KvBf16Q);
 tma_decode_kernel!(mla_decode_tma_fp8, DecodeFp8);
+
+/// bf16 with the small-row TMA decode's cache copies made by `cp.async` (`DecodeKind::KV_CP`):
+/// pages of fewer than `TMA_MIN_PAGE` tokens, and cache layouts the tensor map does not take.
+#[cfg(mla_wgmma)]
+pub struct DecodeBf16Cp;
+#[cfg(mla_wgmma)]
+impl DecodeKind for DecodeBf16Cp {
+    type Mma = Bf16;
+    const Q_FP8: bool = false;
+    const KV_FP8: bool = false;
+    const KV_CP: bool = true;
+}
+tma_decode_kernel!(mla_decode_tma32_bf16_cp, fn decode::tma32::decode_tma32::<DecodeBf16Cp>);
 tma_decode_kernel!(mla_decode_tma32_bf16, fn decode::tma32::decode_tma32::<DecodeBf16>);
 tma_decode_kernel!(
     mla_decode_tma32_fp8kv_bf16q,

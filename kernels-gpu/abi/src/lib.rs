@@ -315,7 +315,19 @@ pub mod decode_tile {
     pub const TMA32_BF16: Tma32Smem = tma32_smem(false);
     /// The fp8-cache form.
     pub const TMA32_FP8: Tma32Smem = tma32_smem(true);
+    /// The bf16 `cp.async` form (`names::DECODE_TMA32_BF16_CP`): the bf16 layout with a
+    /// producer warpgroup (four warps copying) in place of the one producer warp.
+    pub const TMA32_BF16_CP: Tma32Smem = {
+        let l = tma32_smem(false);
+        let threads = 8 * 32;
+        Tma32Smem {
+            threads,
+            bytes: 1024 + l.cells + (threads / 32) * 4,
+            ..l
+        }
+    };
     const _: () = assert!(TMA32_BF16.bytes <= 227 * 1024 && TMA32_FP8.bytes <= 227 * 1024);
+    const _: () = assert!(TMA32_BF16_CP.bytes <= 227 * 1024);
     const _: () =
         assert!(TMA32_BF16.p.is_multiple_of(1024) && TMA32_BF16.ring.is_multiple_of(1024));
     const _: () = assert!(TMA32_FP8.raw.is_multiple_of(1024) && TMA32_ROWS * 1024 <= TMA32_BF16.p);
@@ -612,6 +624,11 @@ pub mod names {
     pub const DECODE_TMA32_BF16: &str = "mla_decode_tma32_bf16";
     pub const DECODE_TMA32_FP8KV_BF16Q: &str = "mla_decode_tma32_fp8kv_bf16q";
     pub const DECODE_TMA32_FP8: &str = "mla_decode_tma32_fp8";
+    /// The bf16 small-row TMA decode with its copies made by `cp.async` from the page table
+    /// by a producer warpgroup (the same parameters; the map is not read; launch shape
+    /// `decode_tile::TMA32_BF16_CP`): pages of fewer than `decode_tile::TMA_MIN_PAGE`
+    /// tokens, and fused cache layouts the map does not take.
+    pub const DECODE_TMA32_BF16_CP: &str = "mla_decode_tma32_bf16_cp";
     pub const COMBINE_BF16: &str = "mla_combine_bf16";
     pub const COMBINE_FP16: &str = "mla_combine_fp16";
     pub const COMBINE_WIDE_BF16: &str = "mla_combine_wide_bf16";
@@ -835,6 +852,12 @@ pub mod kernels {
             Params::DecodeWithMap,
             decode_tile::TMA32_BF16.threads,
             decode_tile::TMA32_BF16.bytes,
+        )),
+        sm90a(k(
+            DECODE_TMA32_BF16_CP,
+            Params::DecodeWithMap,
+            decode_tile::TMA32_BF16_CP.threads,
+            decode_tile::TMA32_BF16_CP.bytes,
         )),
         sm90a(k(
             DECODE_TMA32_FP8KV_BF16Q,

@@ -44,6 +44,21 @@ pub fn l2_evict_first() -> u64 {
     p
 }
 
+/// `cp.async.mbarrier.arrive.noinc.shared::cta.b64 [bar];`: once every `cp.async` this
+/// thread issued before has landed, `bar` gets one arrival, one of the count it was
+/// initialised with (`.noinc`: the pending count is not raised for it). The copies need
+/// not be committed to a group.
+///
+/// # Safety
+/// `bar` is an initialised mbarrier whose count includes this arrival.
+#[inline(always)]
+pub unsafe fn cp_async_mbarrier_arrive_noinc(bar: u32) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        asm!("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [{b}];", b = in(reg32) bar, options(nostack))
+    }
+}
+
 /// `cp.async.commit_group;`
 #[inline(always)]
 pub fn cp_async_commit_group() {

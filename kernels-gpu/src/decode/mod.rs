@@ -127,6 +127,10 @@ pub trait DecodeKind {
     const Q_FP8: bool;
     /// The cache is fp8 e4m3 (converted to `Mma` after each stage lands).
     const KV_FP8: bool;
+    /// The small-row TMA decode's producer warpgroup copies the cache with `cp.async`, row
+    /// by row from the page table, instead of tensor-map boxes (`tma32`'s `produce_cp`):
+    /// pages of any size. Only that decode reads it.
+    const KV_CP: bool = false;
 }
 
 /// Byte offset of 16-byte chunk `k` of row `r` in a swizzled tile of D_QK-wide rows.

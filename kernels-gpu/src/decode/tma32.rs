@@ -11,7 +11,9 @@
 //! `wgmma` work of 32 rows instead of a 64-row tile's, and every shared buffer is small.
 //!
 //! - Warps 0-3 (the consumer warpgroup) compute; warp 4's lane 0 (the producer) issues the
-//!   tensor copies, one 64-dim slab of a block at a time, into a ring of slab slots
+//!   tensor copies (in the `cp.async` form, `DecodeKind::KV_CP`, warps 4-7 copy each slab's
+//!   rows from the page table: pages of any size), one 64-dim slab of a block at a time,
+//!   into a ring of slab slots
 //!   (`decode_tile::tma32_smem`'s `slots`: 23 for a bf16 cache): slab `s` of the `n`-th
 //!   block this CTA walks is the ring's slab `9 n + s`. Each slot has two mbarriers: *full* (the producer's
 //!   expected bytes; the copy completes it) and *free* (the consumer's arrival once its
@@ -54,6 +56,8 @@ const RAW_SLAB: u32 = T::TMA32_RAW_SLAB as u32;
 /// 4-5) and the producer (the last warp).
 const CONSUMERS: u32 = 128;
 const CONVERTERS: u32 = 64;
+/// The `cp.async` form's producer warpgroup (warps 4-7).
+const CP_PRODUCERS: u32 = 128;
 /// The consumer's named barriers (0 is the CTA barrier): the four warps' row maxima are
 /// in the exchange; P (and any zeroed V rows) are in shared memory; the output staging.
 const BAR_MAX: u32 = 1;
@@ -61,7 +65,7 @@ const BAR_P: u32 = 2;
 const BAR_OUT: u32 = 3;
 /// The converters' barrier: a bf16 slab is written.
 const BAR_CVT: u32 = 4;
-const _: () = assert!(ROWS == 32 && CONVERTERS == BLOCK_N);
+const _: () = assert!(ROWS == 32 && CONVERTERS == BLOCK_N && CP_PRODUCERS == 2 * BLOCK_N);
 // The one-split output staging (rows of 1024 bytes, then a u64 offset per row) fits the
 // Q tile.
 const _: () = assert!(ROWS * (1024 + 8) <= 9 * Q_SLAB);
@@ -113,14 +117,21 @@ struct Form<K>(PhantomData<K>);
 impl<K: DecodeKind> Form<K> {
     const L: Tma32Smem = if K::KV_FP8 {
         T::TMA32_FP8
+    } else if K::KV_CP {
+        T::TMA32_BF16_CP
     } else {
         T::TMA32_BF16
     };
     const THREADS: u32 = Self::L.threads as u32;
     const SLOTS: u32 = Self::L.slots as u32;
     const RAW_SLOTS: u32 = Self::L.raw_slots as u32;
-    /// The producer warp's lane 0.
-    const PRODUCER: u32 = Self::THREADS - 32;
+    /// The producer warp's lane 0; in the `cp.async` form the producer warpgroup's first
+    /// thread (warps 4-7, after the consumer).
+    const PRODUCER: u32 = if K::KV_CP {
+        CONSUMERS
+    } else {
+        Self::THREADS - 32
+    };
 }
 
 /// The shared regions from the aligned base (opaque: recomputed where used rather than
@@ -280,6 +291,76 @@ unsafe fn produce<K: DecodeKind>(
         }
         *n_slabs += 9;
         pages = next;
+        blk += 1;
+    }
+}
+
+/// [`produce`] by `cp.async` (the bf16 `cp.async` form, `K::KV_CP`, for pages the map's
+/// boxes do not take): the producer warpgroup copies each slab, eight threads a row (thread
+/// `t`: chunk `t % 8` of rows `t / 8 + 16 i`, at their swizzled places), and each thread
+/// arrives on the slot's full barrier once its copies have landed
+/// (`cp.async.mbarrier.arrive.noinc`: the barrier counts the warpgroup's
+/// [`CP_PRODUCERS`] arrivals). Rows past the sequence end, or whose page entry is outside
+/// `0..num_pages`, land as zeros (nothing read). A thread reads its rows' page entries a
+/// block ahead. The copies come from warps that run no `wgmma` (a warpgroup's `wgmma`
+/// waits for the `cp.async` copies its own threads issued before it), from four of them
+/// (one warp keeps too few copies in flight), and each warp's copy reads whole 128-byte
+/// lines (two threads a row, each copy touching 16 lines, was 1.2x slower): docs/PERF.md
+/// 3.12.
+///
+/// # Safety
+/// The producer warpgroup, for every cell the consumer runs, in the same order; the bf16
+/// ring's full barriers count [`CP_PRODUCERS`] arrivals.
+#[inline(always)]
+unsafe fn produce_cp<K: DecodeKind>(
+    p: &DecodeParams,
+    sm: Smem<K>,
+    w: &CtaWork,
+    b: u32,
+    n_slabs: &mut u32,
+) {
+    let (len, kb0, kb1) = (w.len, w.kb0, w.kb1);
+    if kb0 >= kb1 {
+        return;
+    }
+    let n = Form::<K>::SLOTS;
+    let t = arch::thread_idx_x() - Form::<K>::PRODUCER;
+    // Chunk c of rows r0 + 16 i: each copy of a warp reads four whole 128-byte lines.
+    let (r0, c) = (t / 8, t % 8);
+    let policy = cp_async::l2_evict_first();
+    let entries = |blk: u32| {
+        [0u32, 1, 2, 3].map(|i| decode::kv_row_page_entry(p, b, blk * BLOCK_N + r0 + 16 * i, len))
+    };
+    let mut ent = entries(kb0);
+    let mut blk = kb0;
+    while blk < kb1 {
+        let next = if blk + 1 < kb1 { entries(blk + 1) } else { ent };
+        // The fused rows: the rope part follows the latent part (the host routes split
+        // caches elsewhere), so one address serves a row's 72 chunks.
+        let src = [0u32, 1, 2, 3]
+            .map(|i| decode::kv_row_source(p, ent[i as usize], blk * BLOCK_N + r0 + 16 * i, 2));
+        let at = Pos::of(*n_slabs, n);
+        let mut s = 0;
+        while s < 9 {
+            let at_s = at.plus(s, n);
+            // SAFETY: the slot's last reader arrived on its free barrier (parity of the
+            // previous use; a fresh barrier's previous phase counts as complete); rows
+            // r0 + 16 i < 64, chunk c < 8 of the slot (the rows share r0 % 8); a valid row
+            // (n == 16) is 1152 contiguous bytes (chunk 8 s + c of it), else nothing is
+            // read.
+            unsafe {
+                while !bulk::mbarrier_try_wait_parity(sm.free(at_s.slot), at_s.parity ^ 1) {}
+                let dst = sm.slab(at_s.slot) + r0 * 128 + ((c ^ (r0 % 8)) << 4);
+                unroll!(i in [0, 1, 2, 3] {
+                    let a = src[i].main.add((128 * s + 16 * c) as usize);
+                    cp_async::cp_async_cg_16_hint(dst + 16 * 128 * i as u32, a, src[i].n, policy);
+                });
+                cp_async::cp_async_mbarrier_arrive_noinc(sm.full(at_s.slot));
+            }
+            s += 1;
+        }
+        *n_slabs += 9;
+        ent = next;
         blk += 1;
     }
 }
@@ -464,6 +545,11 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
             unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
                 let slab = Self::pos(at, j as u32);
                 bulk::mbarrier_wait_parity_warp(sm.full(slab.slot), slab.parity);
+                if K::KV_CP {
+                    // `cp.async` wrote the slab through the generic proxy; `wgmma` reads
+                    // through the async one.
+                    wgmma::fence_proxy_async_shared();
+                }
                 let da = wgmma::smem_desc(sm.slab(slab.slot), 16, 1024, wgmma::Swizzle::B128);
                 let db = wgmma::smem_desc(arch::opaque(sm.q()) + j as u32 * Q_SLAB, 16, 1024, wgmma::Swizzle::B128);
                 unroll!(kk in [0, 1, 2, 3] {
@@ -801,11 +887,17 @@ pub unsafe fn decode_tma32<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *co
         if tid == 0 {
             let bars = 2 * (Form::<K>::SLOTS + Form::<K>::RAW_SLOTS);
             for k in 0..bars {
-                bulk::mbarrier_init(sm.full(0) + 8 * k, 1);
+                // The `cp.async` form's full barriers: the producer warpgroup's arrivals.
+                let count = if K::KV_CP && k < Form::<K>::SLOTS {
+                    CP_PRODUCERS
+                } else {
+                    1
+                };
+                bulk::mbarrier_init(sm.full(0) + 8 * k, count);
             }
             bulk::fence_mbarrier_init();
         }
-        if tid == Form::<K>::PRODUCER {
+        if tid == Form::<K>::PRODUCER && !K::KV_CP {
             bulk::prefetch_tensormap(tmap);
         }
         // Unaligned CTA barriers in this kernel: the producer warp reaches them with lane
@@ -827,7 +919,9 @@ pub unsafe fn decode_tma32<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *co
                     let mut cell = Consumer::<K>::new(&p, sm, &work, b, split);
                     cell.run(&mut n_slabs);
                 } else if tid >= Form::<K>::PRODUCER {
-                    if tid == Form::<K>::PRODUCER {
+                    if K::KV_CP {
+                        produce_cp(&p, sm, &work, b, &mut n_slabs);
+                    } else if tid == Form::<K>::PRODUCER {
                         produce(&p, tmap, sm, &work, b, &mut n_slabs);
                     }
                 } else {
