@@ -258,7 +258,8 @@ macro_rules! tma_decode_kernel {
             }
             // SAFETY: launched by the host with the documented grid on validated params
             // (bf16 Q with a bf16 or fp8 e4m3 cache, or fp8 Q with an fp8 cache; pages of
-            // at least TMA_MIN_PAGE tokens) and the cache's tensor map.
+            // at least TMA_MIN_PAGE tokens but in the `cp.async` form) and the cache's
+            // tensor map (zeroed and unread in the `cp.async` form).
             unsafe { $body(p, tmap as *const u8) }
         }
     };

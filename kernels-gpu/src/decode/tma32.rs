@@ -1,6 +1,7 @@
 //! The small-row TMA decode (sm_90a only; `--cfg mla_wgmma`): bf16 Q with a bf16 or fp8
 //! e4m3 cache, or fp8 Q with an fp8 cache; at most `decode_tile::TMA32_ROWS` query rows (16
-//! heads at one or two query tokens), pages of at least `decode_tile::TMA_MIN_PAGE` tokens.
+//! heads at one or two query tokens), pages of at least `decode_tile::TMA_MIN_PAGE` tokens
+//! (bf16 at any page size in the `cp.async` form).
 //! The same grid, params and tensor map as [`crate::decode::tma`], so the host's schedule,
 //! workspace and combine are shared.
 //!
@@ -871,12 +872,13 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
 /// producer issues its copies, the converters (fp8 caches) widen them.
 ///
 /// # Safety
-/// Launched with `tma32_smem(K::KV_FP8).threads` threads, at most `tiles * batch *
-/// persist_splits` CTAs in x, and that layout's `bytes` of dynamic shared memory on params
-/// the host validated (bf16 Q with a bf16 or fp8 cache, or fp8 Q with an fp8 cache; at
-/// most `TMA32_ROWS` rows, pages of at least `TMA_MIN_PAGE` tokens,
+/// Launched with the threads of `K`'s layout (`TMA32_BF16`, `TMA32_FP8`, or with
+/// `K::KV_CP` `TMA32_BF16_CP`), at most `tiles * batch * persist_splits` CTAs in x, and that
+/// layout's `bytes` of dynamic shared memory on params the host validated (bf16 Q with a
+/// bf16 or fp8 cache, or fp8 Q with an fp8 cache; at most `TMA32_ROWS` rows; pages of at
+/// least `TMA_MIN_PAGE` tokens, or with `K::KV_CP` a fused bf16 cache of any page size;
 /// `persist_splits >= 1`); `tmap` is the generic address of the cache's map as for
-/// [`crate::decode::tma`].
+/// [`crate::decode::tma`] (not read with `K::KV_CP`).
 #[inline(always)]
 pub unsafe fn decode_tma32<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *const u8) {
     let tid = arch::thread_idx_x();
