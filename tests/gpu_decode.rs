@@ -264,14 +264,17 @@ fn corner_cases() {
         // splits beside long ones.
         CaseSpec::new(DecodeDtypes::Fp8, 32, 128, 1, vec![1, 31, 200, 3000]),
         CaseSpec::new(DecodeDtypes::Fp8, 256, 64, 2, vec![5000, 700, 64]),
-        // The small-row decode's `cp.async` form (bf16, at most 32 rows, pages of fewer than
-        // 16 tokens): a row per page over many blocks and around the ring, ends mid-block
-        // and mid-page, one-token sequences beside long ones; and the 64-row decodes of
-        // the same pages.
+        // The TMA decodes' `cp.async` forms (bf16, pages of fewer than 16 tokens): the
+        // small-row decode's (at most 32 rows) with a row per page over many blocks and
+        // around the ring, ends mid-block and mid-page, one-token sequences beside long
+        // ones; the 64-row decode's (its producer warpgroup) at 128, 192 and 40 rows, odd
+        // block counts (a last pair without its second block), a sequence of one block.
         CaseSpec::new(DecodeDtypes::Bf16, 1, 16, 2, vec![4096, 1, 63, 65, 1000]),
         CaseSpec::new(DecodeDtypes::Bf16, 4, 32, 1, vec![2000, 3001, 129]),
         CaseSpec::new(DecodeDtypes::Bf16, 8, 3, 5, vec![4500, 191]),
         CaseSpec::new(DecodeDtypes::Bf16, 1, 128, 1, vec![4096, 65, 1000]),
+        CaseSpec::new(DecodeDtypes::Bf16, 2, 64, 3, vec![3000, 1, 64, 129, 2111]),
+        CaseSpec::new(DecodeDtypes::Bf16, 8, 40, 1, vec![5000, 192, 63]),
     ];
     // Pages of 2, 4 and 8 tokens (the case matrix runs 1 and 16 up): every dtype, at 16 and
     // 128 heads, with lengths that end mid-page and mid-block.
@@ -347,15 +350,17 @@ fn repeated_runs_are_bitwise_identical() {
     let specs = [
         // The TMA decodes (bf16 and fp8 caches) at page 16 with a partial last block
         // (racecheck's case), and at page 64 over many pairs; the ring and fp8 16-row
-        // decodes at H = 16; the small-row decode's `cp.async` form at page 1.
+        // decodes at H = 16; the `cp.async` forms at page 1.
         CaseSpec::new(DecodeDtypes::Bf16, 16, 32, 2, vec![197, 197, 197]),
         CaseSpec::new(DecodeDtypes::Bf16, 64, 128, 1, vec![1031, 4096, 77]),
         CaseSpec::new(DecodeDtypes::Fp8KvBf16Q, 16, 32, 2, vec![197, 197, 197]),
         CaseSpec::new(DecodeDtypes::Fp8KvBf16Q, 64, 128, 1, vec![1031, 4096, 77]),
         CaseSpec::new(DecodeDtypes::Bf16, 64, 16, 1, vec![2049, 300]),
         CaseSpec::new(DecodeDtypes::Fp8KvBf16Q, 64, 16, 2, vec![2049, 300]),
-        // The small-row decode's `cp.async` form (its full barriers count 32 arrivals).
+        // The TMA decodes' `cp.async` forms (their full barriers count 32 arrivals): the
+        // small-row decode's and the 64-row decode's at page 1.
         CaseSpec::new(DecodeDtypes::Bf16, 1, 16, 2, vec![1031, 2048, 77]),
+        CaseSpec::new(DecodeDtypes::Bf16, 1, 128, 1, vec![1031, 2048, 77]),
     ];
     let prepared = common::prepare(&specs, seed);
     let (mut runs, mut failures) = (0usize, Vec::new());

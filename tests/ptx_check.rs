@@ -233,6 +233,13 @@ const SYNC_SITES: &[(&str, SyncSites)] = &[
             &[(1, 1), (2, 1), (3, 1), (4, 1)],
         ),
     ),
+    // Its `cp.async` form: one `wgmma` wait in warpgroup 0's step and two in warpgroup 1's;
+    // the CTA barriers of the TMA decode (the marking's two, the prologue's, the
+    // epilogue's, the staged store's two); P handed over per stage (3, 4).
+    (
+        "mla_decode_tma_bf16_cp",
+        (3, &[(0, 6), (3, 1), (4, 1)], &[(3, 1), (4, 1)]),
+    ),
     // An fp8 cache under either Q (the e4m3 path): the bf16 sites, with two warpgroup
     // barriers per S (the tail zeroing of the raw rows before it, the V^T transpose after
     // it; in the prologue and each pair step) instead of `zero_tail`'s one; each pair step

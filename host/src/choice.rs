@@ -22,7 +22,9 @@
 //!    `crate::tmap` says why each condition holds); an fp8 cache's TMA decodes
 //!    (`mla_decode_tma_fp8kv_bf16q`, `mla_decode_tma_fp8`) under the same rule. A bf16
 //!    request of at most 32 rows (H=16 at S_q=2, say) takes the small-row TMA decode
-//!    `mla_decode_tma32_bf16` in its place.
+//!    `mla_decode_tma32_bf16` in its place. A bf16 cache the map does not take (pages under
+//!    16 tokens, strided) with splits of two or more blocks takes a `cp.async` form instead:
+//!    `mla_decode_tma32_bf16_cp` up to 32 rows, `mla_decode_tma_bf16_cp` above.
 //! 4. Schedule: folded into the decode up to [`mla_abi::SCHED_FOLD_MAX_BATCH`] sequences,
 //!    the `mla_schedule` kernel above (always the kernel with the tactic's `fold=off`).
 //! 5. Combine: when the plan's grid has more than one split, the narrow or wide combine by
@@ -58,6 +60,8 @@ use crate::tactic::{Switches, Tile};
 /// - `MLA_TMA32_CP=0`: the `cp.async` `wgmma` decode where a bf16 request of at most 32 rows
 ///   would take the small-row decode's `cp.async` form ([`DecodeKernels::tma32_cp`]; for
 ///   A/Bs).
+/// - `MLA_TMA_CP=0`: the `cp.async` `wgmma` decode where a bf16 request of more than 32 rows
+///   would take the TMA decode's `cp.async` form ([`DecodeKernels::tma_cp`]; for A/Bs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Overrides {
     pub pdl: bool,
@@ -66,6 +70,7 @@ pub struct Overrides {
     pub tma32: bool,
     pub tma32_fp8: bool,
     pub tma32_cp: bool,
+    pub tma_cp: bool,
 }
 
 impl Overrides {
@@ -82,6 +87,7 @@ impl Overrides {
                 tma32: tma32.as_deref() != Ok("0"),
                 tma32_fp8: tma32.as_deref() == Ok("fp8"),
                 tma32_cp: on("MLA_TMA32_CP"),
+                tma_cp: on("MLA_TMA_CP"),
             }
         })
     }
@@ -162,6 +168,11 @@ pub struct DecodeKernels {
     /// tensor map (pages of fewer than `TMA_MIN_PAGE` tokens, strided caches:
     /// [`crate::tmap::tma_unsupported`]); `None` where it never can.
     pub tma32_cp: Option<&'static Kernel>,
+    /// The bf16 TMA decode's `cp.async` form (a producer warpgroup copies each stage half
+    /// from the page table), which stands in for `decode` where a request of more than
+    /// `decode_tile::TMA32_ROWS` rows suits the TMA decode but not its tensor map; `None`
+    /// where it never can.
+    pub tma_cp: Option<&'static Kernel>,
     /// Batches up to this many sequences fold the split schedule into the decode; larger
     /// ones launch the schedule kernel first. 0: never folded.
     pub fold_max_batch: usize,
@@ -217,11 +228,14 @@ impl DecodeKernels {
             && over.tma32_cp
             && decode.symbol == names::DECODE_WG_BF16)
             .then(|| spec(names::DECODE_TMA32_BF16_CP));
+        let tma_cp = (switches.tma && over.tma_cp && decode.symbol == names::DECODE_WG_BF16)
+            .then(|| spec(names::DECODE_TMA_BF16_CP));
         let kernels = DecodeKernels {
             decode,
             tma,
             tma32: None,
             tma32_cp,
+            tma_cp,
             fold_max_batch: if switches.fold && !reference {
                 mla_abi::SCHED_FOLD_MAX_BATCH
             } else {
@@ -303,10 +317,18 @@ impl DecodeKernels {
             Some(tma) if crate::tmap::tma_unsupported(req, shape).is_none() => {
                 self.small_row(shape.rows()).unwrap_or(tma)
             }
-            _ => self
-                .tma32_cp
-                .filter(|_| shape.rows() <= mla_abi::decode_tile::TMA32_ROWS)
-                .unwrap_or(self.decode),
+            _ => self.cp_form(shape.rows()).unwrap_or(self.decode),
+        }
+    }
+
+    /// The `cp.async` form of the TMA decode for `rows` query rows, where the plan has it:
+    /// the small-row decode's up to `decode_tile::TMA32_ROWS` rows, the 64-row decode's
+    /// above.
+    fn cp_form(&self, rows: usize) -> Option<&'static Kernel> {
+        if rows <= mla_abi::decode_tile::TMA32_ROWS {
+            self.tma32_cp
+        } else {
+            self.tma_cp
         }
     }
 
@@ -377,10 +399,7 @@ impl DecodeKernels {
         if let Some(t) = self.tma {
             out.push(t.symbol);
         }
-        if let Some(t) = self
-            .tma32_cp
-            .filter(|_| rows <= mla_abi::decode_tile::TMA32_ROWS)
-        {
+        if let Some(t) = self.cp_form(rows) {
             out.push(t.symbol);
         }
         out.push(self.decode.symbol);

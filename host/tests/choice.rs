@@ -76,22 +76,36 @@ fn bf16_h64_sq2_page16_on_sm90a() {
     assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_TMA_BF16);
     let (req, shape) = request(DecodeDtypes::Bf16, 16, 4);
     assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_WG_BF16);
-    // A padded (non-contiguous) cache keeps the cp.async kernel at 128 rows.
+    // A padded (non-contiguous) cache takes the TMA decode's `cp.async` form at 128 rows
+    // (with `MLA_TMA_CP=0` the `cp.async` decode).
     let (mut req, shape) = request(DecodeDtypes::Bf16, 16, 256);
     req.kv_cache.strides[0] += D_QK;
-    assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_WG_BF16);
+    let over = mla_host::choice::Overrides::get();
+    let padded = if over.tma_cp && over.tma {
+        names::DECODE_TMA_BF16_CP
+    } else {
+        names::DECODE_WG_BF16
+    };
+    assert_eq!(k.decode_for(&req, &shape).symbol, padded);
 }
 
 /// Where the map cannot serve (pages of fewer than `TMA_MIN_PAGE` tokens, a padded cache), a
-/// bf16 request of at most 32 rows whose splits hold two or more blocks takes the small-row
-/// decode's `cp.async` form (`MLA_TMA32_CP=0`, or with `MLA_TMA32=0`: the `cp.async`
-/// decode); more rows, one-block splits, split caches and fp8 caches do not.
+/// bf16 request whose splits hold two or more blocks takes a `cp.async` form of the TMA
+/// decode: the small-row decode's at most 32 rows (`MLA_TMA32_CP=0`, or with `MLA_TMA32=0`:
+/// the `cp.async` decode), the 64-row decode's above (`MLA_TMA_CP=0`: the `cp.async`
+/// decode); one-block splits, split caches and fp8 caches do not.
 #[test]
-fn small_pages_take_the_small_row_decodes_cp_async_form() {
+fn small_pages_take_the_tma_decodes_cp_async_forms() {
     let over = mla_host::choice::Overrides::get();
     let cp_on = over.tma32_cp && over.small_row_tma();
     let cp = if cp_on {
         names::DECODE_TMA32_BF16_CP
+    } else {
+        names::DECODE_WG_BF16
+    };
+    let cp64_on = over.tma_cp && over.tma;
+    let cp64 = if cp64_on {
+        names::DECODE_TMA_BF16_CP
     } else {
         names::DECODE_WG_BF16
     };
@@ -109,10 +123,19 @@ fn small_pages_take_the_small_row_decodes_cp_async_form() {
             k.all(8, 32, 132).contains(&names::DECODE_TMA32_BF16_CP),
             cp_on
         );
+        // More than 32 rows: the 64-row TMA decode's `cp.async` form.
         let (req, shape) = request_rows(DecodeDtypes::Bf16, page, 4096 / page, 2, 64);
-        assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_WG_BF16);
+        assert_eq!(k.decode_for(&req, &shape).symbol, cp64, "page {page}");
         assert!(!k.all(8, 128, 132).contains(&names::DECODE_TMA32_BF16_CP));
+        assert_eq!(
+            k.all(8, 128, 132).contains(&names::DECODE_TMA_BF16_CP),
+            cp64_on
+        );
+        assert!(!k.all(8, 32, 132).contains(&names::DECODE_TMA_BF16_CP));
+        // Splits of one block: the `cp.async` `wgmma` decode, at any row count.
         let (req, shape) = request_rows(DecodeDtypes::Bf16, page, 4, 2, 16);
+        assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_WG_BF16);
+        let (req, shape) = request_rows(DecodeDtypes::Bf16, page, 4, 2, 64);
         assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_WG_BF16);
         let f = kernels(
             Backend::Sm90a,
@@ -122,11 +145,15 @@ fn small_pages_take_the_small_row_decodes_cp_async_form() {
             32,
         );
         assert_eq!(f.tma32_cp, None);
+        assert_eq!(f.tma_cp, None);
     }
     let k = kernels(Backend::Sm90a, Tile::Wg64N64, DecodeDtypes::Bf16, 64, 32);
     let (mut req, shape) = request_rows(DecodeDtypes::Bf16, 64, 64, 2, 16);
     req.kv_cache.strides[0] += D_QK;
     assert_eq!(k.decode_for(&req, &shape).symbol, cp);
+    let (mut req64, shape64) = request_rows(DecodeDtypes::Bf16, 64, 64, 2, 64);
+    req64.kv_cache.strides[0] += D_QK;
+    assert_eq!(k.decode_for(&req64, &shape64).symbol, cp64);
     let parts = mla_host::request::SplitParts {
         kpe_cache: Some(req.kv_cache),
         ..Default::default()
@@ -378,6 +405,7 @@ fn every_tile_and_dtype_names_a_kernel_of_the_table() {
         names::DECODE_TMA32_FP8KV_BF16Q,
         names::DECODE_TMA32_FP8,
         names::DECODE_TMA32_BF16_CP,
+        names::DECODE_TMA_BF16_CP,
         names::COMBINE_BF16,
         names::COMBINE_FP16,
         names::COMBINE_WIDE_BF16,
@@ -407,7 +435,8 @@ fn every_tile_and_dtype_names_a_kernel_of_the_table() {
                 names::DECODE_TMA32_BF16,
                 names::DECODE_TMA32_FP8KV_BF16Q,
                 names::DECODE_TMA32_FP8,
-                names::DECODE_TMA32_BF16_CP
+                names::DECODE_TMA32_BF16_CP,
+                names::DECODE_TMA_BF16_CP
             ]
             .contains(&a.symbol),
             "{}",

@@ -272,8 +272,8 @@ tma_decode_kernel!(mla_decode_tma_bf16, DecodeBf16);
 tma_decode_kernel!(mla_decode_tma_fp8kv_bf16q, DecodeFp8KvBf16Q);
 tma_decode_kernel!(mla_decode_tma_fp8, DecodeFp8);
 
-/// bf16 with the small-row TMA decode's cache copies made by `cp.async` (`DecodeKind::KV_CP`):
-/// pages of fewer than `TMA_MIN_PAGE` tokens, and cache layouts the tensor map does not take.
+/// bf16 with the TMA decodes' cache copies made by `cp.async` (`DecodeKind::KV_CP`): pages of
+/// fewer than `TMA_MIN_PAGE` tokens, and cache layouts the tensor map does not take.
 #[cfg(mla_wgmma)]
 pub struct DecodeBf16Cp;
 #[cfg(mla_wgmma)]
@@ -283,6 +283,7 @@ impl DecodeKind for DecodeBf16Cp {
     const KV_FP8: bool = false;
     const KV_CP: bool = true;
 }
+tma_decode_kernel!(mla_decode_tma_bf16_cp, DecodeBf16Cp);
 tma_decode_kernel!(mla_decode_tma32_bf16_cp, fn decode::tma32::decode_tma32::<DecodeBf16Cp>);
 tma_decode_kernel!(mla_decode_tma32_bf16, fn decode::tma32::decode_tma32::<DecodeBf16>);
 tma_decode_kernel!(

@@ -253,6 +253,14 @@ pub mod decode_tile {
     /// the swizzle atoms; 16 keeps a block at four boxes per slab at most).
     pub const TMA_MIN_PAGE: usize = 16;
     const _: () = assert!(TMA_SMEM_BYTES <= 227 * 1024);
+    /// The bf16 TMA decode's `cp.async` form (`names::DECODE_TMA_BF16_CP`: pages of fewer
+    /// than `TMA_MIN_PAGE` tokens, fused caches the map does not take): the same layout and
+    /// threads; warpgroup 0 copies each block from the page table a block ahead and
+    /// multiplies its half of P.V, warpgroup 1 computes S, P and the other half. The stages'
+    /// free mbarriers (two) sit where the tensor-map form keeps its page entries.
+    pub const TMA_CP_THREADS: usize = THREADS;
+    pub const TMA_CP_SMEM_FREE: usize = TMA_SMEM_PAGES;
+    const _: () = assert!(2 * 8 <= TMA_SMEM_CELLS - TMA_SMEM_PAGES);
 
     /// The small-row TMA decode (sm_90a only, `names::DECODE_TMA32_*`: bf16 Q with a bf16
     /// or fp8 cache, or fp8 Q with an fp8 cache; at most `TMA32_ROWS` query rows, pages of
@@ -612,6 +620,12 @@ pub mod names {
     /// The TMA-fed `wgmma` decode (bf16; `decode_tile::TMA_*`). Its entry takes a second
     /// parameter after the `DecodeParams`: the cache's `TensorMap`, by value.
     pub const DECODE_TMA_BF16: &str = "mla_decode_tma_bf16";
+    /// The bf16 TMA decode with its copies made by `cp.async` from the page table, a block
+    /// ahead, by one of its two warpgroups (the same parameters; the map is not read;
+    /// launch shape `decode_tile::TMA_CP_THREADS`): more than `decode_tile::TMA32_ROWS` rows
+    /// on pages of fewer than `decode_tile::TMA_MIN_PAGE` tokens, and fused cache layouts the
+    /// map does not take.
+    pub const DECODE_TMA_BF16_CP: &str = "mla_decode_tma_bf16_cp";
     /// The TMA decode of an fp8 e4m3 cache with bf16 Q on the e4m3 tensor cores: each Q
     /// row scaled by a power of two and split into two e4m3 parts (`hi`, and `lo` for what
     /// `hi` leaves), every k-step of S run for both against the raw cache; P in e4m3.
@@ -833,6 +847,12 @@ pub mod kernels {
             DECODE_TMA_BF16,
             Params::DecodeWithMap,
             DT,
+            decode_tile::TMA_SMEM_BYTES,
+        )),
+        sm90a(k(
+            DECODE_TMA_BF16_CP,
+            Params::DecodeWithMap,
+            decode_tile::TMA_CP_THREADS,
             decode_tile::TMA_SMEM_BYTES,
         )),
         sm90a(k(

@@ -127,9 +127,9 @@ pub trait DecodeKind {
     const Q_FP8: bool;
     /// The cache is fp8 e4m3 (converted to `Mma` after each stage lands).
     const KV_FP8: bool;
-    /// The small-row TMA decode's producer warpgroup copies the cache with `cp.async`, row
-    /// by row from the page table, instead of tensor-map boxes (`tma32`'s `produce_cp`):
-    /// pages of any size. Only that decode reads it.
+    /// The TMA decodes copy the cache with `cp.async`, row by row from the page table,
+    /// instead of tensor-map boxes (`tma32`'s producer warpgroup, `produce_cp`; the 64-row
+    /// decode's warpgroup 0, `tma::cp`): pages of any size. Only those decodes read it.
     const KV_CP: bool = false;
 }
 

@@ -5,7 +5,9 @@
 //! parameter (by value, so every launch, eager or captured, carries the map of its own
 //! cache), so the host's split schedule, workspace and combine are shared. Persistent: at
 //! most one CTA per SM, each walking its cells of the virtual grid `(row tiles, batch,
-//! persist_splits)` that have work (`decode_tma`).
+//! persist_splits)` that have work (`decode_tma`). A bf16 cache the map does not take (pages
+//! under `TMA_MIN_PAGE` tokens, strided) runs the same kernel's `cp.async` form, [`cp`],
+//! which copies rows from the page table a block ahead instead of pairing blocks.
 //!
 //! - A split's blocks go in pairs: block A (stage 0) belongs to warpgroup 0, block B
 //!   (stage 1) to warpgroup 1. Each computes S for its own block (64 x 64, 36 k-steps)
@@ -74,6 +76,7 @@ const BAR_VT0: u32 = 7;
 /// The e4m3 path: warpgroup 0's P.V of block B is done (stage 1's V^T is free).
 const BAR_VT1: u32 = 8;
 
+mod cp;
 mod e4m3;
 mod issue;
 mod math;
@@ -193,6 +196,9 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     const E4: bool = K::KV_FP8;
     /// bf16 Q with an fp8 cache: Q split into two e4m3 parts ([`Cta::load_q_split`]).
     const SPLIT_Q: bool = K::KV_FP8 && !K::Q_FP8;
+    /// The `cp.async` form (bf16, `K::KV_CP`, [`cp`]): warpgroup 0 copies each block from
+    /// the page table, and S reads each slab after a proxy fence.
+    const CP: bool = K::KV_CP;
 
     #[inline(always)]
     fn kv_s(&self, st: u32) -> u32 {
@@ -771,6 +777,11 @@ pub(crate) use for_each_cell;
 /// address of the cache's map as `decode_tile` describes it, in the kernel's parameter space.
 #[inline(always)]
 pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *const u8) {
+    if Cta::<K>::CP {
+        // SAFETY: forwarded from the caller (the `cp.async` form reads no map).
+        unsafe { cp::decode_cp::<K>(p) };
+        return;
+    }
     // Bit `st`: the parity of stage `st`'s next mbarrier phase; bit 2: initialised.
     let mut phase = 0u32;
     // SAFETY: every thread runs every phase (the marks come from shared memory after a

@@ -32,7 +32,9 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     ) {
         let kv = arch::opaque(self.kv_s(st));
         let q_s = arch::opaque(self.base);
-        let wg = self.wg;
+        // The `cp.async` form's S (warpgroup 1) takes warpgroup 0's order: its copies
+        // write slabs 0-3 and 8 before waiting for the stage to be free.
+        let wg = if Self::CP { 0 } else { self.wg };
         // Half 0 is slabs 0-3 and 8, half 1 slabs 4-7. Warpgroup 0 takes 0-3, 8, then 4-7;
         // warpgroup 1 4-7, then 0-3, 8. Straight-line code (the polls leave their loops
         // uniformly): ptxas serializes wgmmas around branches and loop joins it cannot
@@ -59,6 +61,10 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                 }
                 let slab = order(j as u32);
                 bulk::mbarrier_wait_parity_warp(self.bars(st) + 8 * slab, parity);
+                if Self::CP {
+                    // The slab's rows came through the generic proxy (`cp.async`).
+                    wgmma::fence_proxy_async_shared();
+                }
                 if Self::E4 {
                     // Two k32 steps of 32 bytes (2 in the address field) per 4 KB tile.
                     let at = slab * (SLAB / 2);
