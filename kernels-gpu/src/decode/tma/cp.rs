@@ -206,7 +206,11 @@ pub(super) unsafe fn decode_cp<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
                     crate::decode::wg::slab_off,
                 );
                 cp_async::cp_async_commit_group();
-                if cta.wg == 0 {
+                // A split may hold no block (later chunks of a short sequence can be empty):
+                // nothing is copied then. A copy there would complete a phase of stage 0's
+                // full barriers that no S waits for, and every later S of the CTA would read
+                // its stage one copy early.
+                if cta.wg == 0 && cta.kb0 < cta.kb1 {
                     cta.copy_block(phase, cta.kb0);
                 }
                 // Q's group only: the block's copies are in no group.
