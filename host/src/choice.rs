@@ -168,8 +168,8 @@ pub struct DecodeKernels {
     /// tensor map (pages of fewer than `TMA_MIN_PAGE` tokens, strided caches:
     /// [`crate::tmap::tma_unsupported`]); `None` where it never can.
     pub tma32_cp: Option<&'static Kernel>,
-    /// The bf16 TMA decode's `cp.async` form (a producer warpgroup copies each stage half
-    /// from the page table), which stands in for `decode` where a request of more than
+    /// The bf16 TMA decode's `cp.async` form (one warpgroup copies each block from the page
+    /// table a block ahead), which stands in for `decode` where a request of more than
     /// `decode_tile::TMA32_ROWS` rows suits the TMA decode but not its tensor map; `None`
     /// where it never can.
     pub tma_cp: Option<&'static Kernel>,
