@@ -275,6 +275,21 @@ fn corner_cases() {
         CaseSpec::new(DecodeDtypes::Bf16, 1, 128, 1, vec![4096, 65, 1000]),
         CaseSpec::new(DecodeDtypes::Bf16, 2, 64, 3, vec![3000, 1, 64, 129, 2111]),
         CaseSpec::new(DecodeDtypes::Bf16, 8, 40, 1, vec![5000, 192, 63]),
+        // The e4m3 decode's `cp.async` form (fp8 caches on pages under 16 tokens, each
+        // warpgroup copying its own block of a pair): a row per page with odd block counts
+        // and one-block sequences, 192 and 40 rows, and single splits long enough to promote
+        // O to the scratch (every 32 pairs) once and many times, under either Q.
+        CaseSpec::new(
+            DecodeDtypes::Fp8KvBf16Q,
+            1,
+            128,
+            1,
+            vec![4096, 1, 63, 65, 1000],
+        ),
+        CaseSpec::new(DecodeDtypes::Fp8, 2, 64, 3, vec![3000, 1, 129, 2111]),
+        CaseSpec::new(DecodeDtypes::Fp8KvBf16Q, 4, 40, 1, vec![5000, 192, 63]),
+        CaseSpec::new(DecodeDtypes::Fp8KvBf16Q, 8, 128, 1, vec![131072]),
+        CaseSpec::new(DecodeDtypes::Fp8, 1, 128, 1, vec![20000, 4200]),
     ];
     // Pages of 2, 4 and 8 tokens (the case matrix runs 1 and 16 up): every dtype, at 16 and
     // 128 heads, with lengths that end mid-page and mid-block.
@@ -357,7 +372,7 @@ fn repeated_runs_are_bitwise_identical() {
         CaseSpec::new(DecodeDtypes::Fp8KvBf16Q, 64, 128, 1, vec![1031, 4096, 77]),
         CaseSpec::new(DecodeDtypes::Bf16, 64, 16, 1, vec![2049, 300]),
         CaseSpec::new(DecodeDtypes::Fp8KvBf16Q, 64, 16, 2, vec![2049, 300]),
-        // The TMA decodes' `cp.async` forms (their full barriers count 32 arrivals): the
+        // The TMA decodes' `cp.async` forms (full barriers of 32 or 128 arrivals): the
         // small-row decode's and the 64-row decode's at page 1; and the 64-row one over
         // 600 cells, where the empty third split of a two-block sequence is followed on the
         // same CTA by a busy one (at three splits, 132 CTAs: cells c + 396 and c + 528 for
@@ -366,6 +381,16 @@ fn repeated_runs_are_bitwise_identical() {
         CaseSpec::new(DecodeDtypes::Bf16, 1, 128, 1, vec![1031, 2048, 77]),
         CaseSpec::new(
             DecodeDtypes::Bf16,
+            2,
+            128,
+            1,
+            (0..100).map(|i| if i < 50 { 100 } else { 300 }).collect(),
+        ),
+        // The e4m3 decode's `cp.async` form (each warpgroup copies its own block; 128
+        // arrivals a slab): at page 1, and over the same 600 cells with empty splits.
+        CaseSpec::new(DecodeDtypes::Fp8KvBf16Q, 1, 128, 1, vec![1031, 2048, 77]),
+        CaseSpec::new(
+            DecodeDtypes::Fp8,
             2,
             128,
             1,

@@ -222,6 +222,22 @@ const E4M3_SITES: SyncSites = (
     ],
     &[(1, 1), (2, 1), (3, 1), (4, 1), (7, 1), (8, 2)],
 );
+/// The e4m3 path's `cp.async` form (see its rows).
+const E4M3_CP_SITES: SyncSites = (
+    8,
+    &[
+        (0, 6),
+        (1, 1),
+        (2, 1),
+        (3, 1),
+        (4, 1),
+        (5, 2),
+        (6, 2),
+        (7, 1),
+        (8, 1),
+    ],
+    &[(1, 1), (2, 1), (3, 1), (4, 1), (7, 1), (8, 2)],
+);
 const SYNC_SITES: &[(&str, SyncSites)] = &[
     // CTA barriers: two around each marking of a persistent CTA's cells, the prologue's,
     // the epilogue's, two in the staged output store.
@@ -247,6 +263,10 @@ const SYNC_SITES: &[(&str, SyncSites)] = &[
     // arrivals sit after a P.V wait (warpgroup 0's in both branches of its S).
     ("mla_decode_tma_fp8kv_bf16q", E4M3_SITES),
     ("mla_decode_tma_fp8", E4M3_SITES),
+    // Their `cp.async` forms: the same sites but the tail zeroing's warpgroup barrier (the
+    // copies land rows past the end as zeros).
+    ("mla_decode_tma_fp8kv_bf16q_cp", E4M3_CP_SITES),
+    ("mla_decode_tma_fp8_cp", E4M3_CP_SITES),
     // The small-row TMA decodes: S^T's wait and P.V's four; the consumer's row exchange
     // (1: each block and the epilogue), P (2), Q and the output staging (3); the
     // converters' slab barrier (4, fp8 caches); three CTA barriers (the unaligned

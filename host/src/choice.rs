@@ -24,7 +24,8 @@
 //!    request of at most 32 rows (H=16 at S_q=2, say) takes the small-row TMA decode
 //!    `mla_decode_tma32_bf16` in its place. A bf16 cache the map does not take (pages under
 //!    16 tokens, strided) with splits of two or more blocks takes a `cp.async` form instead:
-//!    `mla_decode_tma32_bf16_cp` up to 32 rows, `mla_decode_tma_bf16_cp` above.
+//!    `mla_decode_tma32_bf16_cp` up to 32 rows, `mla_decode_tma_bf16_cp` above; an fp8
+//!    cache `mla_decode_tma_fp8kv_bf16q_cp` or `mla_decode_tma_fp8_cp`.
 //! 4. Schedule: folded into the decode up to [`mla_abi::SCHED_FOLD_MAX_BATCH`] sequences,
 //!    the `mla_schedule` kernel above (always the kernel with the tactic's `fold=off`).
 //! 5. Combine: when the plan's grid has more than one split, the narrow or wide combine by
@@ -60,8 +61,9 @@ use crate::tactic::{Switches, Tile};
 /// - `MLA_TMA32_CP=0`: the `cp.async` `wgmma` decode where a bf16 request of at most 32 rows
 ///   would take the small-row decode's `cp.async` form ([`DecodeKernels::tma32_cp`]; for
 ///   A/Bs).
-/// - `MLA_TMA_CP=0`: the `cp.async` `wgmma` decode where a bf16 request of more than 32 rows
-///   would take the TMA decode's `cp.async` form ([`DecodeKernels::tma_cp`]; for A/Bs).
+/// - `MLA_TMA_CP=0`: the `cp.async` `wgmma` decode where a request would take the 64-row
+///   TMA decode's `cp.async` form (bf16 above 32 rows, fp8 caches;
+///   [`DecodeKernels::tma_cp`]; for A/Bs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Overrides {
     pub pdl: bool,
@@ -168,10 +170,11 @@ pub struct DecodeKernels {
     /// tensor map (pages of fewer than `TMA_MIN_PAGE` tokens, strided caches:
     /// [`crate::tmap::tma_unsupported`]); `None` where it never can.
     pub tma32_cp: Option<&'static Kernel>,
-    /// The bf16 TMA decode's `cp.async` form (one warpgroup copies each block from the page
-    /// table a block ahead), which stands in for `decode` where a request of more than
-    /// `decode_tile::TMA32_ROWS` rows suits the TMA decode but not its tensor map; `None`
-    /// where it never can.
+    /// The TMA decode's `cp.async` form, which stands in for `decode` where a request suits
+    /// the TMA decode but not its tensor map: bf16 above `decode_tile::TMA32_ROWS` rows
+    /// (one warpgroup copies each block from the page table a block ahead), an fp8 cache
+    /// at any rows (the e4m3 pair loop, each warpgroup copying its own block); `None` where
+    /// it never can.
     pub tma_cp: Option<&'static Kernel>,
     /// Batches up to this many sequences fold the split schedule into the decode; larger
     /// ones launch the schedule kernel first. 0: never folded.
@@ -228,8 +231,14 @@ impl DecodeKernels {
             && over.tma32_cp
             && decode.symbol == names::DECODE_WG_BF16)
             .then(|| spec(names::DECODE_TMA32_BF16_CP));
-        let tma_cp = (switches.tma && over.tma_cp && decode.symbol == names::DECODE_WG_BF16)
-            .then(|| spec(names::DECODE_TMA_BF16_CP));
+        let tma_cp = match decode.symbol {
+            names::DECODE_WG_BF16 => Some(names::DECODE_TMA_BF16_CP),
+            names::DECODE_WG_FP8KV_BF16Q => Some(names::DECODE_TMA_FP8KV_BF16Q_CP),
+            names::DECODE_WG_FP8 => Some(names::DECODE_TMA_FP8_CP),
+            _ => None,
+        }
+        .filter(|_| switches.tma && over.tma_cp)
+        .map(spec);
         let kernels = DecodeKernels {
             decode,
             tma,
@@ -322,10 +331,13 @@ impl DecodeKernels {
     }
 
     /// The `cp.async` form of the TMA decode for `rows` query rows, where the plan has it:
-    /// the small-row decode's up to `decode_tile::TMA32_ROWS` rows, the 64-row decode's
-    /// above.
+    /// bf16 the small-row decode's up to `decode_tile::TMA32_ROWS` rows, the 64-row decode's
+    /// above; an fp8 cache (no small-row form) the 64-row decode's at any rows.
     fn cp_form(&self, rows: usize) -> Option<&'static Kernel> {
-        if rows <= mla_abi::decode_tile::TMA32_ROWS {
+        let e4m3 = self
+            .tma_cp
+            .is_some_and(|k| k.symbol != names::DECODE_TMA_BF16_CP);
+        if rows <= mla_abi::decode_tile::TMA32_ROWS && !e4m3 {
             self.tma32_cp
         } else {
             self.tma_cp

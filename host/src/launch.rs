@@ -661,11 +661,7 @@ impl Runtime {
                 // The cache's tensor map by value, as the second parameter: the launch (or
                 // the graph node a capture records) holds its own copy. The `cp.async`
                 // forms read none (a zeroed map fills the parameter).
-                let cp_form = [
-                    mla_abi::names::DECODE_TMA32_BF16_CP,
-                    mla_abi::names::DECODE_TMA_BF16_CP,
-                ];
-                let map = if cp_form.contains(&kernel.symbol) {
+                let map = if mla_abi::names::DECODE_TMA_CP_FORMS.contains(&kernel.symbol) {
                     mla_abi::TensorMap { words: [0; 16] }
                 } else {
                     crate::tmap::encode_kv_map(req, shape)?

@@ -93,7 +93,8 @@ fn bf16_h64_sq2_page16_on_sm90a() {
 /// bf16 request whose splits hold two or more blocks takes a `cp.async` form of the TMA
 /// decode: the small-row decode's at most 32 rows (`MLA_TMA32_CP=0`, or with `MLA_TMA32=0`:
 /// the `cp.async` decode), the 64-row decode's above (`MLA_TMA_CP=0`: the `cp.async`
-/// decode); one-block splits, split caches and fp8 caches do not.
+/// decode); an fp8 cache on the `wgmma` tile the e4m3 decode's form at any rows; one-block
+/// splits and split caches do not.
 #[test]
 fn small_pages_take_the_tma_decodes_cp_async_forms() {
     let over = mla_host::choice::Overrides::get();
@@ -137,15 +138,30 @@ fn small_pages_take_the_tma_decodes_cp_async_forms() {
         assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_WG_BF16);
         let (req, shape) = request_rows(DecodeDtypes::Bf16, page, 4, 2, 64);
         assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_WG_BF16);
-        let f = kernels(
-            Backend::Sm90a,
-            Tile::Wg64N64,
-            DecodeDtypes::Fp8KvBf16Q,
-            page,
-            32,
-        );
-        assert_eq!(f.tma32_cp, None);
-        assert_eq!(f.tma_cp, None);
+        // An fp8 cache on the `wgmma` tile: the e4m3 decode's `cp.async` form at any rows
+        // (there is no small-row form).
+        for (d, form) in [
+            (DecodeDtypes::Fp8KvBf16Q, names::DECODE_TMA_FP8KV_BF16Q_CP),
+            (DecodeDtypes::Fp8, names::DECODE_TMA_FP8_CP),
+        ] {
+            let f = kernels(Backend::Sm90a, Tile::Wg64N64, d, page, 32);
+            let wg = f.decode.symbol;
+            let want = if cp64_on { form } else { wg };
+            assert_eq!(f.tma32_cp, None);
+            assert_eq!(f.tma_cp.map(|t| t.symbol), cp64_on.then_some(form));
+            for heads in [16, 64] {
+                let (req, shape) = request_rows(d, page, 4096 / page, 2, heads);
+                assert_eq!(f.decode_for(&req, &shape).symbol, want, "page {page} {d:?}");
+            }
+            assert_eq!(f.all(8, 128, 132).contains(&form), cp64_on);
+            assert_eq!(f.all(8, 32, 132).contains(&form), cp64_on);
+            let (req, shape) = request_rows(d, page, 4096 / page, 2, 64);
+            let parts = mla_host::request::SplitParts {
+                kpe_cache: Some(req.kv_cache),
+                ..Default::default()
+            };
+            assert_eq!(f.decode_for_parts(&req, &parts, &shape).symbol, wg);
+        }
     }
     let k = kernels(Backend::Sm90a, Tile::Wg64N64, DecodeDtypes::Bf16, 64, 32);
     let (mut req, shape) = request_rows(DecodeDtypes::Bf16, 64, 64, 2, 16);
@@ -247,7 +263,8 @@ fn fp8_cache_tma_takes_two_blocks_per_split() {
 }
 
 /// fp8 Q with an fp8 cache runs its own `cp.async` `wgmma` decode (Q widened to bf16 as it
-/// loads) and its e4m3 TMA decode, the TMA one at any split length.
+/// loads) and its e4m3 TMA decode (or, on small pages, that decode's `cp.async` form), the
+/// TMA one at any split length.
 #[test]
 fn fp8_q_takes_the_wgmma_and_tma_decodes() {
     let fp8 = DecodeDtypes::Fp8;
@@ -262,10 +279,17 @@ fn fp8_q_takes_the_wgmma_and_tma_decodes() {
         let (req, shape) = request(fp8, 64, pages);
         assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_TMA_FP8);
     }
-    // Pages under 16 keep the cp.async decode.
+    // Pages under 16 take the TMA decode's `cp.async` form (with `MLA_TMA_CP=0` the
+    // `cp.async` decode).
+    let over = mla_host::choice::Overrides::get();
+    let small = if over.tma_cp && over.tma {
+        names::DECODE_TMA_FP8_CP
+    } else {
+        names::DECODE_WG_FP8
+    };
     let k16 = kernels(Backend::Sm90a, Tile::Wg64N64, fp8, 8, 32).with_wave_splits(66);
     let (req, shape) = request(fp8, 8, 128);
-    assert_eq!(k16.decode_for(&req, &shape).symbol, names::DECODE_WG_FP8);
+    assert_eq!(k16.decode_for(&req, &shape).symbol, small);
     // A cache that is not fp8 never takes it (validation rejects that request anyway).
     let (mut req, shape) = request(fp8, 64, 128);
     req.kv_cache.dtype = ElemType::Bf16;
@@ -406,6 +430,8 @@ fn every_tile_and_dtype_names_a_kernel_of_the_table() {
         names::DECODE_TMA32_FP8,
         names::DECODE_TMA32_BF16_CP,
         names::DECODE_TMA_BF16_CP,
+        names::DECODE_TMA_FP8KV_BF16Q_CP,
+        names::DECODE_TMA_FP8_CP,
         names::COMBINE_BF16,
         names::COMBINE_FP16,
         names::COMBINE_WIDE_BF16,
@@ -436,7 +462,9 @@ fn every_tile_and_dtype_names_a_kernel_of_the_table() {
                 names::DECODE_TMA32_FP8KV_BF16Q,
                 names::DECODE_TMA32_FP8,
                 names::DECODE_TMA32_BF16_CP,
-                names::DECODE_TMA_BF16_CP
+                names::DECODE_TMA_BF16_CP,
+                names::DECODE_TMA_FP8KV_BF16Q_CP,
+                names::DECODE_TMA_FP8_CP
             ]
             .contains(&a.symbol),
             "{}",

@@ -284,6 +284,30 @@ impl DecodeKind for DecodeBf16Cp {
     const KV_CP: bool = true;
 }
 tma_decode_kernel!(mla_decode_tma_bf16_cp, DecodeBf16Cp);
+
+/// An fp8 e4m3 cache under bf16 Q with the TMA decode's copies made by `cp.async`
+/// (`DecodeKind::KV_CP`): the e4m3 path's pair loop, each warpgroup copying its own stage.
+#[cfg(mla_wgmma)]
+pub struct DecodeFp8KvBf16QCp;
+#[cfg(mla_wgmma)]
+impl DecodeKind for DecodeFp8KvBf16QCp {
+    type Mma = Bf16;
+    const Q_FP8: bool = false;
+    const KV_FP8: bool = true;
+    const KV_CP: bool = true;
+}
+/// fp8 Q and an fp8 e4m3 cache, as [`DecodeFp8KvBf16QCp`].
+#[cfg(mla_wgmma)]
+pub struct DecodeFp8Cp;
+#[cfg(mla_wgmma)]
+impl DecodeKind for DecodeFp8Cp {
+    type Mma = Bf16;
+    const Q_FP8: bool = true;
+    const KV_FP8: bool = true;
+    const KV_CP: bool = true;
+}
+tma_decode_kernel!(mla_decode_tma_fp8kv_bf16q_cp, DecodeFp8KvBf16QCp);
+tma_decode_kernel!(mla_decode_tma_fp8_cp, DecodeFp8Cp);
 tma_decode_kernel!(mla_decode_tma32_bf16_cp, fn decode::tma32::decode_tma32::<DecodeBf16Cp>);
 tma_decode_kernel!(mla_decode_tma32_bf16, fn decode::tma32::decode_tma32::<DecodeBf16>);
 tma_decode_kernel!(

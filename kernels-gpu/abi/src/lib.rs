@@ -633,6 +633,21 @@ pub mod names {
     /// fp8 Q with an fp8 cache on the e4m3 tensor cores: Q and the cache raw, P in e4m3,
     /// as `DECODE_TMA_FP8KV_BF16Q` with one Q part.
     pub const DECODE_TMA_FP8: &str = "mla_decode_tma_fp8";
+    /// The two e4m3 TMA decodes with their copies made by `cp.async` from the page table, each
+    /// warpgroup copying its own block of a pair (the same parameters; the map is not read):
+    /// more than `decode_tile::TMA32_ROWS` rows, or the `wgmma` tile at any rows, on pages of
+    /// fewer than `decode_tile::TMA_MIN_PAGE` tokens, and fused cache layouts the map does not
+    /// take.
+    pub const DECODE_TMA_FP8KV_BF16Q_CP: &str = "mla_decode_tma_fp8kv_bf16q_cp";
+    pub const DECODE_TMA_FP8_CP: &str = "mla_decode_tma_fp8_cp";
+    /// The TMA decodes' `cp.async` forms: their launches pass a zeroed map, which they do not
+    /// read.
+    pub const DECODE_TMA_CP_FORMS: [&str; 4] = [
+        DECODE_TMA_BF16_CP,
+        DECODE_TMA32_BF16_CP,
+        DECODE_TMA_FP8KV_BF16Q_CP,
+        DECODE_TMA_FP8_CP,
+    ];
     /// The small-row TMA decodes (at most `decode_tile::TMA32_ROWS` rows; the same
     /// parameters as `DECODE_TMA_BF16`): bf16, an fp8 cache under bf16 Q, fp8 Q and cache.
     pub const DECODE_TMA32_BF16: &str = "mla_decode_tma32_bf16";
@@ -863,6 +878,18 @@ pub mod kernels {
         )),
         sm90a(k(
             DECODE_TMA_FP8,
+            Params::DecodeWithMap,
+            DT,
+            decode_tile::TMA_SMEM_BYTES,
+        )),
+        sm90a(k(
+            DECODE_TMA_FP8KV_BF16Q_CP,
+            Params::DecodeWithMap,
+            DT,
+            decode_tile::TMA_SMEM_BYTES,
+        )),
+        sm90a(k(
+            DECODE_TMA_FP8_CP,
             Params::DecodeWithMap,
             DT,
             decode_tile::TMA_SMEM_BYTES,

@@ -196,9 +196,12 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     const E4: bool = K::KV_FP8;
     /// bf16 Q with an fp8 cache: Q split into two e4m3 parts ([`Cta::load_q_split`]).
     const SPLIT_Q: bool = K::KV_FP8 && !K::Q_FP8;
-    /// The `cp.async` form (bf16, `K::KV_CP`, [`cp`]): warpgroup 0 copies each block from
-    /// the page table, and S reads each slab after a proxy fence.
+    /// The copies are made by `cp.async` from the page table (`K::KV_CP`), and S reads each
+    /// slab after a proxy fence: bf16 in the block-ahead form ([`cp`]), the e4m3 path in its
+    /// pair loop, each warpgroup copying its own stage ([`Cta::copy_stage`]).
     const CP: bool = K::KV_CP;
+    /// The block-ahead form ([`cp`]: a bf16 cache, `K::KV_CP`).
+    const CP_AHEAD: bool = K::KV_CP && !K::KV_FP8;
 
     #[inline(always)]
     fn kv_s(&self, st: u32) -> u32 {
@@ -245,12 +248,15 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     unsafe fn init_once(&self) {
         // SAFETY: forwarded from the caller.
         unsafe {
-            if self.issuer {
+            if self.issuer && !Self::CP {
                 bulk::prefetch_tensormap(self.tmap);
             }
             if arch::thread_idx_x() == 0 {
+                // The `cp.async` form: a slab completes on its copying warpgroup's 128
+                // `.noinc` arrivals.
+                let count = if Self::CP { 128 } else { 1 };
                 for k in 0..18 {
-                    bulk::mbarrier_init(self.bars(0) + 8 * k, 1);
+                    bulk::mbarrier_init(self.bars(0) + 8 * k, count);
                 }
                 bulk::fence_mbarrier_init();
             }
@@ -303,14 +309,27 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     }
 
     /// Warpgroup 0's issuer issues the cell's first pair (both halves of each block)
-    /// through its page slots; the other threads do nothing.
+    /// through its page slots; the other threads do nothing. In the e4m3 `cp.async` form
+    /// each warpgroup copies its own block instead ([`Cta::copy_stage`]).
     ///
     /// # Safety
-    /// Every thread, in the prologue: thread 0 initialised the mbarriers before; the
-    /// issuer's page slots are free (the previous cell's last fetch was read).
+    /// Every thread, in the prologue, converged warpgroups: thread 0 initialised the
+    /// mbarriers before; the issuer's page slots are free (the previous cell's last fetch
+    /// was read).
     #[inline(always)]
     unsafe fn issue_first_pair(&self) {
         let (p, b, len, kb0, kb1) = (self.p, self.b, self.len, self.kb0, self.kb1);
+        if Self::CP {
+            // The e4m3 `cp.async` form: each warpgroup copies its own block of the pair.
+            // Opaque: the prologue's S branches on the same test a few instructions on, and
+            // LLVM threaded the two together, copying the CTA barrier between them into both
+            // arms.
+            if arch::opaque(kb0 + self.wg) < kb1 {
+                // SAFETY: forwarded from the caller (the whole warpgroup, converged).
+                unsafe { self.copy_stage(kb0 + self.wg, self.wg) };
+            }
+            return;
+        }
         // The same threads either way; the e4m3 kernels keep the thread-index test, whose
         // code ptxas fits in their 255 registers.
         let first = if Self::WARP_ISSUE {
@@ -777,7 +796,7 @@ pub(crate) use for_each_cell;
 /// address of the cache's map as `decode_tile` describes it, in the kernel's parameter space.
 #[inline(always)]
 pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *const u8) {
-    if Cta::<K>::CP {
+    if Cta::<K>::CP_AHEAD {
         // SAFETY: forwarded from the caller (the `cp.async` form reads no map).
         unsafe { cp::decode_cp::<K>(p) };
         return;

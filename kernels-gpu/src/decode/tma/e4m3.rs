@@ -18,7 +18,12 @@
 //!   ([`Cta::load_q_split`]): each k-step runs twice against the same K.
 //! - The e4m3 `wgmma` sums into O with about 13 bits below the largest addend, so a long
 //!   split moves O into an f32 scratch every `E4M3_PROMOTE_PAIRS` pairs ([`Cta::promote`]).
+//! - The `cp.async` form (`K::KV_CP`: pages under `TMA_MIN_PAGE` tokens, strided fused
+//!   caches) keeps the pair loop; each warpgroup copies its own stage from the page table
+//!   where the tensor-map form's issuer reloads it ([`Cta::copy_stage`]), and rows past the
+//!   end land as zeros, so no tail is zeroed.
 
+use super::math::slab_order;
 use super::{BLOCK_N, Cta};
 use crate::arch::{self, cp_async, cvt, ldmatrix, smem, sync, wgmma};
 use crate::decode::wg::{sw64_off, vt_token};
@@ -100,6 +105,48 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     #[inline(always)]
     pub(super) fn raw_s(&self, st: u32, s: u32) -> u32 {
         self.kv_s(st) + s * E4_SLAB
+    }
+
+    /// The `cp.async` form's copy of block `blk` into stage `st` by this warpgroup: two
+    /// threads a row (one page entry each), each copying 32 bytes of every 64-byte slab row,
+    /// so a warp's copy reads 16 whole 32-byte sectors; the raw slabs in this warpgroup's S
+    /// order ([`slab_order`]), each completed on its mbarrier by the warpgroup's 128
+    /// `.noinc` arrivals. Rows past the end, or with an entry outside `0..num_pages`, land
+    /// as zeros. The copies join no `cp.async` group.
+    ///
+    /// # Safety
+    /// The whole warpgroup, converged; `blk < kb1`; the stage's raw slabs are no longer read
+    /// (its S completed, its transpose's warpgroup barrier passed); its mbarriers count 128
+    /// arrivals and have no copy pending.
+    #[inline(always)]
+    pub(super) unsafe fn copy_stage(&self, blk: u32, st: u32) {
+        let p = self.p;
+        // Opaque: computed per copy, not held through the pair loop.
+        let t = arch::opaque(arch::thread_idx_x() % 128);
+        let (r, h) = (t / 2, t % 2);
+        let tok = blk * BLOCK_N + r;
+        let src = decode::kv_row_source(
+            p,
+            decode::kv_row_page_entry(p, self.b, tok, self.len),
+            tok,
+            1,
+        );
+        let (raw, bars) = (arch::opaque(self.raw_s(st, 0)), self.bars(st));
+        // SAFETY: row r < 64, 16-byte chunks 2 i + h < 4 of raw slabs < 9; a row with n == 16
+        // is 576 contiguous bytes of the fused cache (the host routes no split cache here),
+        // else nothing is read.
+        unsafe {
+            unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+                let s = slab_order(self.wg, j as u32);
+                unroll!(i in [0, 1] {
+                    let c = 2 * i as u32 + h;
+                    let dst = raw + s * E4_SLAB + sw64_off(r, 16 * c);
+                    let a = src.main.add((64 * s + 16 * c) as usize);
+                    cp_async::cp_async_cg_16(dst, a, src.n);
+                });
+                cp_async::cp_async_mbarrier_arrive_noinc(bars + 8 * s);
+            });
+        }
     }
 
     /// fp8 Q into its nine 64-byte-swizzled tiles with `cp.async`, 16 bytes (16 dims) at a
@@ -413,21 +460,23 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     }
 
     /// O plus the scratch rescaled to the running max, at the epilogue (before exchange
-    /// entries 4 and 5 take the row sums).
+    /// entries 4 and 5 take the row sums): one last promotion against the running max, then
+    /// O read back from the scratch. Reading the scratch into registers beside a live O, as
+    /// a plain merge does, peaks at 253 registers and tipped ptxas into spilling the cell
+    /// walk's state in the `cp.async` forms.
     ///
     /// # Safety
-    /// This thread's scratch slots hold this cell's promotions ([`Cta::promotes`]).
+    /// As [`Cta::promote`]'s; this thread's scratch slots hold this cell's promotions
+    /// ([`Cta::promotes`]).
     #[inline(always)]
     pub(super) unsafe fn merge_acc(&mut self) {
-        let f = self.acc_factor(self.m_run);
+        // SAFETY: forwarded from the caller.
+        unsafe { self.promote(self.m_run, false) };
+        // The scratch now holds the rows against the running max.
         let acc = self.acc_slot();
         unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
-            // SAFETY: this thread's own slot of fragment j (forwarded).
-            let g = unsafe { smem::ld_global_v4_f32(acc.add(ACC_ROW * j)) };
-            let o = &mut self.o[j];
-            unroll!(e in [0, 1, 2, 3] {
-                o[e] = sync::fma(g[e], f[e / 2], o[e]);
-            });
+            // SAFETY: this thread's own slot of fragment j, written above by this thread.
+            self.o[j] = unsafe { smem::ld_global_v4_f32(acc.add(ACC_ROW * j)) };
         });
     }
 

@@ -213,7 +213,8 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     #[inline(always)]
     pub(super) unsafe fn fetch_next_pages(&self, blk_a: u32) {
         let (p, b, kb1, len) = (self.p, self.b, self.kb1, self.len);
-        if self.issuer && blk_a + 2 < kb1 {
+        // The `cp.async` form reads each row's entry as it copies it.
+        if self.issuer && blk_a + 2 < kb1 && !Self::CP {
             // SAFETY: the issuer's own slots; with WARP_ISSUE a converged warp (a
             // warp-uniform condition).
             unsafe {
@@ -262,12 +263,21 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     }
 
     /// The e4m3 path: with `next`, the issuer reloads both halves of stage `st` with block
-    /// `blk` (one wait for the fetched pages).
+    /// `blk` (one wait for the fetched pages); in the `cp.async` form the whole warpgroup
+    /// copies it ([`Cta::copy_stage`]).
     ///
     /// # Safety
-    /// As [`Cta::reissue`], for the whole stage.
+    /// As [`Cta::reissue`], for the whole stage, its own (stage `wg`); the warpgroup
+    /// converged.
     #[inline(always)]
     pub(super) unsafe fn reissue_stage(&self, next: bool, blk: u32, st: u32) {
+        if Self::CP {
+            if next {
+                // SAFETY: forwarded from the caller.
+                unsafe { self.copy_stage(blk, st) };
+            }
+            return;
+        }
         if self.issuer && next {
             // SAFETY: forwarded from the caller.
             unsafe {

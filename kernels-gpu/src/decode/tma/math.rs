@@ -9,6 +9,21 @@ use crate::decode::wg::SLAB;
 use crate::decode::{self, DecodeKind};
 use crate::elem::{Bf16, Half16};
 
+/// The slab S of a block reads `j`-th (`j < 9`) in warpgroup `wg` (and the order a warpgroup
+/// that copies a block writes them in). Half 0 is slabs 0-3 and 8, half 1 slabs 4-7:
+/// warpgroup 0 takes 0-3, 8, then 4-7; warpgroup 1 4-7, then 0-3, 8.
+#[inline(always)]
+pub(super) fn slab_order(wg: u32, j: u32) -> u32 {
+    match (wg, j) {
+        (0, 0..4) => j,
+        (0, 4) => 8,
+        (0, _) => j - 1,
+        (_, 0..4) => j + 4,
+        (_, 8) => 8,
+        (_, _) => j - 4,
+    }
+}
+
 impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     /// S of block `blk` in stage `st` (mbarrier phase `parity`): this warpgroup's first
     /// half (warpgroup 0: slabs 0-3 and 8, whose copy goes out first) then the other, each
@@ -32,25 +47,18 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     ) {
         let kv = arch::opaque(self.kv_s(st));
         let q_s = arch::opaque(self.base);
-        // The `cp.async` form's S (warpgroup 1) takes warpgroup 0's order: its copies
+        // The block-ahead form's S (warpgroup 1) takes warpgroup 0's order: its copies
         // write slabs 0-3 and 8 before waiting for the stage to be free.
-        let wg = if Self::CP { 0 } else { self.wg };
-        // Half 0 is slabs 0-3 and 8, half 1 slabs 4-7. Warpgroup 0 takes 0-3, 8, then 4-7;
-        // warpgroup 1 4-7, then 0-3, 8. Straight-line code (the polls leave their loops
-        // uniformly): ptxas serializes wgmmas around branches and loop joins it cannot
-        // prove uniform. Each poll costs an injected `wgmma.fence` (C7519), measured free.
-        let order = |j: u32| match (wg, j) {
-            (0, 0..4) => j,
-            (0, 4) => 8,
-            (0, _) => j - 1,
-            (_, 0..4) => j + 4,
-            (_, 8) => 8,
-            (_, _) => j - 4,
-        };
+        let wg = if Self::CP_AHEAD { 0 } else { self.wg };
+        // Straight-line code (the polls leave their loops uniformly): ptxas serializes
+        // wgmmas around branches and loop joins it cannot prove uniform. Each poll costs an
+        // injected `wgmma.fence` (C7519), measured free.
+        let order = |j: u32| slab_order(wg, j);
         // SAFETY: forwarded from the caller; each slab is read only once its mbarrier says
         // it landed; the descriptors address Q and the stage.
         unsafe {
-            if Self::E4 {
+            // The `cp.async` form's copies land rows past the end as zeros.
+            if Self::E4 && !Self::CP {
                 self.zero_raw_tail(st, parity, blk);
             }
             wgmma::wgmma_fence();
