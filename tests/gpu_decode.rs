@@ -397,7 +397,12 @@ fn repeated_runs_are_bitwise_identical() {
             (0..100).map(|i| if i < 50 { 100 } else { 300 }).collect(),
         ),
     ];
+    let started = std::time::Instant::now();
     let prepared = common::prepare(&specs, seed);
+    eprintln!(
+        "[{test}] references at {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
     let (mut runs, mut failures) = (0usize, Vec::new());
     for (h, refs) in &prepared {
         let mut d = DeviceCase::upload(&stream, h).expect("upload");
@@ -431,6 +436,11 @@ fn repeated_runs_are_bitwise_identical() {
                     "{name}: {differing} of {reps} runs differ from the first"
                 ));
             }
+            // Progress, so that a timeout names the case it stopped in.
+            eprintln!(
+                "[{test}] {name}: done at {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
         }
     }
     eprintln!("[{test}] {reps} runs per case");
