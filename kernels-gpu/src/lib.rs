@@ -272,40 +272,37 @@ tma_decode_kernel!(mla_decode_tma_bf16, DecodeBf16);
 tma_decode_kernel!(mla_decode_tma_fp8kv_bf16q, DecodeFp8KvBf16Q);
 tma_decode_kernel!(mla_decode_tma_fp8, DecodeFp8);
 
-/// bf16 with the TMA decodes' cache copies made by `cp.async` (`DecodeKind::KV_CP`): pages of
-/// fewer than `TMA_MIN_PAGE` tokens, and cache layouts the tensor map does not take.
-#[cfg(mla_wgmma)]
-pub struct DecodeBf16Cp;
-#[cfg(mla_wgmma)]
-impl DecodeKind for DecodeBf16Cp {
-    type Mma = Bf16;
-    const Q_FP8: bool = false;
-    const KV_FP8: bool = false;
-    const KV_CP: bool = true;
+/// A decode kind whose TMA decode copies the cache with `cp.async` (`DecodeKind::KV_CP`):
+/// pages of fewer than `TMA_MIN_PAGE` tokens, and cache layouts the tensor map does not take.
+macro_rules! cp_kind {
+    ($(#[$doc:meta])* $kind:ident, q_fp8: $q_fp8:expr, kv_fp8: $kv_fp8:expr) => {
+        $(#[$doc])*
+        #[cfg(mla_wgmma)]
+        pub struct $kind;
+        #[cfg(mla_wgmma)]
+        impl DecodeKind for $kind {
+            type Mma = Bf16;
+            const Q_FP8: bool = $q_fp8;
+            const KV_FP8: bool = $kv_fp8;
+            const KV_CP: bool = true;
+        }
+    };
 }
-tma_decode_kernel!(mla_decode_tma_bf16_cp, DecodeBf16Cp);
 
-/// An fp8 e4m3 cache under bf16 Q with the TMA decode's copies made by `cp.async`
-/// (`DecodeKind::KV_CP`): the e4m3 path's pair loop, each warpgroup copying its own stage.
-#[cfg(mla_wgmma)]
-pub struct DecodeFp8KvBf16QCp;
-#[cfg(mla_wgmma)]
-impl DecodeKind for DecodeFp8KvBf16QCp {
-    type Mma = Bf16;
-    const Q_FP8: bool = false;
-    const KV_FP8: bool = true;
-    const KV_CP: bool = true;
-}
-/// fp8 Q and an fp8 e4m3 cache, as [`DecodeFp8KvBf16QCp`].
-#[cfg(mla_wgmma)]
-pub struct DecodeFp8Cp;
-#[cfg(mla_wgmma)]
-impl DecodeKind for DecodeFp8Cp {
-    type Mma = Bf16;
-    const Q_FP8: bool = true;
-    const KV_FP8: bool = true;
-    const KV_CP: bool = true;
-}
+cp_kind!(
+    /// bf16: the 64-row decode's block-ahead form, the small-row decode's producer warpgroup.
+    DecodeBf16Cp, q_fp8: false, kv_fp8: false
+);
+cp_kind!(
+    /// An fp8 e4m3 cache under bf16 Q: the e4m3 path's pair loop, each warpgroup copying its
+    /// own stage.
+    DecodeFp8KvBf16QCp, q_fp8: false, kv_fp8: true
+);
+cp_kind!(
+    /// fp8 Q and an fp8 e4m3 cache, as [`DecodeFp8KvBf16QCp`].
+    DecodeFp8Cp, q_fp8: true, kv_fp8: true
+);
+tma_decode_kernel!(mla_decode_tma_bf16_cp, DecodeBf16Cp);
 tma_decode_kernel!(mla_decode_tma_fp8kv_bf16q_cp, DecodeFp8KvBf16QCp);
 tma_decode_kernel!(mla_decode_tma_fp8_cp, DecodeFp8Cp);
 tma_decode_kernel!(mla_decode_tma32_bf16_cp, fn decode::tma32::decode_tma32::<DecodeBf16Cp>);
