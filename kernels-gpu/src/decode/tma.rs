@@ -5,9 +5,10 @@
 //! parameter (by value, so every launch, eager or captured, carries the map of its own
 //! cache), so the host's split schedule, workspace and combine are shared. Persistent: at
 //! most one CTA per SM, each walking its cells of the virtual grid `(row tiles, batch,
-//! persist_splits)` that have work (`decode_tma`). A bf16 cache the map does not take (pages
-//! under `TMA_MIN_PAGE` tokens, strided) runs the same kernel's `cp.async` form, [`cp`],
-//! which copies rows from the page table a block ahead instead of pairing blocks.
+//! persist_splits)` that have work (`decode_tma`). A cache the map does not take (pages
+//! under `TMA_MIN_PAGE` tokens, strided) runs the same kernel's `cp.async` form: bf16 [`cp`],
+//! which copies rows from the page table a block ahead instead of pairing blocks; fp8 the
+//! e4m3 pair loop with each warpgroup copying its own block ([`Cta::copy_stage`]).
 //!
 //! - A split's blocks go in pairs: block A (stage 0) belongs to warpgroup 0, block B
 //!   (stage 1) to warpgroup 1. Each computes S for its own block (64 x 64, 36 k-steps)
@@ -791,7 +792,8 @@ pub(crate) use for_each_cell;
 /// Launched with `decode_tile::THREADS` threads, at most `tiles * batch * persist_splits`
 /// CTAs in x, and `TMA_SMEM_BYTES` of dynamic shared memory on params the host validated
 /// (bf16 Q with a bf16 or (`K::KV_FP8`) fp8 cache, or (`K::Q_FP8`) fp8 Q with an fp8 cache;
-/// pages of at least `TMA_MIN_PAGE` tokens, `persist_splits >= 1`; with an fp8 cache,
+/// pages of at least `TMA_MIN_PAGE` tokens, any in the `cp.async` forms (`K::KV_CP`: fused
+/// caches, the map not read), `persist_splits >= 1`; with an fp8 cache,
 /// `p.acc` holds `ACC_FLOATS_PER_CTA` floats per launched CTA); `tmap` is the generic
 /// address of the cache's map as `decode_tile` describes it, in the kernel's parameter space.
 #[inline(always)]

@@ -17,7 +17,7 @@
 //! - Warpgroup 0 keeps no row sums: warpgroup 1's are the rows' (the epilogue adds the two,
 //!   zero and all). Its running max is the one warpgroup 1 hands over with each block.
 
-use super::math::{exp_rows, frags_of, m_ref_of};
+use super::math::{exp_rows, frags_of, m_ref_of, slab_order};
 use super::{BLOCK_N, Cta, for_each_cell, uniform};
 use crate::arch::{self, bulk, cp_async, smem, sync, wgmma};
 use crate::decode::wg::{SLAB, aligned_base};
@@ -76,7 +76,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             // (and this warpgroup's own, finished, P.V the others): the first five go out
             // before the wait for the stage to be free.
             unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
-                let s = match j { 0..4 => j, 4 => 8, _ => j - 1 } as u32;
+                let s = slab_order(0, j as u32);
                 if j == 5 {
                     let free = self.free_cp(st);
                     bulk::mbarrier_wait_parity_warp(free, self.parity_cp(phase, blk) ^ 1);
