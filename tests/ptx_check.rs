@@ -268,9 +268,9 @@ const SYNC_SITES: &[(&str, SyncSites)] = &[
     ("mla_decode_tma_fp8kv_bf16q_cp", E4M3_CP_SITES),
     ("mla_decode_tma_fp8_cp", E4M3_CP_SITES),
     // The small-row TMA decodes: S^T's wait and P.V's four; the consumer's row exchange
-    // (1: each block and the epilogue), P (2), Q and the output staging (3); the
-    // converters' slab barrier (4, fp8 caches); three CTA barriers (the unaligned
-    // `barrier.sync 0`: the start, two around each marking of the cells).
+    // (1: each block and the epilogue), P (2), Q and the output staging (3); three CTA
+    // barriers (the unaligned `barrier.sync 0`: the start, two around each marking of the
+    // cells).
     (
         "mla_decode_tma32_bf16",
         (5, &[(0, 3), (1, 2), (2, 1), (3, 3)], &[]),
@@ -280,13 +280,15 @@ const SYNC_SITES: &[(&str, SyncSites)] = &[
         "mla_decode_tma32_bf16_cp",
         (5, &[(0, 3), (1, 2), (2, 1), (3, 3)], &[]),
     ),
+    // The fp8 forms (e4m3): one `wgmma` wait for S^T and one for the P.V; the same
+    // barriers plus the transposers' V^T barrier (4).
     (
         "mla_decode_tma32_fp8kv_bf16q",
-        (5, &[(0, 3), (1, 2), (2, 1), (3, 3), (4, 1)], &[]),
+        (2, &[(0, 3), (1, 2), (2, 1), (3, 3), (4, 1)], &[]),
     ),
     (
         "mla_decode_tma32_fp8",
-        (5, &[(0, 3), (1, 2), (2, 1), (3, 3), (4, 1)], &[]),
+        (2, &[(0, 3), (1, 2), (2, 1), (3, 3), (4, 1)], &[]),
     ),
     ("mla_decode_wg_bf16", (2, &[(0, 1), (1, 2), (2, 1)], &[])),
     (

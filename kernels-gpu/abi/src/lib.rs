@@ -268,14 +268,18 @@ pub mod decode_tile {
     /// P^T, the rows as the `wgmma`'s N), so a block costs the `wgmma` work of 32 rows, not
     /// of a 64-row tile. One consumer warpgroup computes; one producer warp issues the
     /// tensor copies into a ring of 64-token x 64-dim slab slots, one mbarrier when full
-    /// and one when free, running ahead across blocks and cells. An fp8 cache lands raw in
-    /// a second ring (4 KB slabs of 64-byte rows, the map's 64-byte swizzle) and two
-    /// converter warps widen each slab exactly into the bf16 ring (fp8 Q widens as it
-    /// loads), so the consumer's math is bf16 for every dtype. Same grid, params and tensor
-    /// map as the other TMA decodes. Offsets from the 1024-byte aligned base: Q (nine slabs
-    /// of 32 rows, also the output's staging), P (32 rows x 64 tokens), the bf16 ring, the
-    /// raw ring, the row exchange (4 warps x 32 rows f32), the mbarriers (bf16 full, bf16
-    /// free, raw full, raw free), the marks of a persistent CTA's cells (one word per warp).
+    /// and one when free, running ahead across blocks and cells. An fp8 cache takes the e4m3
+    /// tensor cores: its boxes land raw in a ring of 4 KB slabs (64-byte rows, the map's
+    /// 64-byte swizzle; whole blocks, `TMA32_RAW_SLOTS` a multiple of nine), S^T reads them
+    /// as they are, and two transposer warps write each block's V^T (eight 4 KB tiles of 64
+    /// dims x 64 tokens) into one of `TMA32_VT_ENTRIES` entries of the ring in place of the
+    /// bf16 slabs. Same grid, params and tensor map as the other TMA decodes. Offsets from the
+    /// 1024-byte aligned base: Q (nine slabs of 32 rows, also the output's staging; an fp8
+    /// cache's e4m3 Q parts `hi` and `lo`, `TMA32_E4_Q_LO` apart), P (32 rows x 64 tokens;
+    /// e4m3 P in its first half, then the rows' Q scales), the bf16 ring (or V^T entries),
+    /// the raw ring, the row exchange (4 warps x 32 rows f32), the mbarriers (ring full,
+    /// ring free, raw full, raw free), the marks of a persistent CTA's cells (one word per
+    /// warp).
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub struct Tma32Smem {
         pub threads: usize,
@@ -296,12 +300,29 @@ pub mod decode_tile {
     /// A raw fp8 slab: 64 tokens x 64 bytes.
     pub const TMA32_RAW_SLAB: usize = BLOCK_N * 64;
 
+    /// The fp8 forms' raw ring: three blocks of nine slabs, so a block's slabs are contiguous.
+    pub const TMA32_RAW_SLOTS: usize = 27;
+    /// The fp8 forms' V^T entries (a block's eight V^T tiles each) and their size.
+    pub const TMA32_VT_ENTRIES: usize = 2;
+    pub const TMA32_VT_ENTRY: usize = 8 * TMA32_RAW_SLAB;
+    /// The fp8 forms' e4m3 Q: the `lo` part's nine 2 KB tiles after the `hi` part's.
+    pub const TMA32_E4_Q_LO: usize = 9 * TMA32_ROWS * 64;
+
     pub const fn tma32_smem(fp8: bool) -> Tma32Smem {
         let threads = if fp8 { 7 * 32 } else { 5 * 32 };
-        let (slots, raw_slots) = if fp8 { (14, 18) } else { (23, 0) };
+        let (slots, raw_slots) = if fp8 {
+            (TMA32_VT_ENTRIES, TMA32_RAW_SLOTS)
+        } else {
+            (23, 0)
+        };
         let p = 9 * TMA32_Q_SLAB;
         let ring = p + TMA32_ROWS * 128;
-        let raw = ring + slots * WG_SLAB_BYTES;
+        let raw = ring
+            + if fp8 {
+                slots * TMA32_VT_ENTRY
+            } else {
+                slots * WG_SLAB_BYTES
+            };
         let red = raw + raw_slots * TMA32_RAW_SLAB;
         let bars = red + 4 * TMA32_ROWS * 4;
         let cells = bars + 2 * (slots + raw_slots) * 8;
@@ -339,6 +360,8 @@ pub mod decode_tile {
     const _: () =
         assert!(TMA32_BF16.p.is_multiple_of(1024) && TMA32_BF16.ring.is_multiple_of(1024));
     const _: () = assert!(TMA32_FP8.raw.is_multiple_of(1024) && TMA32_ROWS * 1024 <= TMA32_BF16.p);
+    const _: () = assert!(TMA32_RAW_SLOTS.is_multiple_of(9) && 2 * TMA32_E4_Q_LO <= TMA32_FP8.p);
+    const _: () = assert!(TMA32_ROWS * 64 + TMA32_ROWS * 4 <= TMA32_ROWS * 128);
 
     /// The e4m3 TMA decode (`names::DECODE_TMA_FP8`: fp8 Q and an fp8 cache, e4m3 tensor
     /// cores) packs its 64-byte rows: Q and each stage's nine raw slabs are `TMA_E4_SLAB`

@@ -587,6 +587,47 @@ pub unsafe fn wgmma_m64n32k16_bf16<const TA: u32>(
     }
 }
 
+/// `wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 d, desc_a, desc_b, p, 1, 1`: as
+/// [`wgmma_m64n32k16_bf16`] with fp8 e4m3 operands, A `64 x 32` and B `32 x 32`, both
+/// K-major (8-bit operands have no transposed form).
+///
+/// # Safety
+/// As [`wgmma_m64n64k16_bf16`].
+#[inline(always)]
+pub unsafe fn wgmma_m64n32k32_e4m3(d: &mut [f32; 16], desc_a: u64, desc_b: u64, accumulate: bool) {
+    let scale_d: u32 = accumulate as u32;
+    // SAFETY: the caller guarantees convergence and valid descriptors.
+    unsafe {
+        asm!(
+            "{{",
+            ".reg .pred p;",
+            "setp.ne.b32 p, {scale_d}, 0;",
+            "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, {desc_a}, {desc_b}, p, 1, 1;",
+            "}}",
+            d0 = inout(reg32) d[0],
+            d1 = inout(reg32) d[1],
+            d2 = inout(reg32) d[2],
+            d3 = inout(reg32) d[3],
+            d4 = inout(reg32) d[4],
+            d5 = inout(reg32) d[5],
+            d6 = inout(reg32) d[6],
+            d7 = inout(reg32) d[7],
+            d8 = inout(reg32) d[8],
+            d9 = inout(reg32) d[9],
+            d10 = inout(reg32) d[10],
+            d11 = inout(reg32) d[11],
+            d12 = inout(reg32) d[12],
+            d13 = inout(reg32) d[13],
+            d14 = inout(reg32) d[14],
+            d15 = inout(reg32) d[15],
+            desc_a = in(reg64) desc_a,
+            desc_b = in(reg64) desc_b,
+            scale_d = in(reg32) scale_d,
+            options(nostack)
+        )
+    }
+}
+
 wgmma_m64n256k16_fn!(
     /// `wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 d, desc_a, desc_b, p, 1, 1, 0, TB`:
     /// as [`wgmma_m64n256k16_rs_bf16`] with A (`64 x 16`, K-major) from shared memory.

@@ -78,7 +78,7 @@ const BAR_VT0: u32 = 7;
 const BAR_VT1: u32 = 8;
 
 mod cp;
-mod e4m3;
+pub(crate) mod e4m3;
 mod issue;
 mod math;
 

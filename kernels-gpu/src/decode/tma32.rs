@@ -21,11 +21,17 @@
 //!   last read of the slab is done: S^T for the rope slab 8, P.V for slabs 0-7). The
 //!   producer runs ahead of the consumer by as many slabs as are free, across blocks and
 //!   the persistent CTA's cells.
-//! - An fp8 cache lands raw in a second ring (4 KB slabs, the same two mbarriers per slot);
-//!   warps 4-5 (the converters) widen each raw slab exactly into the next bf16 slot (rows
-//!   past the sequence end as zeros) and complete its full barrier themselves, and the
-//!   producer is warp 6. fp8 Q widens exactly as it loads. The consumer's math is the same
-//!   for every dtype; the fp8 scales are in the params' softmax and value scales.
+//! - An fp8 cache takes the e4m3 tensor cores. Its boxes land raw in a second ring (4 KB
+//!   slabs of 64-byte rows, whole blocks of nine), and S^T reads them as they are (e4m3
+//!   `m64n32k32`, two per slab; bf16 Q as two e4m3 parts, `hi` and `lo`, with a power-of-two
+//!   scale per row, [`e4m3::split_q_row`]; fp8 Q as it is). e4m3 `wgmma` reads A only
+//!   K-major, so warps 4-5 (the transposers) write each block's V^T (eight tiles of 64 dims x
+//!   64 tokens, [`e4m3::transpose_vt_part`], rows past the sequence end as zeros) into one of
+//!   two entries of the ring, and the producer is warp 6. A raw slab is free once both S^T
+//!   and the transposers are done with it (two arrivals). P is quantised per row with the
+//!   row's running max at `2^8`, as the 64-row e4m3 path does, and stored in V^T's token
+//!   order; O is promoted to the f32 scratch every `2 E4M3_PROMOTE_PAIRS` blocks of a long
+//!   split. The fp8 scales are in the params' softmax and value scales.
 //! - A thread's S^T accumulators hold tokens `16 w + g` and `+ 8` (warp `w`, quad row `g`)
 //!   of its rows `8 j + 2 c` and `+ 1` (`j < 4`, quad column `c`); so do its O^T
 //!   accumulators (dims instead of tokens), so the row statistics of a thread's eight rows
@@ -40,9 +46,10 @@
 //!   16-byte chunk per store); a split's f32 partial goes straight from the accumulators
 //!   (each store a warp's four rows x 32 bytes).
 
-use crate::arch::{self, bulk, cp_async, ldmatrix, smem, sync, wgmma};
+use crate::arch::{self, bulk, cp_async, cvt, ldmatrix, smem, sync, wgmma};
+use crate::decode::tma::e4m3::{self, load_q_e4m3_rows, split_q_row, transpose_vt_part, vt_pos};
 use crate::decode::tma::{block_pages, for_each_cell, uniform};
-use crate::decode::wg::{SLAB, aligned_base};
+use crate::decode::wg::{SLAB, aligned_base, sw64_off};
 use crate::decode::{self, CtaWork, DecodeKind};
 use crate::elem::{Bf16, Half16};
 use core::marker::PhantomData;
@@ -53,10 +60,15 @@ const BLOCK_N: u32 = T::BLOCK_N as u32;
 const ROWS: u32 = T::TMA32_ROWS as u32;
 const Q_SLAB: u32 = T::TMA32_Q_SLAB as u32;
 const RAW_SLAB: u32 = T::TMA32_RAW_SLAB as u32;
-/// The consumer warpgroup's threads (warps 0-3); then the converters (fp8 caches, warps
+/// An e4m3 Q tile (32 rows x 64 bytes) and the `lo` part's offset.
+const E4_Q_TILE: u32 = ROWS * 64;
+const E4_Q_LO: u32 = T::TMA32_E4_Q_LO as u32;
+/// Blocks of a split between promotions of O to the f32 scratch (the fp8 forms).
+const PROMOTE_BLOCKS: u32 = 2 * T::E4M3_PROMOTE_PAIRS;
+/// The consumer warpgroup's threads (warps 0-3); then the transposers (fp8 caches, warps
 /// 4-5) and the producer (the last warp).
 const CONSUMERS: u32 = 128;
-const CONVERTERS: u32 = 64;
+const TRANSPOSERS: u32 = 64;
 /// The `cp.async` form's producer warpgroup (warps 4-7).
 const CP_PRODUCERS: u32 = 128;
 /// The consumer's named barriers (0 is the CTA barrier): the four warps' row maxima are
@@ -64,9 +76,12 @@ const CP_PRODUCERS: u32 = 128;
 const BAR_MAX: u32 = 1;
 const BAR_P: u32 = 2;
 const BAR_OUT: u32 = 3;
-/// The converters' barrier: a bf16 slab is written.
-const BAR_CVT: u32 = 4;
-const _: () = assert!(ROWS == 32 && CONVERTERS == BLOCK_N && CP_PRODUCERS == 2 * BLOCK_N);
+/// The transposers' barrier: a block's V^T is written.
+const BAR_VT: u32 = 4;
+const _: () = assert!(ROWS == 32 && TRANSPOSERS == BLOCK_N && CP_PRODUCERS == 2 * BLOCK_N);
+const _: () = assert!(T::TMA32_RAW_SLOTS.is_multiple_of(9) && E4_Q_TILE * 9 == E4_Q_LO);
+// The promotion scratch: O's 128 floats and the 8 rows' maxima per consumer thread.
+const _: () = assert!((128 + 8) * CONSUMERS as usize <= mla_abi::ACC_FLOATS_PER_CTA);
 // The one-split output staging (rows of 1024 bytes, then a u64 offset per row) fits the
 // Q tile.
 const _: () = assert!(ROWS * (1024 + 8) <= 9 * Q_SLAB);
@@ -126,6 +141,12 @@ impl<K: DecodeKind> Form<K> {
     const THREADS: u32 = Self::L.threads as u32;
     const SLOTS: u32 = Self::L.slots as u32;
     const RAW_SLOTS: u32 = Self::L.raw_slots as u32;
+    /// The ring the copies land in: the raw ring for an fp8 cache, else the bf16 ring.
+    const COPY_SLOTS: u32 = if K::KV_FP8 {
+        Self::RAW_SLOTS
+    } else {
+        Self::SLOTS
+    };
     /// The producer warp's lane 0; in the `cp.async` form the producer warpgroup's first
     /// thread (warps 4-7, after the consumer).
     const PRODUCER: u32 = if K::KV_CP {
@@ -171,6 +192,17 @@ impl<K: DecodeKind> Smem<K> {
     #[inline(always)]
     fn slab(self, slot: u32) -> u32 {
         self.base + Self::L.ring as u32 + slot * SLAB
+    }
+    /// V^T entry `e` of the fp8 forms (in the ring's place; its barriers are the ring's
+    /// slot `e`'s).
+    #[inline(always)]
+    fn vt(self, e: u32) -> u32 {
+        self.base + Self::L.ring as u32 + e * T::TMA32_VT_ENTRY as u32
+    }
+    /// The rows' Q scales (`1 / up`, bf16 Q with an fp8 cache), after e4m3 P.
+    #[inline(always)]
+    fn q_scale(self) -> u32 {
+        self.p() + ROWS * 64
     }
     /// Slot `slot` of the raw ring.
     #[inline(always)]
@@ -366,55 +398,45 @@ unsafe fn produce_cp<K: DecodeKind>(
     }
 }
 
-/// The converters' work of one cell (fp8 caches): each raw slab, once landed, widened into
-/// the next bf16 slot once that is free (a thread per token row; rows past the sequence
-/// end as zeros); then the bf16 slot is full and the raw slot free. `n_slabs`: as for
-/// [`produce`].
+/// The transposers' work of one cell (fp8 caches): each block's V^T, once its raw slabs
+/// landed and a V^T entry is free, from slabs 0-7 (tokens past the sequence end as zeros);
+/// then the entry is full and the transposers' arrivals free the block's nine raw slabs
+/// (S^T's are the other). `n_slabs`: as for [`produce`].
 ///
 /// # Safety
-/// The two converter warps (threads `CONSUMERS..CONSUMERS + CONVERTERS`), for every cell
+/// The two transposer warps (threads `CONSUMERS..CONSUMERS + TRANSPOSERS`), for every cell
 /// the producer and consumer run, in the same order.
 #[inline(always)]
-unsafe fn convert<K: DecodeKind>(sm: Smem<K>, w: &CtaWork, n_slabs: &mut u32) {
+unsafe fn transpose<K: DecodeKind>(sm: Smem<K>, w: &CtaWork, n_slabs: &mut u32) {
     let (len, kb0, kb1) = (w.len, w.kb0, w.kb1);
     let tid = arch::thread_idx_x();
-    let tok = tid - CONSUMERS;
-    let (n, nr) = (Form::<K>::SLOTS, Form::<K>::RAW_SLOTS);
+    let t = tid - CONSUMERS;
+    let nr = Form::<K>::RAW_SLOTS;
     let mut blk = kb0;
     while blk < kb1 {
         let valid = len.saturating_sub(blk * BLOCK_N);
-        let (raw_at, at) = (Pos::of(*n_slabs, nr), Pos::of(*n_slabs, n));
-        // SAFETY: each raw slab is read once landed (its full barrier), each bf16 slot
-        // written once its last reader freed it; row tok < 64 of each; converged warps.
+        // A block's raw slabs are contiguous (the ring holds whole blocks).
+        let (raw_at, e) = (Pos::of(*n_slabs, nr), Pos::of(*n_slabs / 9, Form::<K>::SLOTS));
+        // SAFETY: each raw slab is read once landed (its full barrier, all nine: the
+        // arrivals below must follow the producer's issue of each), the V^T entry written
+        // once its last P.V freed it; converged warps.
         unsafe {
-            // The whole block per hand-over: one proxy fence and one barrier for nine
-            // slabs (a slab per hand-over was a latency chain, docs/PERF.md 3.12).
             let mut s = 0;
             while s < 9 {
-                let (r, d) = (raw_at.plus(s, nr), at.plus(s, n));
+                let r = raw_at.plus(s, nr);
                 bulk::mbarrier_wait_parity_warp(sm.raw_full(r.slot), r.parity);
-                bulk::mbarrier_wait_parity_warp(sm.free(d.slot), d.parity ^ 1);
-                let (src, dst) = (sm.raw(r.slot) + tok * 64, sm.slab(d.slot) + tok * 128);
-                let mut v = [[0u32; 4]; 4];
-                unroll!(ch in [0, 1, 2, 3] {
-                    if tok < valid {
-                        v[ch] = smem::ld_shared_v4(src + (((ch as u32) ^ ((tok / 2) % 4)) << 4));
-                    }
-                });
-                unroll!(ch in [0, 1, 2, 3] {
-                    let lo = decode::fp8x8_to_half::<Bf16>([v[ch][0], v[ch][1]]);
-                    let hi = decode::fp8x8_to_half::<Bf16>([v[ch][2], v[ch][3]]);
-                    smem::st_shared_v4(dst + (((2 * ch as u32) ^ (tok % 8)) << 4), lo);
-                    smem::st_shared_v4(dst + (((2 * ch as u32 + 1) ^ (tok % 8)) << 4), hi);
-                });
                 s += 1;
             }
+            bulk::mbarrier_wait_parity_warp(sm.free(e.slot), e.parity ^ 1);
+            let (raw, vt) = (sm.raw(raw_at.slot), sm.vt(e.slot));
+            transpose_vt_part::<true>(raw, vt, t / 32, t % 32, valid);
+            transpose_vt_part::<true>(raw, vt, t / 32 + 2, t % 32, valid);
             wgmma::fence_proxy_async_shared();
-            sync::bar_sync_named::<BAR_CVT, CONVERTERS>();
+            sync::bar_sync_named::<BAR_VT, TRANSPOSERS>();
             let first = (tid == CONSUMERS) as u32;
+            bulk::mbarrier_arrive_if(sm.full(e.slot), first);
             let mut s = 0;
             while s < 9 {
-                bulk::mbarrier_arrive_if(sm.full(at.plus(s, n).slot), first);
                 bulk::mbarrier_arrive_if(sm.raw_free(raw_at.plus(s, nr).slot), first);
                 s += 1;
             }
@@ -497,7 +519,9 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
     }
 
     /// Loads the cell's Q rows (zeros past the last) as nine 32-row slabs of bf16, 128-byte
-    /// swizzled (fp8 Q widened exactly).
+    /// swizzled; with an fp8 cache as nine e4m3 tiles of 32 rows x 64 bytes (64-byte
+    /// swizzle): fp8 Q as it is, bf16 Q as its `hi` and `lo` parts (`E4_Q_LO` apart) with the
+    /// rows' `1 / up` in [`Smem::q_scale`].
     ///
     /// # Safety
     /// The consumer warpgroup; the previous cell's readers of the Q tile are done (its
@@ -505,18 +529,35 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
     #[inline(always)]
     unsafe fn load_q(&self) {
         let q = self.sm.q();
-        let slab_off = |r: u32, k: u32| (k / 8) * Q_SLAB + r * 128 + (((k % 8) ^ (r % 8)) << 4);
-        // SAFETY: the offsets lie in the Q tile (nine slabs of 32 rows); b < batch.
-        unsafe {
-            decode::load_q_rows::<K, Bf16>(
-                self.p,
-                self.b,
-                (0, ROWS),
-                (self.tid, CONSUMERS),
-                q,
-                slab_off,
-            )
-        };
+        // SAFETY (each arm): the offsets lie in the Q tile (nine slabs of 32 rows, or the
+        // two e4m3 parts' nine 2 KB tiles) and the scales; b < batch; converged warps.
+        if K::KV_FP8 {
+            let tile = move |r: u32, k: u32| q + (k / 4) * E4_Q_TILE + sw64_off(r, 16 * (k % 4));
+            if K::Q_FP8 {
+                let t = (self.tid, CONSUMERS);
+                unsafe { load_q_e4m3_rows(self.p, self.b, (0, ROWS), t, tile) };
+            } else {
+                let (r, part) = (self.tid / 4, self.tid % 4);
+                unsafe {
+                    let down = split_q_row::<true>(self.p, self.b, r, part, E4_Q_LO, |k| tile(r, k));
+                    let at = self.sm.q_scale() + 4 * r;
+                    smem::st_shared_f32_if(at, down, (part == 0) as u32);
+                }
+            }
+        } else {
+            let slab_off =
+                |r: u32, k: u32| (k / 8) * Q_SLAB + r * 128 + (((k % 8) ^ (r % 8)) << 4);
+            unsafe {
+                decode::load_q_rows::<K, Bf16>(
+                    self.p,
+                    self.b,
+                    (0, ROWS),
+                    (self.tid, CONSUMERS),
+                    q,
+                    slab_off,
+                )
+            };
+        }
         cp_async::cp_async_commit_group();
         cp_async::cp_async_wait_group::<0>();
         wgmma::fence_proxy_async_shared();
@@ -539,6 +580,11 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
     /// Converged warpgroup; the producer issues this block's slabs at `at`.
     #[inline(always)]
     unsafe fn qk(&self, s: &mut [f32; 16], at: Pos) {
+        if K::KV_FP8 {
+            // SAFETY: forwarded from the caller.
+            unsafe { self.qk_e4m3(s, at) };
+            return;
+        }
         let sm = self.sm;
         // SAFETY: forwarded from the caller; each slab is read once its copy landed.
         unsafe {
@@ -564,11 +610,49 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
         self.release(Self::pos(at, 8));
     }
 
+    /// [`Consumer::qk`] with an fp8 cache: S^T from the block's raw slabs at `at` (raw ring)
+    /// and the e4m3 Q, two `k32` steps a slab (each twice under bf16 Q: `hi`, then `lo`);
+    /// then this warpgroup's arrival frees the nine raw slabs.
+    ///
+    /// # Safety
+    /// As [`Consumer::qk`].
+    #[inline(always)]
+    unsafe fn qk_e4m3(&self, s: &mut [f32; 16], at: Pos) {
+        let sm = self.sm;
+        let q = arch::opaque(sm.q());
+        let nr = Form::<K>::RAW_SLOTS;
+        // SAFETY: forwarded from the caller; each slab is read once its copy landed.
+        unsafe {
+            wgmma::wgmma_fence();
+            unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+                let slab = at.plus(j as u32, nr);
+                bulk::mbarrier_wait_parity_warp(sm.raw_full(slab.slot), slab.parity);
+                let da = wgmma::smem_desc(sm.raw(slab.slot), 16, 512, wgmma::Swizzle::B64);
+                let qj = q + j as u32 * E4_Q_TILE;
+                let db = wgmma::smem_desc(qj, 16, 512, wgmma::Swizzle::B64);
+                let dl = wgmma::smem_desc(qj + E4_Q_LO, 16, 512, wgmma::Swizzle::B64);
+                unroll!(kk in [0, 1] {
+                    let k = 2 * kk as u64;
+                    wgmma::wgmma_m64n32k32_e4m3(s, da + k, db + k, j > 0 || kk > 0);
+                    if !K::Q_FP8 {
+                        wgmma::wgmma_m64n32k32_e4m3(s, da + k, dl + k, true);
+                    }
+                });
+            });
+            wgmma::wgmma_commit_group();
+            wgmma::wgmma_wait_group::<0>();
+            let first = (self.tid == 0) as u32;
+            unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+                bulk::mbarrier_arrive_if(sm.raw_free(at.plus(j as u32, nr).slot), first);
+            });
+        }
+    }
+
     /// V rows of block `blk` (slabs 0-7 at `at`) past the sequence end become zeros.
     #[inline(always)]
     fn zero_tail(&self, blk: u32, at: Pos) {
         let valid = self.len.saturating_sub(blk * BLOCK_N);
-        // With an fp8 cache the converters wrote those rows as zeros.
+        // With an fp8 cache the transposers wrote those tokens of V^T as zeros.
         if valid < BLOCK_N && !K::KV_FP8 {
             let mut i = self.tid;
             while i < (BLOCK_N - valid) * 64 {
@@ -639,6 +723,18 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
     unsafe fn softmax(&mut self, s: &mut [f32; 16], blk: u32) {
         let (w, g, c) = self.wgc();
         let tok0 = blk * BLOCK_N + 16 * w + g;
+        // bf16 Q with an fp8 cache entered S^T scaled by each row's `up`: S^T times the
+        // row's `1 / up` (a power of two, exact) first.
+        if K::KV_FP8 && !K::Q_FP8 {
+            unroll!(j in [0, 1, 2, 3] {
+                // SAFETY: rows 8 j + 2 c, + 1 < 32 of the scales (written before the cell's
+                // Q barrier).
+                let x = unsafe { smem::ld_shared_u64(self.sm.q_scale() + 4 * Self::row(c, 2 * j as u32)) };
+                unroll!(e in [0, 1, 2, 3] {
+                    s[4 * j + e] *= f32::from_bits((x >> (32 * (e % 2))) as u32);
+                });
+            });
+        }
         let mut mx = [f32::NEG_INFINITY; 8];
         if blk * BLOCK_N + BLOCK_N <= self.vis_min {
             unroll!(j in [0, 1, 2, 3] {
@@ -684,16 +780,30 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
                 });
             });
         }
+        // e4m3 P against the row's max at 2^8 (the sums carry the same factor).
+        let up = if K::KV_FP8 { e4m3::P_LOG2_SCALE } else { 0.0 };
         unroll!(j in [0, 1, 2, 3] {
             unroll!(e in [0, 1, 2, 3] {
                 let k = 2 * j + e % 2;
-                let pe = sync::ex2(sync::fma(s[4 * j + e], self.scale, -m_ref_of(self.m_run[k])));
+                let pe = sync::ex2(sync::fma(s[4 * j + e], self.scale, up - m_ref_of(self.m_run[k])));
                 s[4 * j + e] = pe;
                 self.l[k] += pe;
             });
         });
-        // P[row][token] (bf16, 128-byte swizzle): matrix (j, h) of the stores holds
-        // tokens 16 w + 8 h .. + 8 of rows 8 j .. 8 j + 8.
+        if K::KV_FP8 {
+            self.store_p_e4m3(s, w, g, c);
+        } else {
+            self.store_p_bf16(s, w);
+        }
+        wgmma::fence_proxy_async_shared();
+        // SAFETY: converged warpgroup.
+        unsafe { sync::bar_sync_named::<BAR_P, CONSUMERS>() };
+    }
+
+    /// P (bf16) as rows of 64 tokens (128-byte swizzle): matrix (j, h) of the stores holds
+    /// tokens 16 w + 8 h .. + 8 of rows 8 j .. 8 j + 8.
+    #[inline(always)]
+    fn store_p_bf16(&self, s: &[f32; 16], w: u32) {
         let lane = self.tid % 32;
         let (mm, r) = (lane / 8, lane % 8);
         unroll!(x in [0, 1] {
@@ -707,9 +817,48 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
             // SAFETY: rows < 32, chunks < 8 of the P tile; converged warp.
             unsafe { ldmatrix::stmatrix_x4_trans(addr, v) };
         });
-        wgmma::fence_proxy_async_shared();
-        // SAFETY: converged warpgroup.
-        unsafe { sync::bar_sync_named::<BAR_P, CONSUMERS>() };
+    }
+
+    /// P (e4m3) as rows of 64 bytes (64-byte swizzle) in V^T's token order ([`vt_pos`]):
+    /// token `16 w + g` of a row sits at position `16 w + 4 (g / 2) + g % 2`, token `+ 8` two
+    /// positions on, so lanes `g` and `g ^ 1` hold a row's four bytes at `16 w + 4 (g / 2)`.
+    /// Each packs its two tokens per row, swaps half of its rows with the other (one
+    /// shuffle), and stores four rows' words: even `g` rows `2 c + e` and `8 + 2 c + e`,
+    /// odd `g` rows `16 + ..` and `24 + ..`.
+    #[inline(always)]
+    fn store_p_e4m3(&self, s: &[f32; 16], w: u32, g: u32, c: u32) {
+        // Words of two rows (k = 2 m, 2 m + 1): per row its (token g, token g + 8) bytes.
+        let pair = |j: usize| {
+            cvt::pack_e4m3x2(s[4 * j], s[4 * j + 2]) | cvt::pack_e4m3x2(s[4 * j + 1], s[4 * j + 3]) << 16
+        };
+        let wd = [pair(0), pair(1), pair(2), pair(3)];
+        let odd = g % 2 == 1;
+        let (mine, send) = if odd {
+            ([wd[2], wd[3]], [wd[0], wd[1]])
+        } else {
+            ([wd[0], wd[1]], [wd[2], wd[3]])
+        };
+        // SAFETY: converged warp; the partner lane is `lane ^ 4` (g ^ 1, same c).
+        let got = unsafe { sync::shfl_xor_u64(send[0] as u64 | (send[1] as u64) << 32, 4) };
+        let theirs = [got as u32, (got >> 32) as u32];
+        // Bytes of (mine, theirs): row a at 0-1 and 4-5, row b at 2-3 and 6-7 (token g, g + 8).
+        let (sel_a, sel_b) = if odd {
+            (0x1504, 0x3726)
+        } else {
+            (0x5140, 0x7362)
+        };
+        let ps = arch::opaque(self.sm.p());
+        let pos = 16 * w + 4 * (g / 2);
+        let j0 = if odd { 2 } else { 0 };
+        unroll!(m in [0, 1] {
+            let row = 8 * (j0 + m as u32) + 2 * c;
+            let (a, b) = (cvt::prmt(mine[m], theirs[m], sel_a), cvt::prmt(mine[m], theirs[m], sel_b));
+            // SAFETY: rows < 32, bytes < 64 of the e4m3 P tile.
+            unsafe {
+                smem::st_shared_u32(ps + sw64_off(row, pos), a);
+                smem::st_shared_u32(ps + sw64_off(row + 1, pos), b);
+            }
+        });
     }
 
     /// O^T += V^T P^T for the block at `at`: eight 64-dim tiles (slab `i` is tile `i`),
@@ -750,6 +899,35 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
         }
     }
 
+    /// [`Consumer::pv`] with an fp8 cache: O^T += V^T P^T from the block's V^T entry `e`,
+    /// once the transposers filled it: two `k32` steps per 64-dim tile; then the entry is
+    /// free.
+    ///
+    /// # Safety
+    /// As [`Consumer::pv`].
+    #[inline(always)]
+    unsafe fn pv_e4m3(&mut self, e: Pos) {
+        let sm = self.sm;
+        let p_s = arch::opaque(sm.p());
+        // SAFETY: forwarded from the caller; the entry is read once its full barrier passed.
+        unsafe {
+            bulk::mbarrier_wait_parity_warp(sm.full(e.slot), e.parity);
+            let vt = sm.vt(e.slot);
+            wgmma::wgmma_fence();
+            unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+                unroll!(kk in [0, 1] {
+                    let k = 2 * kk as u64;
+                    let da = wgmma::smem_desc(vt + i as u32 * RAW_SLAB, 16, 512, wgmma::Swizzle::B64);
+                    let db = wgmma::smem_desc(p_s, 16, 512, wgmma::Swizzle::B64);
+                    wgmma::wgmma_m64n32k32_e4m3(&mut self.o[i], da + k, db + k, true);
+                });
+            });
+            wgmma::wgmma_commit_group();
+            wgmma::wgmma_wait_group::<0>();
+        }
+        self.release(e);
+    }
+
     /// The cell's rows: exp-sums over the warpgroup, then the output (one split) or the
     /// split's f32 partial and LSE.
     ///
@@ -766,8 +944,10 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
         let l = unsafe { self.across_warpgroup(self.l, |x, y| x + y, 0.0) };
         let mut inv = [0.0f32; 8];
         let mut lse = [0.0f32; 8];
+        // e4m3 P and the sums are 2^8 times the softmax's: the log-sum-exp takes that out.
+        let up = if K::KV_FP8 { e4m3::P_LOG2_SCALE } else { 0.0 };
         unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
-            (inv[k], lse[k]) = decode::row_norm(l[k], self.m_run[k]);
+            (inv[k], lse[k]) = decode::row_norm(l[k], self.m_run[k] - up);
         });
         let b = self.b;
         if self.nsplit == 1 {
@@ -841,35 +1021,121 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
     }
 
     /// The whole cell: Q, then per block S^T, softmax, P.V; the epilogue. `n_slabs`: as for
-    /// [`produce`].
+    /// [`produce`]. With an fp8 cache a split of more than [`PROMOTE_BLOCKS`] blocks moves O
+    /// to the f32 scratch after every [`PROMOTE_BLOCKS`] and merges it back at the end.
     ///
     /// # Safety
     /// The consumer warpgroup, for every cell the producer runs, in the same order.
     #[inline(always)]
     unsafe fn run(&mut self, n_slabs: &mut u32) {
+        let promotes = K::KV_FP8 && self.kb1 - self.kb0 > PROMOTE_BLOCKS;
         // SAFETY: forwarded from the caller.
         unsafe {
             self.load_q();
             let mut blk = self.kb0;
             while blk < self.kb1 {
-                let at = Pos::of(*n_slabs, Form::<K>::SLOTS);
+                let at = Pos::of(*n_slabs, Form::<K>::COPY_SLOTS);
                 let mut s = [0.0f32; 16];
                 self.qk(&mut s, at);
                 self.zero_tail(blk, at);
                 self.softmax(&mut s, blk);
-                self.pv(at);
+                if K::KV_FP8 {
+                    self.pv_e4m3(Pos::of(*n_slabs / 9, Form::<K>::SLOTS));
+                } else {
+                    self.pv(at);
+                }
                 *n_slabs += 9;
                 blk += 1;
+                let done = blk - self.kb0;
+                if promotes && done.is_multiple_of(PROMOTE_BLOCKS) {
+                    self.promote(done == PROMOTE_BLOCKS);
+                }
+            }
+            if promotes {
+                self.promote(false);
+                unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+                    self.o[i] = self.ld_acc(i);
+                });
             }
             self.epilogue();
         }
+    }
+
+    /// This thread's scratch slots ([`mla_abi::DecodeParams::acc`], this CTA's): O tile
+    /// `i`'s four 16-byte quads at floats `4 ((4 i + q) * CONSUMERS + tid)`, then the rows'
+    /// maxima at `32 * 4 * CONSUMERS + k * CONSUMERS + tid`, so a warp's accesses are
+    /// contiguous.
+    #[inline(always)]
+    fn acc(&self) -> *mut f32 {
+        let at = arch::block_idx_x() as usize * mla_abi::ACC_FLOATS_PER_CTA;
+        // SAFETY: inside the launch's scratch (the host sizes it for grid.x CTAs, each
+        // ACC_FLOATS_PER_CTA floats, enough for these slots).
+        unsafe { self.p.acc.ptr().add(at) }
+    }
+
+    /// O tile `i` from this thread's scratch slots.
+    #[inline(always)]
+    fn ld_acc(&self, i: usize) -> [f32; 16] {
+        let (acc, tid) = (self.acc(), arch::opaque(self.tid) as usize);
+        let mut o = [0.0; 16];
+        unroll!(q in [0, 1, 2, 3] {
+            // SAFETY: this thread's slot of quad q of tile i.
+            let v = unsafe { smem::ld_global_v4_f32(acc.add(4 * ((4 * i + q) * CONSUMERS as usize + tid))) };
+            unroll!(e in [0, 1, 2, 3] {
+                o[4 * q + e] = v[e];
+            });
+        });
+        o
+    }
+
+    /// Moves O into the f32 scratch and restarts it at zero (`first`: the cell's first
+    /// promotion): the e4m3 `wgmma` adds into O with about 13 bits below the largest addend,
+    /// so a long split's O drifts; the scratch sums the partial O's in f32, each row against
+    /// the max of its last promotion (stored beside it): read, rescaled to the running max,
+    /// O added, written back.
+    ///
+    /// # Safety
+    /// The consumer warpgroup after a block's P.V (every `wgmma` on O complete).
+    #[inline(always)]
+    unsafe fn promote(&mut self, first: bool) {
+        let (acc, tid) = (self.acc(), arch::opaque(self.tid) as usize);
+        let m_at = |k: usize| 32 * 4 * CONSUMERS as usize + k * CONSUMERS as usize + tid;
+        // The factor taking the scratch's rows to the running max (at most one; zero for a
+        // row that had seen nothing then: its scratch holds zeros).
+        let mut f = [0.0f32; 8];
+        if !first {
+            unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
+                // SAFETY: this thread's own slot.
+                let base = unsafe { *acc.add(m_at(k)) };
+                f[k] = if base == f32::NEG_INFINITY { 0.0 } else { sync::ex2(base - self.m_run[k]) };
+            });
+        }
+        unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
+            let mut o = self.o[i];
+            if !first {
+                let g = self.ld_acc(i);
+                unroll!(e in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+                    o[e] = sync::fma(g[e], f[2 * (e / 4) + e % 2], o[e]);
+                });
+            }
+            unroll!(q in [0, 1, 2, 3] {
+                let v = [o[4 * q], o[4 * q + 1], o[4 * q + 2], o[4 * q + 3]];
+                // SAFETY: this thread's slot of quad q of tile i.
+                unsafe { smem::st_global_v4_f32(acc.add(4 * ((4 * i + q) * CONSUMERS as usize + tid)), v) };
+            });
+        });
+        unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
+            // SAFETY: this thread's own slot.
+            unsafe { *acc.add(m_at(k)) = self.m_run[k] };
+        });
+        self.o = [[0.0; 16]; 8];
     }
 }
 
 /// The kernel body (see the module docs): a persistent CTA takes the cells of the virtual
 /// grid `(row tiles, batch, persist_splits)` that are its own (`c, c + grid, ...`) and have
 /// work, marked one bit per thread at a time; the consumer warpgroup runs each cell, the
-/// producer issues its copies, the converters (fp8 caches) widen them.
+/// producer issues its copies, the transposers (fp8 caches) write V^T.
 ///
 /// # Safety
 /// Launched with the threads of `K`'s layout (`TMA32_BF16`, `TMA32_FP8`, or with
@@ -889,9 +1155,12 @@ pub unsafe fn decode_tma32<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *co
         if tid == 0 {
             let bars = 2 * (Form::<K>::SLOTS + Form::<K>::RAW_SLOTS);
             for k in 0..bars {
-                // The `cp.async` form's full barriers: the producer warpgroup's arrivals.
+                // The `cp.async` form's full barriers: the producer warpgroup's arrivals; the
+                // fp8 forms' raw free barriers: S^T's and the transposers'.
                 let count = if K::KV_CP && k < Form::<K>::SLOTS {
                     CP_PRODUCERS
+                } else if K::KV_FP8 && k >= 2 * Form::<K>::SLOTS + Form::<K>::RAW_SLOTS {
+                    2
                 } else {
                     1
                 };
@@ -927,7 +1196,7 @@ pub unsafe fn decode_tma32<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *co
                         produce(&p, tmap, sm, &work, b, &mut n_slabs);
                     }
                 } else {
-                    convert(sm, &work, &mut n_slabs);
+                    transpose(sm, &work, &mut n_slabs);
                 }
             }
         );

@@ -15,7 +15,7 @@
 //!   256 of e4m3's 448): the row sums carry the same factor, so the normalised output needs
 //!   nothing and the log-sum-exp subtracts 8 (log2) once, in the epilogue.
 //! - bf16 Q (with an fp8 cache) enters S as two e4m3 parts, `hi` and `lo`
-//!   ([`Cta::load_q_split`]): each k-step runs twice against the same K.
+//!   ([`split_q_row`]): each k-step runs twice against the same K.
 //! - The e4m3 `wgmma` sums into O with about 13 bits below the largest addend, so a long
 //!   split moves O into an f32 scratch every `E4M3_PROMOTE_PAIRS` pairs ([`Cta::promote`]).
 //! - The `cp.async` form (`K::KV_CP`: pages under `TMA_MIN_PAGE` tokens, strided fused
@@ -32,7 +32,7 @@ use crate::elem::Bf16;
 use mla_abi::decode_tile as T;
 
 /// log2 of the factor P is quantised with (P <= 1 before it).
-pub(super) const P_LOG2_SCALE: f32 = 8.0;
+pub(crate) const P_LOG2_SCALE: f32 = 8.0;
 
 const E4_SLAB: u32 = T::TMA_E4_SLAB as u32;
 const E4_VT: u32 = T::TMA_E4_VT as u32;
@@ -87,6 +87,216 @@ pub(super) fn scaled_e4m3(a: &[[u32; 4]; 4], f: [f32; 2]) -> [[u32; 4]; 4] {
         });
     });
     out
+}
+
+/// Part `w` (`< 4`) of a block's V^T, by one warp (lane `l`): from raw slabs 0-7 at `raw`
+/// (64 tokens x 64 bytes each, 64-byte swizzle, [`T::TMA_E4_SLAB`] apart) into V^T tiles
+/// 0-7 at `vt` (tile `s`: slab `s`'s 64 dims as rows of 64 tokens, same swizzle and
+/// spacing), as 8 x 8 matrices of 16-bit elements (two tokens of one dim) stored transposed
+/// by `stmatrix`. Lane `l = 4 p + c` takes token group `c` (16 tokens), its `p`-th pair in
+/// [`vt_token`] order (tokens `16 c + 2 (p / 2) + 8 (p % 2)` and `+ 1`) and 16-byte dim chunk
+/// `(c + w) % 4` of every slab: two 16-byte loads (the odd-`p` lanes load the odd token
+/// first, so each 8-lane phase meets every bank once), eight `prmt` pairing the two tokens'
+/// bytes per dim, two `stmatrix.x4.trans` whose stored rows are V^T rows' 16-byte token
+/// chunks. Matrix `i` of store `a` holds dims `16 ((j / 2 + w) % 4) + 8 a + 2 i + j % 2` (row
+/// `j`), whose 64-byte swizzle is `i`, so its eight rows meet every bank once. With `MASK`,
+/// tokens from `valid` on enter V^T as zeros (their raw rows are not read). The four parts
+/// make the whole V^T; the caller fences and synchronises.
+///
+/// # Safety
+/// A converged warp; slabs 0-7 landed; no `wgmma` still reads the V^T tiles.
+#[inline(always)]
+pub(crate) unsafe fn transpose_vt_part<const MASK: bool>(
+    raw: u32,
+    vt: u32,
+    w: u32,
+    l: u32,
+    valid: u32,
+) {
+    let (p, c) = (l / 4, l % 4);
+    let chunk = 16 * ((c + w) % 4);
+    let odd = p % 2;
+    let t0 = vt_token(16 * c + 2 * p);
+    let (tok0, tok1) = (t0 + odd, t0 + 1 - odd);
+    let (ld0, ld1) = (raw + sw64_off(tok0, chunk), raw + sw64_off(tok1, chunk));
+    // Bytes (t0 d, t0 + 1 d, t0 d + 1, t0 + 1 d + 1) for d = 4 k and 4 k + 2 of word k,
+    // whichever of the two loads holds t0.
+    let (sel_lo, sel_hi) = if odd == 0 {
+        (0x5140, 0x7362)
+    } else {
+        (0x1504, 0x3726)
+    };
+    let (i, j) = (l / 8, l % 8);
+    let n = 16 * ((j / 2 + w) % 4) + 2 * i + j % 2;
+    let vt = vt + n * 64 + (((j / 2) ^ i) << 4);
+    // Two slabs at a time: both slabs' loads are in flight before the first `prmt`.
+    unroll!(h in [0, 1, 2, 3] {
+        let at = 2 * h as u32 * E4_SLAB;
+        // SAFETY: tokens < 64 and a 16-byte chunk < 64 of raw slabs 2 h, 2 h + 1 < 8; V^T
+        // rows n + 8 a < 64 of those tiles, 16-byte chunks < 4; the warp is converged.
+        unsafe {
+            let ld = |addr: u32, tok: u32| {
+                if !MASK || tok < valid {
+                    smem::ld_shared_v4(addr)
+                } else {
+                    [0; 4]
+                }
+            };
+            let x = [0, 1].map(|e| ld(ld0 + at + e * E4_SLAB, tok0));
+            let y = [0, 1].map(|e| ld(ld1 + at + e * E4_SLAB, tok1));
+            unroll!(e in [0, 1] {
+                unroll!(a in [0, 1] {
+                    let r = [0, 1, 2, 3].map(|m| {
+                        let k = 2 * a + m / 2;
+                        cvt::prmt(x[e][k], y[e][k], if m % 2 == 0 { sel_lo } else { sel_hi })
+                    });
+                    let to = vt + at + e as u32 * E4_SLAB + 512 * a as u32;
+                    ldmatrix::stmatrix_x4_trans(to, r);
+                });
+            });
+        }
+    });
+}
+
+/// The k-position of token `u` (`< 64`) in V^T ([`vt_token`]'s inverse).
+#[inline(always)]
+pub(crate) fn vt_pos(u: u32) -> u32 {
+    let q = u % 16;
+    (u - q) + 4 * ((q % 8) / 2) + 2 * (q / 8) + q % 2
+}
+
+/// fp8 Q rows `row0 .. row0 + n` of sequence `b` into nine 64-byte-swizzled tiles with
+/// `cp.async`, 16 bytes (16 dims) at a time: thread `t` of `threads` takes chunks `t, t +
+/// threads, ..` of the `n x 36`; chunk `k` of row `r` goes to `dst(r, k)`. Rows past the
+/// last query row land as zeros. The caller commits and waits.
+///
+/// # Safety
+/// `dst` gives 16-byte aligned shared addresses the caller owns; `b < batch`.
+#[inline(always)]
+pub(crate) unsafe fn load_q_e4m3_rows(
+    p: &mla_abi::DecodeParams,
+    b: u32,
+    (row0, n): (u32, u32),
+    (t, threads): (u32, u32),
+    dst: impl Fn(u32, u32) -> u32,
+) {
+    let rows = p.s_q * p.heads;
+    let mut c = t;
+    while c < n * 36 {
+        let (r, k) = (c / 36, c % 36);
+        let gr = row0 + r;
+        let (src, len) = if gr < rows {
+            let (t, h) = (gr / p.heads, gr % p.heads);
+            let b = b as u64;
+            let (base, off, kc) = if k < 32 {
+                let off = p.q_row(b, t as u64, h as u64);
+                (p.q.ptr() as *const u8, off, k)
+            } else {
+                let off = p.q_pe_row(b, t as u64, h as u64);
+                (p.q_pe.ptr() as *const u8, off, k - 32)
+            };
+            // SAFETY: bytes 16 kc .. +16 of a validated fp8 q (or q_pe) row, 16-byte
+            // aligned (validation: rows and bases at 16 bytes).
+            (unsafe { base.add((off + 16 * kc as u64) as usize) }, 16)
+        } else {
+            (p.q.ptr() as *const u8, 0)
+        };
+        // SAFETY: dst is the caller's; src is read only when len == 16.
+        unsafe { cp_async::cp_async_cg_16(dst(r, k), src, len) };
+        c += threads;
+    }
+}
+
+/// bf16 Q row `gr` of sequence `b` as two e4m3 parts by one of its four threads (`part`,
+/// neighbouring lanes of a converged warp): the row scaled by the power of two `up` that puts
+/// its largest magnitude in `[2^7, 2^8)`, `hi = e4m3(up q)` at `dst(k)` and `lo = e4m3(up q -
+/// hi)` at `dst(k) + lo` for its 16-dim chunks `k = part + 4 i` (`i < 9`, read straight from
+/// global memory). S takes both against the same K, so Q enters it to within about half a
+/// bf16 ulp of each value (a value below `2^-3` of the row's largest to within `2^-10`
+/// absolute of the scaled row, the reach of e4m3's subnormals). A row past the last query row
+/// is zeros; one holding Inf or NaN turns to NaN. Returns the row's `1 / up`. With `TWO_PASS`
+/// the chunks are read twice (for the row's largest magnitude, then for the parts) instead of
+/// held in 72 registers between.
+///
+/// # Safety
+/// `dst(k)` and `dst(k) + lo` are 16-byte aligned shared addresses the caller owns; `b <
+/// batch`; the four threads of the row call it together.
+#[inline(always)]
+pub(crate) unsafe fn split_q_row<const TWO_PASS: bool>(
+    p: &mla_abi::DecodeParams,
+    b: u32,
+    gr: u32,
+    part: u32,
+    lo: u32,
+    dst: impl Fn(u32) -> u32,
+) -> f32 {
+    let rows = p.s_q * p.heads;
+    let (t, h) = (gr / p.heads, gr % p.heads);
+    let (off, off_pe) = if gr < rows {
+        let b = b as u64;
+        (p.q_row(b, t as u64, h as u64), p.q_pe_row(b, t as u64, h as u64))
+    } else {
+        (0, 0)
+    };
+    // Chunk i of this thread's (zeros past the last row).
+    let chunk = |i: u32| {
+        let k = part + 4 * i;
+        let (base, at) = if k < 32 {
+            (p.q.ptr() as *const u16, off + 16 * k as u64)
+        } else {
+            (p.q_pe.ptr() as *const u16, off_pe + 16 * (k - 32) as u64)
+        };
+        if gr < rows {
+            // SAFETY: dims 16 k' .. +16 of a validated bf16 q (or q_pe) row, 16-byte
+            // aligned (validation: rows and bases at 16 bytes); q is read-only here.
+            unsafe {
+                let src = base.add(at as usize) as *const u8;
+                let (x, y) = (smem::ld_global_nc_v4(src), smem::ld_global_nc_v4(src.add(16)));
+                [x[0], x[1], x[2], x[3], y[0], y[1], y[2], y[3]]
+            }
+        } else {
+            [0; 8]
+        }
+    };
+    let mut v = [[0u32; 8]; 9];
+    let mut m = 0u32;
+    unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+        let c = chunk(i as u32);
+        unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7] {
+            m = decode::bf16x2_max_mag(m, c[j]);
+        });
+        if !TWO_PASS {
+            v[i] = c;
+        }
+    });
+    // SAFETY: converged warps; a row's four threads are neighbouring lanes.
+    unsafe {
+        unroll!(x in [1, 2] {
+            m = m.max(sync::shfl_xor_f32(f32::from_bits(m), x as u32).to_bits());
+        });
+    }
+    let (up, down) = e4m3_row_scale(m);
+    unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+        let k = part + 4 * i as u32;
+        let c = if TWO_PASS { chunk(i as u32) } else { v[i] };
+        let mut hi = [0u32; 4];
+        let mut lw = [0u32; 4];
+        unroll!(n in [0, 1, 2, 3] {
+            let (w0, w1) = (c[2 * n], c[2 * n + 1]);
+            let x = [w0 << 16, w0 & 0xffff_0000, w1 << 16, w1 & 0xffff_0000]
+                .map(|b| f32::from_bits(b) * up);
+            hi[n] = cvt::pack_e4m3x4(x);
+            let (h0, h1) = cvt::e4m3x2_to_f32x2(hi[n] & 0xffff);
+            let (h2, h3) = cvt::e4m3x2_to_f32x2(hi[n] >> 16);
+            lw[n] = cvt::pack_e4m3x4([x[0] - h0, x[1] - h1, x[2] - h2, x[3] - h3]);
+        });
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            smem::st_shared_v4(dst(k), hi);
+            smem::st_shared_v4(dst(k) + lo, lw);
+        }
+    });
+    down
 }
 
 impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
@@ -149,135 +359,55 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         }
     }
 
-    /// fp8 Q into its nine 64-byte-swizzled tiles with `cp.async`, 16 bytes (16 dims) at a
-    /// time; rows past the last query row as zeros. The caller commits and waits.
+    /// fp8 Q into its nine 64-byte-swizzled tiles with `cp.async` ([`load_q_e4m3_rows`]);
+    /// rows past the last query row as zeros. The caller commits and waits.
     ///
     /// # Safety
     /// Every thread of the CTA; the Q tiles are free (the previous cell's epilogue barrier).
     #[inline(always)]
     pub(super) unsafe fn load_q_e4m3(&self) {
-        let p = self.p;
-        let rows = p.s_q * p.heads;
-        let mut c = arch::thread_idx_x();
-        while c < 64 * 36 {
-            let (r, k) = (c / 36, c % 36);
-            let gr = self.row0 + r;
-            let dst = self.base + (k / 4) * E4_SLAB + sw64_off(r, 16 * (k % 4));
-            let (src, n) = if gr < rows {
-                let (t, h) = (gr / p.heads, gr % p.heads);
-                let b = self.b as u64;
-                let (base, off, kc) = if k < 32 {
-                    let off = p.q_row(b, t as u64, h as u64);
-                    (p.q.ptr() as *const u8, off, k)
-                } else {
-                    let off = p.q_pe_row(b, t as u64, h as u64);
-                    (p.q_pe.ptr() as *const u8, off, k - 32)
-                };
-                // SAFETY: bytes 16 kc .. +16 of a validated fp8 q (or q_pe) row, 16-byte
-                // aligned (validation: rows and bases at 16 bytes).
-                (unsafe { base.add((off + 16 * kc as u64) as usize) }, 16)
-            } else {
-                (p.q.ptr() as *const u8, 0)
-            };
-            // SAFETY: dst is inside the Q tiles; src is read only when n == 16.
-            unsafe { cp_async::cp_async_cg_16(dst, src, n) };
-            c += T::THREADS as u32;
-        }
+        let base = self.base;
+        // SAFETY: forwarded from the caller; the offsets lie in the nine Q tiles.
+        unsafe {
+            load_q_e4m3_rows(
+                self.p,
+                self.b,
+                (self.row0, BLOCK_N),
+                (arch::thread_idx_x(), T::THREADS as u32),
+                |r, k| base + (k / 4) * E4_SLAB + sw64_off(r, 16 * (k % 4)),
+            )
+        };
     }
 
-    /// bf16 Q (with an fp8 cache) as two e4m3 tiles, `hi` at the Q tiles and `lo` at
-    /// [`Q_LO`] past them (the same nine 64-byte-swizzled 4 KB tiles each): row `r` scaled
-    /// by the power of two `up` that puts its largest magnitude in `[2^7, 2^8)`, `hi =
-    /// e4m3(up q)` and `lo = e4m3(up q - hi)`. S takes both against the same K, so Q enters
-    /// it to within about half a bf16 ulp of each value (a value below `2^-3` of the row's
-    /// largest to within `2^-10` absolute of the scaled row, the reach of e4m3's
-    /// subnormals). A row holding Inf or NaN turns to NaN. Four threads per row, nine 16-dim
-    /// chunks each, read straight from global memory; the row's `1 / up` is stored to
-    /// exchange entry 4, which the caller reads after its CTA barrier into
-    /// [`Cta::scale_r`].
+    /// bf16 Q (with an fp8 cache) as two e4m3 tiles ([`split_q_row`]), `hi` at the Q tiles
+    /// and `lo` at [`Q_LO`] past them (the same nine 64-byte-swizzled 4 KB tiles each), four
+    /// threads per row; the row's `1 / up` is stored to exchange entry 4, which the caller
+    /// reads after its CTA barrier into [`Cta::scale_r`].
     ///
     /// # Safety
     /// Every thread of the CTA; the Q tiles and exchange entry 4 are free (the previous
     /// cell's epilogue barrier); a CTA barrier and a proxy fence follow before any read.
     #[inline(always)]
     pub(super) unsafe fn load_q_split(&self) {
-        let p = self.p;
-        let rows = p.s_q * p.heads;
         // Opaque: computed per cell, not held through the persistent loop.
         let tid = arch::opaque(arch::thread_idx_x());
         let (r, part) = (tid / 4, tid % 4);
-        let gr = self.row0 + r;
-        let mut v = [[0u32; 8]; 9];
-        if gr < rows {
-            let (t, h) = (gr / p.heads, gr % p.heads);
-            let b = self.b as u64;
-            let off = p.q_row(b, t as u64, h as u64);
-            let off_pe = p.q_pe_row(b, t as u64, h as u64);
-            unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
-                let k = part + 4 * i as u32;
-                let (base, at) = if k < 32 {
-                    (p.q.ptr() as *const u16, off + 16 * k as u64)
-                } else {
-                    (p.q_pe.ptr() as *const u16, off_pe + 16 * (k - 32) as u64)
-                };
-                // SAFETY: dims 16 k' .. +16 of a validated bf16 q (or q_pe) row, 16-byte
-                // aligned (validation: rows and bases at 16 bytes); q is read-only here.
-                unsafe {
-                    let src = base.add(at as usize) as *const u8;
-                    let (x, y) = (smem::ld_global_nc_v4(src), smem::ld_global_nc_v4(src.add(16)));
-                    v[i] = [x[0], x[1], x[2], x[3], y[0], y[1], y[2], y[3]];
-                }
-            });
-        }
-        let mut m = 0u32;
-        unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
-            unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7] {
-                m = decode::bf16x2_max_mag(m, v[i][j]);
-            });
-        });
-        // SAFETY: converged warps; a row's four threads are neighbouring lanes.
-        unsafe {
-            unroll!(x in [1, 2] {
-                m = m.max(sync::shfl_xor_f32(f32::from_bits(m), x as u32).to_bits());
-            });
-        }
-        let (up, down) = e4m3_row_scale(m);
-        unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
-            let k = part + 4 * i as u32;
-            let mut hi = [0u32; 4];
-            let mut lo = [0u32; 4];
-            unroll!(n in [0, 1, 2, 3] {
-                let (w0, w1) = (v[i][2 * n], v[i][2 * n + 1]);
-                let x = [w0 << 16, w0 & 0xffff_0000, w1 << 16, w1 & 0xffff_0000]
-                    .map(|b| f32::from_bits(b) * up);
-                hi[n] = cvt::pack_e4m3x4(x);
-                let (h0, h1) = cvt::e4m3x2_to_f32x2(hi[n] & 0xffff);
-                let (h2, h3) = cvt::e4m3x2_to_f32x2(hi[n] >> 16);
-                lo[n] = cvt::pack_e4m3x4([x[0] - h0, x[1] - h1, x[2] - h2, x[3] - h3]);
-            });
-            let dst = self.base + (k / 4) * E4_SLAB + sw64_off(r, 16 * (k % 4));
-            // SAFETY: row r < 64, chunk k < 36 of the hi and lo tiles.
-            unsafe {
-                smem::st_shared_v4(dst, hi);
-                smem::st_shared_v4(dst + Q_LO, lo);
-            }
-        });
+        let base = self.base;
+        // SAFETY: forwarded from the caller; row r < 64 of the hi and lo tiles.
+        let down = unsafe {
+            split_q_row::<false>(self.p, self.b, self.row0 + r, part, Q_LO, |k| {
+                base + (k / 4) * E4_SLAB + sw64_off(r, 16 * (k % 4))
+            })
+        };
         // Predicated, not branched on the lane.
         // SAFETY: row r < 64 of the exchange.
         unsafe { smem::st_shared_f32_if(self.red(4, r), down, (part == 0) as u32) };
     }
 
-    /// V^T of the block in stage `st` (all 512 dims) from its raw slabs 0-7, as 8 x 8 matrices
-    /// of 16-bit elements (two tokens of one dim) stored transposed by `stmatrix`. Lane
-    /// `l = 4 p + c` of warp `w` takes token group `c` (16 tokens), its `p`-th pair in
-    /// [`vt_token`] order (tokens `16 c + 2 (p / 2) + 8 (p % 2)` and `+ 1`) and 16-byte dim
-    /// chunk `(c + w) % 4` of every slab: two 16-byte loads (the odd-`p` lanes load the odd
-    /// token first, so each 8-lane phase meets every bank once), eight `prmt` pairing the two
-    /// tokens' bytes per dim, two `stmatrix.x4.trans` whose stored rows are V^T rows' 16-byte
-    /// token chunks. Matrix `i` of store `a` holds dims `16 ((j / 2 + w) % 4) + 8 a + 2 i +
-    /// j % 2` (row `j`), whose 64-byte swizzle is `i`, so its eight rows meet every bank once.
-    /// Ends with a proxy fence and a warpgroup barrier: this warpgroup's P.V reads it next;
-    /// the other's reads it after a named barrier this warpgroup arrives at later.
+    /// V^T of the block in stage `st` (all 512 dims) from its raw slabs 0-7
+    /// ([`transpose_vt_part`], warp `w` of the warpgroup doing part `w`). Ends with a proxy
+    /// fence and a warpgroup barrier: this warpgroup's P.V reads it next; the other's reads
+    /// it after a named barrier this warpgroup arrives at later.
     ///
     /// # Safety
     /// The whole warpgroup, converged, after waiting for slabs 0-7 of the block (with rows
@@ -287,47 +417,9 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     pub(super) unsafe fn transpose_vt(&self, st: u32) {
         // Opaque: computed where used, not held through the pair loop.
         let t = arch::opaque(arch::thread_idx_x() % 128);
-        let (w, l) = (t / 32, t % 32);
-        let (p, c) = (l / 4, l % 4);
-        let chunk = 16 * ((c + w) % 4);
-        let odd = p % 2;
-        let t0 = vt_token(16 * c + 2 * p);
         let raw = arch::opaque(self.raw_s(st, 0));
-        let (ld0, ld1) = (
-            raw + sw64_off(t0 + odd, chunk),
-            raw + sw64_off(t0 + 1 - odd, chunk),
-        );
-        // Bytes (t0 d, t0 + 1 d, t0 d + 1, t0 + 1 d + 1) for d = 4 k and 4 k + 2 of word k,
-        // whichever of the two loads holds t0.
-        let (sel_lo, sel_hi) = if odd == 0 {
-            (0x5140, 0x7362)
-        } else {
-            (0x1504, 0x3726)
-        };
-        let (i, j) = (l / 8, l % 8);
-        let n = 16 * ((j / 2 + w) % 4) + 2 * i + j % 2;
-        let vt = raw + E4_VT + n * 64 + (((j / 2) ^ i) << 4);
-        // Two slabs at a time: both slabs' loads are in flight before the first `prmt`.
-        unroll!(h in [0, 1, 2, 3] {
-            let at = 2 * h as u32 * E4_SLAB;
-            // SAFETY: tokens < 64 and a 16-byte chunk < 64 of raw slabs 2 h, 2 h + 1 < 8;
-            // V^T rows n + 8 a < 64 of those slabs, 16-byte chunks < 4; the warp is
-            // converged.
-            unsafe {
-                let x = [0, 1].map(|e| smem::ld_shared_v4(ld0 + at + e * E4_SLAB));
-                let y = [0, 1].map(|e| smem::ld_shared_v4(ld1 + at + e * E4_SLAB));
-                unroll!(e in [0, 1] {
-                    unroll!(a in [0, 1] {
-                        let r = [0, 1, 2, 3].map(|m| {
-                            let k = 2 * a + m / 2;
-                            cvt::prmt(x[e][k], y[e][k], if m % 2 == 0 { sel_lo } else { sel_hi })
-                        });
-                        let to = vt + at + e as u32 * E4_SLAB + 512 * a as u32;
-                        ldmatrix::stmatrix_x4_trans(to, r);
-                    });
-                });
-            }
-        });
+        // SAFETY: forwarded from the caller; the stage's raw slabs and V^T.
+        unsafe { transpose_vt_part::<false>(raw, raw + E4_VT, t / 32, t % 32, BLOCK_N) };
         wgmma::fence_proxy_async_shared();
         // SAFETY: the whole warpgroup (forwarded).
         unsafe { self.wg_sync() };
