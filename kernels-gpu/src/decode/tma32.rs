@@ -423,8 +423,7 @@ unsafe fn transpose<K: DecodeKind>(sm: Smem<K>, w: &CtaWork, n_slabs: &mut u32) 
         unsafe {
             let mut s = 0;
             while s < 9 {
-                let r = raw_at.plus(s, nr);
-                bulk::mbarrier_wait_parity_warp(sm.raw_full(r.slot), r.parity);
+                bulk::mbarrier_wait_parity_warp(sm.raw_full(raw_at.slot) + 8 * s, raw_at.parity);
                 s += 1;
             }
             bulk::mbarrier_wait_parity_warp(sm.free(e.slot), e.parity ^ 1);
@@ -437,7 +436,7 @@ unsafe fn transpose<K: DecodeKind>(sm: Smem<K>, w: &CtaWork, n_slabs: &mut u32) 
             bulk::mbarrier_arrive_if(sm.full(e.slot), first);
             let mut s = 0;
             while s < 9 {
-                bulk::mbarrier_arrive_if(sm.raw_free(raw_at.plus(s, nr).slot), first);
+                bulk::mbarrier_arrive_if(sm.raw_free(raw_at.slot) + 8 * s, first);
                 s += 1;
             }
         }
@@ -619,18 +618,20 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
     #[inline(always)]
     unsafe fn qk_e4m3(&self, s: &mut [f32; 16], at: Pos) {
         let sm = self.sm;
-        let q = arch::opaque(sm.q());
-        let nr = Form::<K>::RAW_SLOTS;
+        // The block's nine slabs are contiguous in the raw ring (whole blocks, `at.slot` a
+        // multiple of nine) and share a parity: every descriptor and barrier is one base
+        // plus a constant, so the `wgmma` issue carries no per-slab address arithmetic.
+        let (full, free) = (sm.raw_full(at.slot), sm.raw_free(at.slot));
+        let da0 = wgmma::smem_desc(sm.raw(at.slot), 16, 512, wgmma::Swizzle::B64);
+        let db0 = wgmma::smem_desc(arch::opaque(sm.q()), 16, 512, wgmma::Swizzle::B64);
         // SAFETY: forwarded from the caller; each slab is read once its copy landed.
         unsafe {
             wgmma::wgmma_fence();
             unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
-                let slab = at.plus(j as u32, nr);
-                bulk::mbarrier_wait_parity_warp(sm.raw_full(slab.slot), slab.parity);
-                let da = wgmma::smem_desc(sm.raw(slab.slot), 16, 512, wgmma::Swizzle::B64);
-                let qj = q + j as u32 * E4_Q_TILE;
-                let db = wgmma::smem_desc(qj, 16, 512, wgmma::Swizzle::B64);
-                let dl = wgmma::smem_desc(qj + E4_Q_LO, 16, 512, wgmma::Swizzle::B64);
+                bulk::mbarrier_wait_parity_warp(full + 8 * j as u32, at.parity);
+                let da = da0 + ((j as u32 * RAW_SLAB) >> 4) as u64;
+                let db = db0 + ((j as u32 * E4_Q_TILE) >> 4) as u64;
+                let dl = db + (E4_Q_LO >> 4) as u64;
                 unroll!(kk in [0, 1] {
                     let k = 2 * kk as u64;
                     wgmma::wgmma_m64n32k32_e4m3(s, da + k, db + k, j > 0 || kk > 0);
@@ -643,7 +644,7 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
             wgmma::wgmma_wait_group::<0>();
             let first = (self.tid == 0) as u32;
             unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
-                bulk::mbarrier_arrive_if(sm.raw_free(at.plus(j as u32, nr).slot), first);
+                bulk::mbarrier_arrive_if(free + 8 * j as u32, first);
             });
         }
     }
@@ -912,13 +913,13 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
         // SAFETY: forwarded from the caller; the entry is read once its full barrier passed.
         unsafe {
             bulk::mbarrier_wait_parity_warp(sm.full(e.slot), e.parity);
-            let vt = sm.vt(e.slot);
+            let da0 = wgmma::smem_desc(sm.vt(e.slot), 16, 512, wgmma::Swizzle::B64);
+            let db = wgmma::smem_desc(p_s, 16, 512, wgmma::Swizzle::B64);
             wgmma::wgmma_fence();
             unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
                 unroll!(kk in [0, 1] {
                     let k = 2 * kk as u64;
-                    let da = wgmma::smem_desc(vt + i as u32 * RAW_SLAB, 16, 512, wgmma::Swizzle::B64);
-                    let db = wgmma::smem_desc(p_s, 16, 512, wgmma::Swizzle::B64);
+                    let da = da0 + ((i as u32 * RAW_SLAB) >> 4) as u64;
                     wgmma::wgmma_m64n32k32_e4m3(&mut self.o[i], da + k, db + k, true);
                 });
             });
