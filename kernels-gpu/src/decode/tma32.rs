@@ -488,6 +488,27 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
         at.plus(k, Form::<K>::SLOTS)
     }
 
+    /// Slab `k`'s (`< 9`) slot in the bf16 ring as a signed offset from `at`'s slot, and
+    /// its parity: the block's slab addresses, descriptors and barriers are then `at`'s
+    /// plus a multiple of that offset (one compare and select per slab, no slot
+    /// arithmetic behind each `wgmma`).
+    #[inline(always)]
+    fn step(at: Pos, k: u32) -> (i32, u32) {
+        let n = Form::<K>::SLOTS;
+        if at.slot + k >= n {
+            (k as i32 - n as i32, at.parity ^ 1)
+        } else {
+            (k as i32, at.parity)
+        }
+    }
+
+    /// `base` plus `d` steps of `unit` (a descriptor or an address moved by a slot offset;
+    /// the result is another slot's, so it stays in range).
+    #[inline(always)]
+    fn moved(base: u64, d: i32, unit: u32) -> u64 {
+        base.wrapping_add((d as i64 * unit as i64) as u64)
+    }
+
     #[inline(always)]
     fn new(p: &'a DecodeParams, sm: Smem<K>, w: &CtaWork, b: u32, split: u32) -> Self {
         let tid = arch::opaque(arch::thread_idx_x());
@@ -585,19 +606,28 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
             return;
         }
         let sm = self.sm;
+        // Lane 0's slot: ptxas then keeps the descriptors in uniform registers.
+        // SAFETY: converged warps (forwarded).
+        let at = Pos {
+            slot: unsafe { uniform(at.slot) },
+            ..at
+        };
+        let full0 = sm.full(at.slot) as u64;
+        let da0 = wgmma::smem_desc(sm.slab(at.slot), 16, 1024, wgmma::Swizzle::B128);
+        let db0 = wgmma::smem_desc(arch::opaque(sm.q()), 16, 1024, wgmma::Swizzle::B128);
         // SAFETY: forwarded from the caller; each slab is read once its copy landed.
         unsafe {
             wgmma::wgmma_fence();
             unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
-                let slab = Self::pos(at, j as u32);
-                bulk::mbarrier_wait_parity_warp(sm.full(slab.slot), slab.parity);
+                let (d, parity) = Self::step(at, j as u32);
+                bulk::mbarrier_wait_parity_warp(Self::moved(full0, d, 8) as u32, parity);
                 if K::KV_CP {
                     // `cp.async` wrote the slab through the generic proxy; `wgmma` reads
                     // through the async one.
                     wgmma::fence_proxy_async_shared();
                 }
-                let da = wgmma::smem_desc(sm.slab(slab.slot), 16, 1024, wgmma::Swizzle::B128);
-                let db = wgmma::smem_desc(arch::opaque(sm.q()) + j as u32 * Q_SLAB, 16, 1024, wgmma::Swizzle::B128);
+                let da = Self::moved(da0, d, SLAB >> 4);
+                let db = db0 + ((j as u32 * Q_SLAB) >> 4) as u64;
                 unroll!(kk in [0, 1, 2, 3] {
                     let k = 2 * kk as u64;
                     wgmma::wgmma_m64n32k16_bf16::<0>(s, da + k, db + k, j > 0 || kk > 0);
@@ -618,6 +648,12 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
     #[inline(always)]
     unsafe fn qk_e4m3(&self, s: &mut [f32; 16], at: Pos) {
         let sm = self.sm;
+        // Lane 0's slot: ptxas then keeps the descriptors in uniform registers.
+        // SAFETY: converged warps (forwarded).
+        let at = Pos {
+            slot: unsafe { uniform(at.slot) },
+            ..at
+        };
         // The block's nine slabs are contiguous in the raw ring (whole blocks, `at.slot` a
         // multiple of nine) and share a parity: every descriptor and barrier is one base
         // plus a constant, so the `wgmma` issue carries no per-slab address arithmetic.
@@ -871,14 +907,23 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
     unsafe fn pv(&mut self, at: Pos) {
         let sm = self.sm;
         let p_s = arch::opaque(sm.p());
+        // As in S^T: lane 0's slot, the descriptors one uniform base plus offsets.
+        // SAFETY: converged warps (forwarded).
+        let at = Pos {
+            slot: unsafe { uniform(at.slot) },
+            ..at
+        };
+        let da0 = wgmma::smem_desc(sm.slab(at.slot), SLAB, 1024, wgmma::Swizzle::B128);
+        let db0 = wgmma::smem_desc(p_s, 16, 1024, wgmma::Swizzle::B128);
         // SAFETY: forwarded from the caller; the slabs landed (S^T waited for them).
         unsafe {
             wgmma::wgmma_fence();
             unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
-                let v = sm.slab(Self::pos(at, i as u32).slot);
+                let v = Self::moved(da0, Self::step(at, i as u32).0, SLAB >> 4);
                 unroll!(t in [0, 1, 2, 3] {
-                    let da = wgmma::smem_desc(v + t as u32 * 16 * 128, SLAB, 1024, wgmma::Swizzle::B128);
-                    let db = wgmma::smem_desc(p_s + 32 * t as u32, 16, 1024, wgmma::Swizzle::B128);
+                    // Token step t: 16 rows of 128 bytes on (V), 32 bytes on (P).
+                    let da = v + (t as u64) * ((16 * 128) >> 4);
+                    let db = db0 + (t as u64) * (32 >> 4);
                     wgmma::wgmma_m64n32k16_bf16::<1>(&mut self.o[i], da, db, true);
                 });
                 if i % 2 == 1 {
@@ -910,6 +955,11 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
     unsafe fn pv_e4m3(&mut self, e: Pos) {
         let sm = self.sm;
         let p_s = arch::opaque(sm.p());
+        // SAFETY: converged warps (forwarded).
+        let e = Pos {
+            slot: unsafe { uniform(e.slot) },
+            ..e
+        };
         // SAFETY: forwarded from the caller; the entry is read once its full barrier passed.
         unsafe {
             bulk::mbarrier_wait_parity_warp(sm.full(e.slot), e.parity);
