@@ -56,8 +56,8 @@ use crate::tactic::{Switches, Tile};
 /// no room for it):
 /// - `MLA_TMA32=0`: the 64-row TMA decode where a bf16 request of at most 32 rows takes the
 ///   small-row one by default ([`DecodeKernels::tma32`]; 1.00-1.14x the 64-row one's speed on
-///   the H200); `MLA_TMA32=fp8`: the small-row forms for fp8 caches too (about half the
-///   e4m3 TMA decode's speed; for A/Bs).
+///   the H200); `MLA_TMA32=fp8`: the small-row forms for fp8 caches too (e4m3, level with
+///   the padded 64-row e4m3 decode at 17-32 rows and slower at 16; for A/Bs).
 /// - `MLA_TMA32_CP=0`: the `cp.async` `wgmma` decode where a bf16 request of at most 32 rows
 ///   would take the small-row decode's `cp.async` form ([`DecodeKernels::tma32_cp`]; for
 ///   A/Bs).
@@ -262,7 +262,7 @@ impl DecodeKernels {
 
     /// [`DecodeKernels`] that run the small-row TMA decode (`on`) where a request of at most
     /// `decode_tile::TMA32_ROWS` rows takes the TMA decode: bf16, and fp8 caches with `fp8`
-    /// (slower than their e4m3 TMA decode; for A/Bs). By default bf16 only (`MLA_TMA32`,
+    /// (level with the padded e4m3 TMA decode at best; for A/Bs). By default bf16 only (`MLA_TMA32`,
     /// [`Overrides`]).
     pub fn small_rows(self, on: bool, fp8: bool) -> DecodeKernels {
         let tma32 = self
