@@ -416,7 +416,10 @@ unsafe fn transpose<K: DecodeKind>(sm: Smem<K>, w: &CtaWork, n_slabs: &mut u32) 
     while blk < kb1 {
         let valid = len.saturating_sub(blk * BLOCK_N);
         // A block's raw slabs are contiguous (the ring holds whole blocks).
-        let (raw_at, e) = (Pos::of(*n_slabs, nr), Pos::of(*n_slabs / 9, Form::<K>::SLOTS));
+        let (raw_at, e) = (
+            Pos::of(*n_slabs, nr),
+            Pos::of(*n_slabs / 9, Form::<K>::SLOTS),
+        );
         // SAFETY: each raw slab is read once landed (its full barrier, all nine: the
         // arrivals below must follow the producer's issue of each), the V^T entry written
         // once its last P.V freed it; converged warps.
@@ -559,14 +562,14 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
             } else {
                 let (r, part) = (self.tid / 4, self.tid % 4);
                 unsafe {
-                    let down = split_q_row::<true>(self.p, self.b, r, part, E4_Q_LO, |k| tile(r, k));
+                    let down =
+                        split_q_row::<true>(self.p, self.b, r, part, E4_Q_LO, |k| tile(r, k));
                     let at = self.sm.q_scale() + 4 * r;
                     smem::st_shared_f32_if(at, down, (part == 0) as u32);
                 }
             }
         } else {
-            let slab_off =
-                |r: u32, k: u32| (k / 8) * Q_SLAB + r * 128 + (((k % 8) ^ (r % 8)) << 4);
+            let slab_off = |r: u32, k: u32| (k / 8) * Q_SLAB + r * 128 + (((k % 8) ^ (r % 8)) << 4);
             unsafe {
                 decode::load_q_rows::<K, Bf16>(
                     self.p,
@@ -866,7 +869,8 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
     fn store_p_e4m3(&self, s: &[f32; 16], w: u32, g: u32, c: u32) {
         // Words of two rows (k = 2 m, 2 m + 1): per row its (token g, token g + 8) bytes.
         let pair = |j: usize| {
-            cvt::pack_e4m3x2(s[4 * j], s[4 * j + 2]) | cvt::pack_e4m3x2(s[4 * j + 1], s[4 * j + 3]) << 16
+            cvt::pack_e4m3x2(s[4 * j], s[4 * j + 2])
+                | cvt::pack_e4m3x2(s[4 * j + 1], s[4 * j + 3]) << 16
         };
         let wd = [pair(0), pair(1), pair(2), pair(3)];
         let odd = g % 2 == 1;

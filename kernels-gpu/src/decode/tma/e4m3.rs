@@ -234,7 +234,10 @@ pub(crate) unsafe fn split_q_row<const TWO_PASS: bool>(
     let (t, h) = (gr / p.heads, gr % p.heads);
     let (off, off_pe) = if gr < rows {
         let b = b as u64;
-        (p.q_row(b, t as u64, h as u64), p.q_pe_row(b, t as u64, h as u64))
+        (
+            p.q_row(b, t as u64, h as u64),
+            p.q_pe_row(b, t as u64, h as u64),
+        )
     } else {
         (0, 0)
     };
@@ -251,7 +254,10 @@ pub(crate) unsafe fn split_q_row<const TWO_PASS: bool>(
             // aligned (validation: rows and bases at 16 bytes); q is read-only here.
             unsafe {
                 let src = base.add(at as usize) as *const u8;
-                let (x, y) = (smem::ld_global_nc_v4(src), smem::ld_global_nc_v4(src.add(16)));
+                let (x, y) = (
+                    smem::ld_global_nc_v4(src),
+                    smem::ld_global_nc_v4(src.add(16)),
+                );
                 [x[0], x[1], x[2], x[3], y[0], y[1], y[2], y[3]]
             }
         } else {
