@@ -47,7 +47,7 @@
 //!   (each store a warp's four rows x 32 bytes).
 
 use crate::arch::{self, bulk, cp_async, cvt, ldmatrix, smem, sync, wgmma};
-use crate::decode::tma::e4m3::{self, load_q_e4m3_rows, split_q_row, transpose_vt_part, vt_pos};
+use crate::decode::tma::e4m3::{self, load_q_e4m3_rows, split_q_row, transpose_vt_part};
 use crate::decode::tma::{block_pages, for_each_cell, uniform};
 use crate::decode::wg::{SLAB, aligned_base, sw64_off};
 use crate::decode::{self, CtaWork, DecodeKind};
@@ -859,7 +859,7 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
         });
     }
 
-    /// P (e4m3) as rows of 64 bytes (64-byte swizzle) in V^T's token order ([`vt_pos`]):
+    /// P (e4m3) as rows of 64 bytes (64-byte swizzle) in V^T's token order (`wg::vt_token`'s):
     /// token `16 w + g` of a row sits at position `16 w + 4 (g / 2) + g % 2`, token `+ 8` two
     /// positions on, so lanes `g` and `g ^ 1` hold a row's four bytes at `16 w + 4 (g / 2)`.
     /// Each packs its two tokens per row, swaps half of its rows with the other (one

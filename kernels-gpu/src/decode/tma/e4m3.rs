@@ -158,13 +158,6 @@ pub(crate) unsafe fn transpose_vt_part<const MASK: bool>(
     });
 }
 
-/// The k-position of token `u` (`< 64`) in V^T ([`vt_token`]'s inverse).
-#[inline(always)]
-pub(crate) fn vt_pos(u: u32) -> u32 {
-    let q = u % 16;
-    (u - q) + 4 * ((q % 8) / 2) + 2 * (q / 8) + q % 2
-}
-
 /// fp8 Q rows `row0 .. row0 + n` of sequence `b` into nine 64-byte-swizzled tiles with
 /// `cp.async`, 16 bytes (16 dims) at a time: thread `t` of `threads` takes chunks `t, t +
 /// threads, ..` of the `n x 36`; chunk `k` of row `r` goes to `dst(r, k)`. Rows past the
