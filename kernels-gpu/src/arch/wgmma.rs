@@ -540,6 +540,44 @@ wgmma_m64n256k16_fn!(
     [a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],]
 );
 
+/// The N = 32 `wgmma` (16 accumulators, `$d`: `[f32; 16]`) with both operands from shared
+/// memory: `$instr` the shape and types, `$tail` the immediates after the predicate, then the
+/// other operands (`desc_a`, `desc_b`, `scale_d`, any immediates).
+macro_rules! wgmma_m64n32_asm {
+    ($d:ident, $instr:literal, $tail:literal, $($operands:tt)*) => {
+        asm!(
+            "{{",
+            ".reg .pred p;",
+            "setp.ne.b32 p, {scale_d}, 0;",
+            concat!(
+                "wgmma.mma_async.sync.aligned.",
+                $instr,
+                " {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, {desc_a}, {desc_b}, p, ",
+                $tail,
+                ";"
+            ),
+            "}}",
+            d0 = inout(reg32) $d[0],
+            d1 = inout(reg32) $d[1],
+            d2 = inout(reg32) $d[2],
+            d3 = inout(reg32) $d[3],
+            d4 = inout(reg32) $d[4],
+            d5 = inout(reg32) $d[5],
+            d6 = inout(reg32) $d[6],
+            d7 = inout(reg32) $d[7],
+            d8 = inout(reg32) $d[8],
+            d9 = inout(reg32) $d[9],
+            d10 = inout(reg32) $d[10],
+            d11 = inout(reg32) $d[11],
+            d12 = inout(reg32) $d[12],
+            d13 = inout(reg32) $d[13],
+            d14 = inout(reg32) $d[14],
+            d15 = inout(reg32) $d[15],
+            $($operands)*
+        )
+    };
+}
+
 /// `wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 d, desc_a, desc_b, p, 1, 1, TA, 0`:
 /// as [`wgmma_m64n64k16_bf16`] with 32 columns (B `32 x 16`, K-major), 16 accumulators; A
 /// K-major (`TA = 0`) or MN-major (`TA = 1`, the transpose bit).
@@ -556,28 +594,10 @@ pub unsafe fn wgmma_m64n32k16_bf16<const TA: u32>(
     let scale_d: u32 = accumulate as u32;
     // SAFETY: the caller guarantees convergence and valid descriptors.
     unsafe {
-        asm!(
-            "{{",
-            ".reg .pred p;",
-            "setp.ne.b32 p, {scale_d}, 0;",
-            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, {desc_a}, {desc_b}, p, 1, 1, {ta}, 0;",
-            "}}",
-            d0 = inout(reg32) d[0],
-            d1 = inout(reg32) d[1],
-            d2 = inout(reg32) d[2],
-            d3 = inout(reg32) d[3],
-            d4 = inout(reg32) d[4],
-            d5 = inout(reg32) d[5],
-            d6 = inout(reg32) d[6],
-            d7 = inout(reg32) d[7],
-            d8 = inout(reg32) d[8],
-            d9 = inout(reg32) d[9],
-            d10 = inout(reg32) d[10],
-            d11 = inout(reg32) d[11],
-            d12 = inout(reg32) d[12],
-            d13 = inout(reg32) d[13],
-            d14 = inout(reg32) d[14],
-            d15 = inout(reg32) d[15],
+        wgmma_m64n32_asm!(
+            d,
+            "m64n32k16.f32.bf16.bf16",
+            "1, 1, {ta}, 0",
             desc_a = in(reg64) desc_a,
             desc_b = in(reg64) desc_b,
             scale_d = in(reg32) scale_d,
@@ -598,28 +618,10 @@ pub unsafe fn wgmma_m64n32k32_e4m3(d: &mut [f32; 16], desc_a: u64, desc_b: u64, 
     let scale_d: u32 = accumulate as u32;
     // SAFETY: the caller guarantees convergence and valid descriptors.
     unsafe {
-        asm!(
-            "{{",
-            ".reg .pred p;",
-            "setp.ne.b32 p, {scale_d}, 0;",
-            "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, {desc_a}, {desc_b}, p, 1, 1;",
-            "}}",
-            d0 = inout(reg32) d[0],
-            d1 = inout(reg32) d[1],
-            d2 = inout(reg32) d[2],
-            d3 = inout(reg32) d[3],
-            d4 = inout(reg32) d[4],
-            d5 = inout(reg32) d[5],
-            d6 = inout(reg32) d[6],
-            d7 = inout(reg32) d[7],
-            d8 = inout(reg32) d[8],
-            d9 = inout(reg32) d[9],
-            d10 = inout(reg32) d[10],
-            d11 = inout(reg32) d[11],
-            d12 = inout(reg32) d[12],
-            d13 = inout(reg32) d[13],
-            d14 = inout(reg32) d[14],
-            d15 = inout(reg32) d[15],
+        wgmma_m64n32_asm!(
+            d,
+            "m64n32k32.f32.e4m3.e4m3",
+            "1, 1",
             desc_a = in(reg64) desc_a,
             desc_b = in(reg64) desc_b,
             scale_d = in(reg32) scale_d,
