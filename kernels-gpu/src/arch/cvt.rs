@@ -101,13 +101,21 @@ pub fn prmt(a: u32, b: u32, sel: u32) -> u32 {
 pub fn e4m3x2_to_f32x2(pair: u32) -> (f32, f32) {
     #[cfg(mla_hw_fp8)]
     {
-        let h = e4m3x2_to_f16x2((pair & 0xffff) as u16);
-        (f16_to_f32(h as u16), f16_to_f32((h >> 16) as u16))
+        e4m3x2_to_f32x2_hw(pair)
     }
     #[cfg(not(mla_hw_fp8))]
     {
         (e4m3_to_f32(pair & 0xff), e4m3_to_f32((pair >> 8) & 0xff))
     }
+}
+
+/// [`e4m3x2_to_f32x2`] through the hardware conversion whatever `mla_hw_fp8` says: for the
+/// e4m3 `wgmma` paths (sm_90a only), where the software form's registers would spill.
+#[cfg(any(mla_hw_fp8, mla_wgmma))]
+#[inline(always)]
+pub fn e4m3x2_to_f32x2_hw(pair: u32) -> (f32, f32) {
+    let h = e4m3x2_to_f16x2((pair & 0xffff) as u16);
+    (f16_to_f32(h as u16), f16_to_f32((h >> 16) as u16))
 }
 
 /// Two f32 to two fp8 e4m3 (`lo` in bits 0-7, `hi` in bits 8-15), round to nearest even,

@@ -285,8 +285,8 @@ pub(crate) unsafe fn split_q_row<const TWO_PASS: bool>(
             let x = [w0 << 16, w0 & 0xffff_0000, w1 << 16, w1 & 0xffff_0000]
                 .map(|b| f32::from_bits(b) * up);
             hi[n] = cvt::pack_e4m3x4(x);
-            let (h0, h1) = cvt::e4m3x2_to_f32x2(hi[n] & 0xffff);
-            let (h2, h3) = cvt::e4m3x2_to_f32x2(hi[n] >> 16);
+            let (h0, h1) = cvt::e4m3x2_to_f32x2_hw(hi[n] & 0xffff);
+            let (h2, h3) = cvt::e4m3x2_to_f32x2_hw(hi[n] >> 16);
             lw[n] = cvt::pack_e4m3x4([x[0] - h0, x[1] - h1, x[2] - h2, x[3] - h3]);
         });
         // SAFETY: forwarded from the caller.
