@@ -100,6 +100,20 @@ struct Pos {
 }
 
 impl Pos {
+    /// Lane 0's position in every lane: ptxas then keeps the descriptors and barrier
+    /// addresses computed from it in uniform registers (no move per `wgmma`).
+    ///
+    /// # Safety
+    /// All 32 lanes of the warp, converged.
+    #[inline(always)]
+    unsafe fn lane0(self) -> Pos {
+        Pos {
+            // SAFETY: forwarded from the caller.
+            slot: unsafe { uniform(self.slot) },
+            ..self
+        }
+    }
+
     /// The ring position of the `n`-th slab in a ring of `slots` slots.
     #[inline(always)]
     fn of(n: u32, slots: u32) -> Pos {
@@ -609,12 +623,8 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
             return;
         }
         let sm = self.sm;
-        // Lane 0's slot: ptxas then keeps the descriptors in uniform registers.
         // SAFETY: converged warps (forwarded).
-        let at = Pos {
-            slot: unsafe { uniform(at.slot) },
-            ..at
-        };
+        let at = unsafe { at.lane0() };
         let full0 = sm.full(at.slot) as u64;
         let da0 = wgmma::smem_desc(sm.slab(at.slot), 16, 1024, wgmma::Swizzle::B128);
         let db0 = wgmma::smem_desc(arch::opaque(sm.q()), 16, 1024, wgmma::Swizzle::B128);
@@ -651,12 +661,8 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
     #[inline(always)]
     unsafe fn qk_e4m3(&self, s: &mut [f32; 16], at: Pos) {
         let sm = self.sm;
-        // Lane 0's slot: ptxas then keeps the descriptors in uniform registers.
         // SAFETY: converged warps (forwarded).
-        let at = Pos {
-            slot: unsafe { uniform(at.slot) },
-            ..at
-        };
+        let at = unsafe { at.lane0() };
         // The block's nine slabs are contiguous in the raw ring (whole blocks, `at.slot` a
         // multiple of nine) and share a parity: every descriptor and barrier is one base
         // plus a constant, so the `wgmma` issue carries no per-slab address arithmetic.
@@ -911,12 +917,8 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
     unsafe fn pv(&mut self, at: Pos) {
         let sm = self.sm;
         let p_s = arch::opaque(sm.p());
-        // As in S^T: lane 0's slot, the descriptors one uniform base plus offsets.
         // SAFETY: converged warps (forwarded).
-        let at = Pos {
-            slot: unsafe { uniform(at.slot) },
-            ..at
-        };
+        let at = unsafe { at.lane0() };
         let da0 = wgmma::smem_desc(sm.slab(at.slot), SLAB, 1024, wgmma::Swizzle::B128);
         let db0 = wgmma::smem_desc(p_s, 16, 1024, wgmma::Swizzle::B128);
         // SAFETY: forwarded from the caller; the slabs landed (S^T waited for them).
@@ -960,10 +962,7 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
         let sm = self.sm;
         let p_s = arch::opaque(sm.p());
         // SAFETY: converged warps (forwarded).
-        let e = Pos {
-            slot: unsafe { uniform(e.slot) },
-            ..e
-        };
+        let e = unsafe { e.lane0() };
         // SAFETY: forwarded from the caller; the entry is read once its full barrier passed.
         unsafe {
             bulk::mbarrier_wait_parity_warp(sm.full(e.slot), e.parity);
@@ -1135,7 +1134,7 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
         let mut o = [0.0; 16];
         unroll!(q in [0, 1, 2, 3] {
             // SAFETY: this thread's slot of quad q of tile i.
-            let v = unsafe { smem::ld_global_v4_f32(acc.add(4 * ((4 * i + q) * CONSUMERS as usize + tid))) };
+            let v = unsafe { smem::ld_global_v4_f32(acc_quad(acc, tid, i, q)) };
             unroll!(e in [0, 1, 2, 3] {
                 o[4 * q + e] = v[e];
             });
@@ -1176,7 +1175,7 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
             unroll!(q in [0, 1, 2, 3] {
                 let v = [o[4 * q], o[4 * q + 1], o[4 * q + 2], o[4 * q + 3]];
                 // SAFETY: this thread's slot of quad q of tile i.
-                unsafe { smem::st_global_v4_f32(acc.add(4 * ((4 * i + q) * CONSUMERS as usize + tid)), v) };
+                unsafe { smem::st_global_v4_f32(acc_quad(acc, tid, i, q), v) };
             });
         });
         unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
@@ -1185,6 +1184,14 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
         });
         self.o = [[0.0; 16]; 8];
     }
+}
+
+/// Thread `tid`'s slot of quad `q` (4 floats) of O tile `i` in the scratch at `acc`
+/// ([`Consumer::acc`]'s layout).
+#[inline(always)]
+fn acc_quad(acc: *mut f32, tid: usize, i: usize, q: usize) -> *mut f32 {
+    // SAFETY: inside that CTA's scratch (tile i < 8, quad q < 4, tid < CONSUMERS).
+    unsafe { acc.add(4 * ((4 * i + q) * CONSUMERS as usize + tid)) }
 }
 
 /// The kernel body (see the module docs): a persistent CTA takes the cells of the virtual
