@@ -166,6 +166,7 @@ fn main() {
             None => compile_kernels(&root, &out, img, &ptx_path),
         }
         let ptx = align_tensor_map_params(fs::read_to_string(&ptx_path).unwrap());
+        let ptx = bound_register_split_entries(ptx);
         fs::write(&ptx_path, &ptx).unwrap();
         check_self_contained(tag, &ptx);
 
@@ -314,6 +315,42 @@ fn align_tensor_map_params(ptx: String) -> String {
             _ => out.push_str(line),
         }
     }
+    out
+}
+
+/// Threads of every kernel that moves registers between its warpgroups (`setmaxnreg`):
+/// three warpgroups (`mla_abi::decode_tile::TMA32_FP8`'s layout; `tests/ptx_check.rs`
+/// checks each such entry against its launch shape).
+const REGISTER_SPLIT_THREADS: u32 = 384;
+
+/// Gives every entry that uses `setmaxnreg` a `.maxntid` and `.minnctapersm 1` (rustc emits
+/// no launch bounds): ptxas then allocates the entry's code against the launch's share of
+/// the register file and each warpgroup's code after its `setmaxnreg` against that limit
+/// (with neither, or with `.maxntid` alone, ptxas ignores the instruction: C7508). Entries
+/// that already carry one (prebuilt images) are kept.
+fn bound_register_split_entries(ptx: String) -> String {
+    let mut out = String::with_capacity(ptx.len() + 256);
+    let mut rest = ptx.as_str();
+    while let Some(at) = rest.find(".entry ") {
+        let next = rest[at + 1..]
+            .find(".entry ")
+            .map_or(rest.len(), |n| n + at + 1);
+        let entry = &rest[at..next];
+        let open = entry.find("\n{\n");
+        match open {
+            Some(open) if entry.contains("setmaxnreg") && !entry[..open].contains(".maxntid") => {
+                out.push_str(&rest[..at]);
+                out.push_str(&entry[..open]);
+                out.push_str(&format!(
+                    "\n.maxntid {REGISTER_SPLIT_THREADS}, 1, 1\n.minnctapersm 1"
+                ));
+                out.push_str(&entry[open..]);
+            }
+            _ => out.push_str(&rest[..next]),
+        }
+        rest = &rest[next..];
+    }
+    out.push_str(rest);
     out
 }
 

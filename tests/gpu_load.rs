@@ -33,10 +33,19 @@ fn every_image_form_loads_and_decodes() {
             Runtime::load_with(0, mla::images::embedded(), LoadOptions { variant, form }).unwrap();
         let stream = rt.new_stream().unwrap();
         for res in rt.kernel_resources().unwrap() {
-            assert_eq!(
-                res.local_bytes, 0,
-                "{:?} {:?}: {} uses local memory",
-                variant, form, res.name
+            // Register-split kernels may keep a few per-cell values in local memory.
+            let allowed = if mla::abi::names::REGISTER_SPLIT.contains(&res.name) {
+                mla::abi::names::REGISTER_SPLIT_LOCAL_BYTES
+            } else {
+                0
+            };
+            assert!(
+                i64::from(res.local_bytes) <= i64::from(allowed),
+                "{:?} {:?}: {} uses {} bytes of local memory (allowed {allowed})",
+                variant,
+                form,
+                res.name,
+                res.local_bytes
             );
         }
         for d in DecodeDtypes::ALL {

@@ -266,20 +266,21 @@ pub mod decode_tile {
     /// or fp8 cache, or fp8 Q with an fp8 cache; at most `TMA32_ROWS` query rows, pages of
     /// at least `TMA_MIN_PAGE` tokens): the products transposed (S^T = K Q^T and O^T = V^T
     /// P^T, the rows as the `wgmma`'s N), so a block costs the `wgmma` work of 32 rows, not
-    /// of a 64-row tile. One consumer warpgroup computes; one producer warp issues the
+    /// of a 64-row tile. One consumer warpgroup computes (two with an fp8 cache, each its
+    /// own blocks of a cell, `TMA32_FP8_CONSUMERS`); one producer warp issues the
     /// tensor copies into a ring of 64-token x 64-dim slab slots, one mbarrier when full
     /// and one when free, running ahead across blocks and cells. An fp8 cache takes the e4m3
     /// tensor cores: its boxes land raw in a ring of 4 KB slabs (64-byte rows, the map's
     /// 64-byte swizzle; whole blocks, `TMA32_RAW_SLOTS` a multiple of nine), S^T reads them
-    /// as they are, and two transposer warps write each block's V^T (eight 4 KB tiles of 64
-    /// dims x 64 tokens) into one of `TMA32_VT_ENTRIES` entries of the ring in place of the
-    /// bf16 slabs. Same grid, params and tensor map as the other TMA decodes. Offsets from the
+    /// as they are, and each consumer writes its block's V^T (eight 4 KB tiles of 64 dims x
+    /// 64 tokens) into its own of the `TMA32_VT_ENTRIES` entries in place of the bf16 slabs.
+    /// Same grid, params and tensor map as the other TMA decodes. Offsets from the
     /// 1024-byte aligned base: Q (nine slabs of 32 rows, also the output's staging; an fp8
-    /// cache's e4m3 Q parts `hi` and `lo`, `TMA32_E4_Q_LO` apart), P (32 rows x 64 tokens;
-    /// e4m3 P in its first half, then the rows' Q scales), the bf16 ring (or V^T entries),
-    /// the raw ring, the row exchange (4 warps x 32 rows f32), the mbarriers (ring full,
-    /// ring free, raw full, raw free), the marks of a persistent CTA's cells (one word per
-    /// warp).
+    /// cache's e4m3 Q parts `hi` and `lo`, `TMA32_E4_Q_LO` apart), P per consumer (32 rows x
+    /// 64 tokens; e4m3 P in its first half, then, in the first consumer's, the rows' Q
+    /// scales), the bf16 ring (or V^T entries), the raw ring, the row exchange per consumer
+    /// (4 warps x 32 rows f32), the mbarriers (ring full, ring free, raw full, raw free),
+    /// the marks of a persistent CTA's cells (one word per warp).
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub struct Tma32Smem {
         pub threads: usize,
@@ -302,21 +303,29 @@ pub mod decode_tile {
 
     /// The fp8 forms' raw ring: three blocks of nine slabs, so a block's slabs are contiguous.
     pub const TMA32_RAW_SLOTS: usize = 27;
-    /// The fp8 forms' V^T entries (a block's eight V^T tiles each) and their size.
+    /// The fp8 forms' V^T entries (a block's eight V^T tiles each; one per consumer) and
+    /// their size.
     pub const TMA32_VT_ENTRIES: usize = 2;
     pub const TMA32_VT_ENTRY: usize = 8 * TMA32_RAW_SLAB;
     /// The fp8 forms' e4m3 Q: the `lo` part's nine 2 KB tiles after the `hi` part's.
     pub const TMA32_E4_Q_LO: usize = 9 * TMA32_ROWS * 64;
 
+    /// Consumer warpgroups of the small-row decode's fp8 forms: two, each its own blocks
+    /// of a cell (the bf16 forms have one).
+    pub const TMA32_FP8_CONSUMERS: usize = 2;
+
     pub const fn tma32_smem(fp8: bool) -> Tma32Smem {
-        let threads = if fp8 { 7 * 32 } else { 5 * 32 };
+        // fp8: the two consumer warpgroups, then a warpgroup of two transposer warps, an
+        // idle warp and the producer warp.
+        let threads = if fp8 { 12 * 32 } else { 5 * 32 };
+        let wgs = if fp8 { TMA32_FP8_CONSUMERS } else { 1 };
         let (slots, raw_slots) = if fp8 {
             (TMA32_VT_ENTRIES, TMA32_RAW_SLOTS)
         } else {
             (23, 0)
         };
         let p = 9 * TMA32_Q_SLAB;
-        let ring = p + TMA32_ROWS * 128;
+        let ring = p + wgs * TMA32_ROWS * 128;
         let raw = ring
             + if fp8 {
                 slots * TMA32_VT_ENTRY
@@ -324,7 +333,7 @@ pub mod decode_tile {
                 slots * WG_SLAB_BYTES
             };
         let red = raw + raw_slots * TMA32_RAW_SLAB;
-        let bars = red + 4 * TMA32_ROWS * 4;
+        let bars = red + wgs * 4 * TMA32_ROWS * 4;
         let cells = bars + 2 * (slots + raw_slots) * 8;
         Tma32Smem {
             threads,
@@ -676,6 +685,12 @@ pub mod names {
     pub const DECODE_TMA32_BF16: &str = "mla_decode_tma32_bf16";
     pub const DECODE_TMA32_FP8KV_BF16Q: &str = "mla_decode_tma32_fp8kv_bf16q";
     pub const DECODE_TMA32_FP8: &str = "mla_decode_tma32_fp8";
+    /// The kernels that move registers between their warpgroups (`setmaxnreg`: the small-row
+    /// decode's fp8 forms, 384 threads at 168 registers, consumers raised to 232): they may
+    /// keep a few per-cell values in local memory (at most `REGISTER_SPLIT_LOCAL_BYTES` of
+    /// stack a thread), never inside their `wgmma` loop (`tests/ptx_check.rs`).
+    pub const REGISTER_SPLIT: &[&str] = &[DECODE_TMA32_FP8KV_BF16Q, DECODE_TMA32_FP8];
+    pub const REGISTER_SPLIT_LOCAL_BYTES: u32 = 64;
     /// The bf16 small-row TMA decode with its copies made by `cp.async` from the page table
     /// by a producer warpgroup (the same parameters; the map is not read; launch shape
     /// `decode_tile::TMA32_BF16_CP`): pages of fewer than `decode_tile::TMA_MIN_PAGE`
@@ -1080,8 +1095,8 @@ pub struct DecodeParams {
     pub q_pe_stride_b: u64,
     pub q_pe_stride_s: u64,
     pub q_pe_stride_h: u64,
-    /// The e4m3 TMA decode's promotion scratch: `[grid.x, 32, 256]` f32x4, one 512-byte row
-    /// per (CTA, O fragment) and thread ([`ACC_FLOATS_PER_CTA`] per launched CTA), where a
+    /// The e4m3 TMA decodes' promotion scratch: [`ACC_FLOATS_PER_CTA`] f32 per launched CTA
+    /// (the 64-row decode: `[32, 256]` f32x4, one 512-byte row per O fragment), where a
     /// CTA adds its O from time to time so that the e4m3 tensor cores' truncated sums never
     /// accumulate more than [`decode_tile::E4M3_PROMOTE_PAIRS`] block pairs. The host sizes
     /// it for the device's SM count (the persistent grid's bound). Never null.
@@ -1102,8 +1117,10 @@ impl DecodeParams {
     }
 }
 
-/// f32 values of [`DecodeParams::acc`] per CTA of the TMA decode: 256 threads x 128.
-pub const ACC_FLOATS_PER_CTA: usize = decode_tile::THREADS * 128;
+/// f32 values of [`DecodeParams::acc`] per CTA of the TMA decodes: 256 threads x 136 (the
+/// 64-row decode's 128 per thread; the small-row decode's two consumer warpgroups, 128 O
+/// values and 8 row maxima per thread each).
+pub const ACC_FLOATS_PER_CTA: usize = decode_tile::THREADS * 136;
 
 /// The schedule kernel's rule run by every decode CTA instead (batches up to
 /// [`SCHED_FOLD_MAX_BATCH`]): each warp sums the batch's KV blocks from `seq_lens` (lengths

@@ -127,6 +127,32 @@ pub unsafe fn st_shared_v4(addr: u32, v: [u32; 4]) {
     }
 }
 
+/// `@p st.shared.v4.b32 [addr], v` with `p = (pred != 0)`: [`st_shared_f32_if`]'s 16-byte
+/// form.
+///
+/// # Safety
+/// As [`st_shared_v4`] (for the lanes that store).
+#[inline(always)]
+pub unsafe fn st_shared_v4_if(addr: u32, v: [u32; 4], pred: u32) {
+    // SAFETY: the caller guarantees the address is valid where the store happens.
+    unsafe {
+        asm!(
+            "{{",
+            ".reg .pred p;",
+            "setp.ne.b32 p, {c}, 0;",
+            "@p st.shared.v4.b32 [{a}], {{{x}, {y}, {z}, {w}}};",
+            "}}",
+            a = in(reg32) addr,
+            x = in(reg32) v[0],
+            y = in(reg32) v[1],
+            z = in(reg32) v[2],
+            w = in(reg32) v[3],
+            c = in(reg32) pred,
+            options(nostack)
+        )
+    }
+}
+
 /// `ld.shared.v4.b32`.
 ///
 /// # Safety

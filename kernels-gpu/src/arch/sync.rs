@@ -37,6 +37,17 @@ pub unsafe fn bar_sync_named<const ID: u32, const THREADS: u32>() {
     unsafe { asm!("bar.sync {i}, {n};", i = const ID, n = const THREADS, options(nostack)) }
 }
 
+/// [`bar_sync_named`] with the barrier's number in a register (warpgroups that run the same
+/// code on barriers of their own).
+///
+/// # Safety
+/// As [`bar_sync_named`], for barrier `id < 16`.
+#[inline(always)]
+pub unsafe fn bar_sync_id<const THREADS: u32>(id: u32) {
+    // SAFETY: forwarded from the caller.
+    unsafe { asm!("bar.sync {i}, {n};", i = in(reg32) id, n = const THREADS, options(nostack)) }
+}
+
 /// `bar.arrive ID, THREADS;`: counts this thread on named barrier `ID` without waiting.
 ///
 /// # Safety

@@ -41,6 +41,31 @@ pub fn fence_proxy_async_shared() {
     unsafe { asm!("fence.proxy.async.shared::cta;", options(nostack)) }
 }
 
+/// `setmaxnreg.inc.sync.aligned.u32 N`: this warpgroup's per-thread register limit rises
+/// to `N` (a multiple of 8 in 24..=256), waiting until the CTA's pool has the registers.
+/// ptxas allocates the code after it against `N`; the kernel's entry needs a `.maxntid`
+/// (the build adds it to every entry that uses this).
+///
+/// # Safety
+/// All threads of the warpgroup execute it together; the warpgroups' limits never sum
+/// above the registers the CTA launched with.
+#[inline(always)]
+pub unsafe fn setmaxnreg_inc<const N: u32>() {
+    // SAFETY: forwarded from the caller.
+    unsafe { asm!("setmaxnreg.inc.sync.aligned.u32 {n};", n = const N, options(nostack)) }
+}
+
+/// `setmaxnreg.dec.sync.aligned.u32 N`: this warpgroup returns registers to the CTA's
+/// pool, down to `N` per thread.
+///
+/// # Safety
+/// As [`setmaxnreg_inc`]; the code after it needs at most `N` registers.
+#[inline(always)]
+pub unsafe fn setmaxnreg_dec<const N: u32>() {
+    // SAFETY: forwarded from the caller.
+    unsafe { asm!("setmaxnreg.dec.sync.aligned.u32 {n};", n = const N, options(nostack)) }
+}
+
 /// `wgmma.fence.sync.aligned`: orders register accesses to the accumulators before the
 /// next `wgmma.mma_async`.
 ///

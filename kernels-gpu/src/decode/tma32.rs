@@ -11,7 +11,8 @@
 //! transpose bit, 64 dims per `wgmma`; B = P as 32 rows x 64 tokens). A block costs the
 //! `wgmma` work of 32 rows instead of a 64-row tile's, and every shared buffer is small.
 //!
-//! - Warps 0-3 (the consumer warpgroup) compute; warp 4's lane 0 (the producer) issues the
+//! - Warps 0-3 (the consumer warpgroup; two with an fp8 cache, below) compute; warp 4's lane
+//!   0 (the producer; warp 8 with an fp8 cache) issues the
 //!   tensor copies (in the `cp.async` form, `DecodeKind::KV_CP`, warps 4-7 copy each slab's
 //!   rows from the page table: pages of any size), one 64-dim slab of a block at a time,
 //!   into a ring of slab slots
@@ -21,17 +22,24 @@
 //!   last read of the slab is done: S^T for the rope slab 8, P.V for slabs 0-7). The
 //!   producer runs ahead of the consumer by as many slabs as are free, across blocks and
 //!   the persistent CTA's cells.
-//! - An fp8 cache takes the e4m3 tensor cores. Its boxes land raw in a second ring (4 KB
-//!   slabs of 64-byte rows, whole blocks of nine), and S^T reads them as they are (e4m3
+//! - An fp8 cache takes the e4m3 tensor cores, with two consumer warpgroups (warps 0-3 and
+//!   4-7), each every other block of a cell (the second from the cell's second block), its
+//!   own O, row statistics, P tile and row exchange; at the cell's end the second's rows are
+//!   merged into the first's through shared memory ([`Consumer::merge`]) and the first
+//!   writes the output. The producer is warp 8, the first of a third warpgroup whose four
+//!   warps give registers to the consumers (`setmaxnreg`: 232 a consumer thread, 40 the
+//!   rest; the launch's 384 x 168). The boxes land raw in a second ring (4 KB slabs of
+//!   64-byte rows, whole blocks of nine), and S^T reads them as they are (e4m3
 //!   `m64n32k32`, two per slab; bf16 Q as two e4m3 parts, `hi` and `lo`, with a power-of-two
 //!   scale per row, [`e4m3::split_q_row`]; fp8 Q as it is). e4m3 `wgmma` reads A only
-//!   K-major, so warps 4-5 (the transposers) write each block's V^T (eight tiles of 64 dims x
-//!   64 tokens, [`e4m3::transpose_vt_part`], rows past the sequence end as zeros) into one of
-//!   two entries of the ring, and the producer is warp 6. A raw slab is free once both S^T
-//!   and the transposers are done with it (two arrivals). P is quantised per row with the
-//!   row's running max at `2^8`, as the 64-row e4m3 path does, and stored in V^T's token
-//!   order; O is promoted to the f32 scratch every `2 E4M3_PROMOTE_PAIRS` blocks of a long
-//!   split. The fp8 scales are in the params' softmax and value scales.
+//!   K-major, so each consumer writes its block's V^T (eight tiles of 64 dims x 64 tokens,
+//!   [`e4m3::transpose_vt_part`], a quarter a warp, tokens past the sequence end as zeros)
+//!   into its own V^T entry (in the bf16 ring's place) while its S^T `wgmma`s run; a raw slab
+//!   is free once both are done. P is quantised per row at `2^8` over a reference max that
+//!   moves only when a block's max passes it by more than `E4M3_RESCALE_SLACK` (so most
+//!   blocks rescale nothing), and stored in V^T's token order; O is promoted to the f32
+//!   scratch (each consumer its own slots) every `2 E4M3_PROMOTE_PAIRS` blocks a consumer
+//!   runs. The fp8 scales are in the params' softmax and value scales.
 //! - A thread's S^T accumulators hold tokens `16 w + g` and `+ 8` (warp `w`, quad row `g`)
 //!   of its rows `8 j + 2 c` and `+ 1` (`j < 4`, quad column `c`); so do its O^T
 //!   accumulators (dims instead of tokens), so the row statistics of a thread's eight rows
@@ -40,7 +48,7 @@
 //!   the epilogue. P goes to shared memory with `stmatrix.trans` (row-major, the K-major
 //!   B operand; named barrier [`BAR_P`]).
 //! - V rows past the sequence end (inside a page that was read) are zeroed before the
-//!   P.V (by the converters with an fp8 cache); boxes past the end and pages outside
+//!   P.V (in V^T, by its transpose, with an fp8 cache); boxes past the end and pages outside
 //!   `0..num_pages` land as zeros (the map).
 //! - A sequence of one split writes its output through the Q tile's shared memory (one
 //!   16-byte chunk per store); a split's f32 partial goes straight from the accumulators
@@ -63,12 +71,14 @@ const RAW_SLAB: u32 = T::TMA32_RAW_SLAB as u32;
 /// An e4m3 Q tile (32 rows x 64 bytes) and the `lo` part's offset.
 const E4_Q_TILE: u32 = ROWS * 64;
 const E4_Q_LO: u32 = T::TMA32_E4_Q_LO as u32;
+/// How far (log2 units) a row's max may pass its reference before the fp8 forms rescale:
+/// e4m3 P is `2^(8 + s - m)`, under 2^8.5 = 362 with this slack, inside e4m3's 448.
+const E4M3_RESCALE_SLACK: f32 = 0.5;
 /// Blocks of a split between promotions of O to the f32 scratch (the fp8 forms).
 const PROMOTE_BLOCKS: u32 = 2 * T::E4M3_PROMOTE_PAIRS;
-/// The consumer warpgroup's threads (warps 0-3); then the transposers (fp8 caches, warps
-/// 4-5) and the producer (the last warp).
+/// A consumer warpgroup's threads (warps 0-3; with an fp8 cache warps 4-7 are the second);
+/// then the producer warp (with an fp8 cache the first of a third warpgroup).
 const CONSUMERS: u32 = 128;
-const TRANSPOSERS: u32 = 64;
 /// The `cp.async` form's producer warpgroup (warps 4-7).
 const CP_PRODUCERS: u32 = 128;
 /// The consumer's named barriers (0 is the CTA barrier): the four warps' row maxima are
@@ -76,12 +86,25 @@ const CP_PRODUCERS: u32 = 128;
 const BAR_MAX: u32 = 1;
 const BAR_P: u32 = 2;
 const BAR_OUT: u32 = 3;
-/// The transposers' barrier: a block's V^T is written.
-const BAR_VT: u32 = 4;
-const _: () = assert!(ROWS == 32 && TRANSPOSERS == BLOCK_N && CP_PRODUCERS == 2 * BLOCK_N);
+/// The second consumer's [`BAR_MAX`] and [`BAR_P`] are these plus `BAR_WG1`.
+const BAR_WG1: u32 = 4;
+/// Both consumers (fp8 forms): the cell's Q is in shared memory; the merge's steps.
+const BAR_Q: u32 = 9;
+const BAR_MERGE: u32 = 10;
+/// The fp8 forms' register split: each consumer thread's limit and the third
+/// warpgroup's (the producer warp, three idle), `2 * 128 * 232 + 128 * 40` = 384 x 168,
+/// what the launch holds.
+const REGS_CONSUMER: u32 = 232;
+const REGS_SUPPORT: u32 = 40;
+const _: () = assert!(2 * 128 * REGS_CONSUMER + 128 * REGS_SUPPORT <= 384 * 168);
+const _: () = assert!(ROWS == 32 && CP_PRODUCERS == 2 * BLOCK_N);
 const _: () = assert!(T::TMA32_RAW_SLOTS.is_multiple_of(9) && E4_Q_TILE * 9 == E4_Q_LO);
 // The promotion scratch: O's 128 floats and the 8 rows' maxima per consumer thread.
-const _: () = assert!((128 + 8) * CONSUMERS as usize <= mla_abi::ACC_FLOATS_PER_CTA);
+const ACC_PER_WG: usize = (128 + 8) * CONSUMERS as usize;
+const _: () = assert!(T::TMA32_FP8_CONSUMERS * ACC_PER_WG <= mla_abi::ACC_FLOATS_PER_CTA);
+// The consumers' merge: a thread's four O tiles (64 floats) per step in the Q tile, its
+// rows' maxima and sums in the P tiles.
+const _: () = assert!(4 * 16 * 4 * CONSUMERS <= 9 * Q_SLAB && 16 * 4 * CONSUMERS <= 2 * ROWS * 128);
 // The one-split output staging (rows of 1024 bytes, then a u64 offset per row) fits the
 // Q tile.
 const _: () = assert!(ROWS * (1024 + 8) <= 9 * Q_SLAB);
@@ -161,14 +184,18 @@ impl<K: DecodeKind> Form<K> {
     } else {
         Self::SLOTS
     };
-    /// The producer warp's lane 0; in the `cp.async` form the producer warpgroup's first
-    /// thread (warps 4-7, after the consumer).
-    const PRODUCER: u32 = if K::KV_CP {
-        CONSUMERS
+    /// Consumer warpgroups: two with an fp8 cache (each its own blocks of a cell, merged
+    /// at the cell's end), else one.
+    const WGS: u32 = if K::KV_FP8 {
+        T::TMA32_FP8_CONSUMERS as u32
     } else {
-        Self::THREADS - 32
+        1
     };
+    /// The producer warp's lane 0 (after the consumers); in the `cp.async` form the
+    /// producer warpgroup's first thread (warps 4-7).
+    const PRODUCER: u32 = Self::WGS * CONSUMERS;
 }
+const _: () = assert!(T::TMA32_FP8_CONSUMERS == 2 && T::TMA32_FP8.threads == 384);
 
 /// The shared regions from the aligned base (opaque: recomputed where used rather than
 /// held in registers through the block loop).
@@ -198,17 +225,18 @@ impl<K: DecodeKind> Smem<K> {
     fn q(self) -> u32 {
         self.base
     }
+    /// Consumer `cw`'s P tile.
     #[inline(always)]
-    fn p(self) -> u32 {
-        self.base + Self::L.p as u32
+    fn p(self, cw: u32) -> u32 {
+        self.base + Self::L.p as u32 + cw * ROWS * 128
     }
     /// Slot `slot` of the bf16 ring.
     #[inline(always)]
     fn slab(self, slot: u32) -> u32 {
         self.base + Self::L.ring as u32 + slot * SLAB
     }
-    /// V^T entry `e` of the fp8 forms (in the ring's place; its barriers are the ring's
-    /// slot `e`'s).
+    /// V^T entry `e` of the fp8 forms (in the bf16 ring's place): consumer `e`'s, written and
+    /// read by it alone (its barriers are unused).
     #[inline(always)]
     fn vt(self, e: u32) -> u32 {
         self.base + Self::L.ring as u32 + e * T::TMA32_VT_ENTRY as u32
@@ -216,16 +244,17 @@ impl<K: DecodeKind> Smem<K> {
     /// The rows' Q scales (`1 / up`, bf16 Q with an fp8 cache), after e4m3 P.
     #[inline(always)]
     fn q_scale(self) -> u32 {
-        self.p() + ROWS * 64
+        self.p(0) + ROWS * 64
     }
     /// Slot `slot` of the raw ring.
     #[inline(always)]
     fn raw(self, slot: u32) -> u32 {
         self.base + Self::L.raw as u32 + slot * RAW_SLAB
     }
+    /// Consumer `cw`'s row exchange.
     #[inline(always)]
-    fn red(self) -> u32 {
-        self.base + Self::L.red as u32
+    fn red(self, cw: u32) -> u32 {
+        self.base + Self::L.red as u32 + cw * 4 * ROWS * 4
     }
     /// The bf16 ring's mbarriers: full, then free.
     #[inline(always)]
@@ -412,68 +441,21 @@ unsafe fn produce_cp<K: DecodeKind>(
     }
 }
 
-/// The transposers' work of one cell (fp8 caches): each block's V^T, once its raw slabs
-/// landed and a V^T entry is free, from slabs 0-7 (tokens past the sequence end as zeros);
-/// then the entry is full and the transposers' arrivals free the block's nine raw slabs
-/// (S^T's are the other). `n_slabs`: as for [`produce`].
-///
-/// # Safety
-/// The two transposer warps (threads `CONSUMERS..CONSUMERS + TRANSPOSERS`), for every cell
-/// the producer and consumer run, in the same order.
-#[inline(always)]
-unsafe fn transpose<K: DecodeKind>(sm: Smem<K>, w: &CtaWork, n_slabs: &mut u32) {
-    let (len, kb0, kb1) = (w.len, w.kb0, w.kb1);
-    let tid = arch::thread_idx_x();
-    let t = tid - CONSUMERS;
-    let nr = Form::<K>::RAW_SLOTS;
-    let mut blk = kb0;
-    while blk < kb1 {
-        let valid = len.saturating_sub(blk * BLOCK_N);
-        // A block's raw slabs are contiguous (the ring holds whole blocks).
-        let (raw_at, e) = (
-            Pos::of(*n_slabs, nr),
-            Pos::of(*n_slabs / 9, Form::<K>::SLOTS),
-        );
-        // SAFETY: each raw slab is read once landed (its full barrier, all nine: the
-        // arrivals below must follow the producer's issue of each), the V^T entry written
-        // once its last P.V freed it; converged warps.
-        unsafe {
-            let mut s = 0;
-            while s < 9 {
-                bulk::mbarrier_wait_parity_warp(sm.raw_full(raw_at.slot) + 8 * s, raw_at.parity);
-                s += 1;
-            }
-            bulk::mbarrier_wait_parity_warp(sm.free(e.slot), e.parity ^ 1);
-            let (raw, vt) = (sm.raw(raw_at.slot), sm.vt(e.slot));
-            transpose_vt_part::<true>(raw, vt, t / 32, t % 32, valid);
-            transpose_vt_part::<true>(raw, vt, t / 32 + 2, t % 32, valid);
-            wgmma::fence_proxy_async_shared();
-            sync::bar_sync_named::<BAR_VT, TRANSPOSERS>();
-            let first = (tid == CONSUMERS) as u32;
-            bulk::mbarrier_arrive_if(sm.full(e.slot), first);
-            let mut s = 0;
-            while s < 9 {
-                bulk::mbarrier_arrive_if(sm.raw_free(raw_at.slot) + 8 * s, first);
-                s += 1;
-            }
-        }
-        *n_slabs += 9;
-        blk += 1;
-    }
-}
-
 /// The consumer warpgroup's state through a cell: its O^T (eight 64-dim tiles x this
 /// thread's 16 values), and per row of this thread (`k = 2 j + e`: row `8 j + 2 c + e`) the
 /// running max (log2 units, scaled) and exp-sum part.
 struct Consumer<'a, K: DecodeKind> {
     p: &'a DecodeParams,
     sm: Smem<K>,
+    /// This consumer warpgroup (0, or 1 for the second of the fp8 forms).
+    cw: u32,
     b: u32,
     split: u32,
     nsplit: u32,
     len: u32,
     kb0: u32,
     kb1: u32,
+    /// The thread's index in its warpgroup.
     tid: u32,
     glen: u32,
     /// The fewest keys any of this thread's rows sees: blocks below it need no mask.
@@ -528,7 +510,12 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
 
     #[inline(always)]
     fn new(p: &'a DecodeParams, sm: Smem<K>, w: &CtaWork, b: u32, split: u32) -> Self {
-        let tid = arch::opaque(arch::thread_idx_x());
+        let t = arch::opaque(arch::thread_idx_x());
+        let (cw, tid) = if Form::<K>::WGS == 1 {
+            (0, t)
+        } else {
+            (t / CONSUMERS, t % CONSUMERS)
+        };
         let lane = tid % 32;
         let c = lane % 4;
         // A row's visible keys never decrease with its token (nor, so, with the row), and
@@ -539,6 +526,7 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
         Consumer {
             p,
             sm,
+            cw,
             b,
             split,
             nsplit: unsafe { uniform(w.nsplit) },
@@ -568,7 +556,9 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
         let q = self.sm.q();
         // SAFETY (each arm): the offsets lie in the Q tile (nine slabs of 32 rows, or the
         // two e4m3 parts' nine 2 KB tiles) and the scales; b < batch; converged warps.
-        if K::KV_FP8 {
+        if self.cw != 0 {
+            // The first consumer loads the tile for both.
+        } else if K::KV_FP8 {
             let tile = move |r: u32, k: u32| q + (k / 4) * E4_Q_TILE + sw64_off(r, 16 * (k % 4));
             if K::Q_FP8 {
                 let t = (self.tid, CONSUMERS);
@@ -598,8 +588,31 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
         cp_async::cp_async_commit_group();
         cp_async::cp_async_wait_group::<0>();
         wgmma::fence_proxy_async_shared();
-        // SAFETY: the consumer warpgroup, converged.
-        unsafe { sync::bar_sync_named::<BAR_OUT, CONSUMERS>() };
+        // SAFETY: the consumer warpgroups, converged.
+        unsafe {
+            if Form::<K>::WGS == 1 {
+                sync::bar_sync_named::<BAR_OUT, CONSUMERS>();
+            } else {
+                sync::bar_sync_named::<BAR_Q, { 2 * CONSUMERS }>();
+            }
+        }
+    }
+
+    /// This consumer warpgroup's named barrier `ID` (the second consumer's is `ID +
+    /// BAR_WG1`).
+    ///
+    /// # Safety
+    /// The whole consumer warpgroup, converged.
+    #[inline(always)]
+    unsafe fn bar_wg<const ID: u32>(&self) {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            if Form::<K>::WGS == 1 {
+                sync::bar_sync_named::<ID, CONSUMERS>();
+            } else {
+                sync::bar_sync_id::<CONSUMERS>(ID + BAR_WG1 * self.cw);
+            }
+        }
     }
 
     /// Thread 0 frees the slab at `at` for the producer (predicated: no branch on the
@@ -616,10 +629,10 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
     /// # Safety
     /// Converged warpgroup; the producer issues this block's slabs at `at`.
     #[inline(always)]
-    unsafe fn qk(&self, s: &mut [f32; 16], at: Pos) {
+    unsafe fn qk(&self, s: &mut [f32; 16], at: Pos, blk: u32) {
         if K::KV_FP8 {
             // SAFETY: forwarded from the caller.
-            unsafe { self.qk_e4m3(s, at) };
+            unsafe { self.qk_e4m3(s, at, blk) };
             return;
         }
         let sm = self.sm;
@@ -659,7 +672,7 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
     /// # Safety
     /// As [`Consumer::qk`].
     #[inline(always)]
-    unsafe fn qk_e4m3(&self, s: &mut [f32; 16], at: Pos) {
+    unsafe fn qk_e4m3(&self, s: &mut [f32; 16], at: Pos, blk: u32) {
         let sm = self.sm;
         // SAFETY: converged warps (forwarded).
         let at = unsafe { at.lane0() };
@@ -686,6 +699,19 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
                 });
             });
             wgmma::wgmma_commit_group();
+            // The block's V^T into this warpgroup's entry behind the S^T `wgmma`s (each warp
+            // a quarter; the previous block's P.V, its last reader, is complete), tokens past
+            // the end as zeros; the softmax's proxy fence and P barrier make it visible to
+            // the P.V.
+            let valid = self.len.saturating_sub(blk * BLOCK_N);
+            let lane = self.tid % 32;
+            let w = arch::opaque(self.tid) / 32;
+            let (raw, vt) = (sm.raw(at.slot), sm.vt(self.cw));
+            if valid >= BLOCK_N {
+                transpose_vt_part::<false>(raw, vt, w, lane, BLOCK_N);
+            } else {
+                transpose_vt_part::<true>(raw, vt, w, lane, valid);
+            }
             wgmma::wgmma_wait_group::<0>();
             let first = (self.tid == 0) as u32;
             unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
@@ -698,7 +724,7 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
     #[inline(always)]
     fn zero_tail(&self, blk: u32, at: Pos) {
         let valid = self.len.saturating_sub(blk * BLOCK_N);
-        // With an fp8 cache the transposers wrote those tokens of V^T as zeros.
+        // With an fp8 cache the V^T transpose wrote those tokens as zeros.
         if valid < BLOCK_N && !K::KV_FP8 {
             let mut i = self.tid;
             while i < (BLOCK_N - valid) * 64 {
@@ -718,19 +744,20 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
 
     /// Each of this thread's eight row values `v` combined by `op` (identity `zero`) over
     /// the rows' 64 tokens: the lanes of a quad column (shuffles over `g`), then the four
-    /// warps through the exchange (named barrier [`BAR_MAX`]).
+    /// warps through the exchange (named barrier [`BAR_MAX`]; `FIRST`: the caller is the
+    /// first consumer, its barrier named by constant, as in the epilogue only it runs).
     ///
     /// # Safety
     /// Converged warpgroup; the exchange's previous readers are past a later barrier.
     #[inline(always)]
-    unsafe fn across_warpgroup(
+    unsafe fn across_warpgroup<const FIRST: bool>(
         &self,
         mut v: [f32; 8],
         op: fn(f32, f32) -> f32,
         zero: f32,
     ) -> [f32; 8] {
         let (w, g, c) = self.wgc();
-        let red = self.sm.red();
+        let red = self.sm.red(self.cw);
         // SAFETY: forwarded from the caller; rows < 32 of the four warps' exchange.
         unsafe {
             unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
@@ -743,7 +770,11 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
                 smem::st_shared_f32_if(at, v[2 * j], (g == 0) as u32);
                 smem::st_shared_f32_if(at + 4, v[2 * j + 1], (g == 0) as u32);
             });
-            sync::bar_sync_named::<BAR_MAX, CONSUMERS>();
+            if FIRST {
+                sync::bar_sync_named::<BAR_MAX, CONSUMERS>();
+            } else {
+                self.bar_wg::<BAR_MAX>();
+            }
             unroll!(j in [0, 1, 2, 3] {
                 let (mut a, mut b) = (zero, zero);
                 unroll!(ww in [0, 1, 2, 3] {
@@ -804,7 +835,7 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
         }
         // SAFETY: converged warpgroup; the previous block's readers of the exchange passed
         // its P barrier.
-        let mx = unsafe { self.across_warpgroup(mx, sync::fmax, f32::NEG_INFINITY) };
+        let mx = unsafe { self.across_warpgroup::<false>(mx, sync::fmax, f32::NEG_INFINITY) };
         // The running max (scaled; the scale is positive) and the factor for what O and the
         // sums hold; O and the sums rescaled before P = exp2(S scale - m_ref) is formed
         // (fewer values live at once: O, S, the running maxima and sums, the factors).
@@ -812,6 +843,14 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
         let mut same = true;
         unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
             let m_new = sync::fmax(self.m_run[k], mx[k] * self.scale);
+            // e4m3 P: the reference stays until the max passes it by more than
+            // `E4M3_RESCALE_SLACK` (P then stays under 2^(8 + slack), inside e4m3's range;
+            // the result is the same softmax), so most blocks rescale nothing.
+            let m_new = if K::KV_FP8 && m_new <= self.m_run[k] + E4M3_RESCALE_SLACK {
+                self.m_run[k]
+            } else {
+                m_new
+            };
             f[k] = sync::ex2(self.m_run[k] - m_ref_of(m_new));
             same &= f[k] == 1.0;
             self.m_run[k] = m_new;
@@ -843,7 +882,7 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
         }
         wgmma::fence_proxy_async_shared();
         // SAFETY: converged warpgroup.
-        unsafe { sync::bar_sync_named::<BAR_P, CONSUMERS>() };
+        unsafe { self.bar_wg::<BAR_P>() };
     }
 
     /// P (bf16) as rows of 64 tokens (128-byte swizzle): matrix (j, h) of the stores holds
@@ -854,7 +893,7 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
         let (mm, r) = (lane / 8, lane % 8);
         unroll!(x in [0, 1] {
             let (j, h) = (2 * x as u32 + mm / 2, mm % 2);
-            let addr = self.sm.p() + (8 * j + r) * 128 + (((2 * w + h) ^ r) << 4);
+            let addr = self.sm.p(self.cw) + (8 * j + r) * 128 + (((2 * w + h) ^ r) << 4);
             let mut v = [0u32; 4];
             unroll!(m in [0, 1, 2, 3] {
                 let (jj, hh) = (2 * x + m / 2, m % 2);
@@ -894,7 +933,7 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
         } else {
             (0x5140, 0x7362)
         };
-        let ps = arch::opaque(self.sm.p());
+        let ps = arch::opaque(self.sm.p(self.cw));
         let pos = 16 * w + 4 * (g / 2);
         let j0 = if odd { 2 } else { 0 };
         unroll!(m in [0, 1] {
@@ -916,7 +955,7 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
     #[inline(always)]
     unsafe fn pv(&mut self, at: Pos) {
         let sm = self.sm;
-        let p_s = arch::opaque(sm.p());
+        let p_s = arch::opaque(sm.p(self.cw));
         // SAFETY: converged warps (forwarded).
         let at = unsafe { at.lane0() };
         let da0 = wgmma::smem_desc(sm.slab(at.slot), SLAB, 1024, wgmma::Swizzle::B128);
@@ -951,22 +990,20 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
         }
     }
 
-    /// [`Consumer::pv`] with an fp8 cache: O^T += V^T P^T from the block's V^T entry `e`,
-    /// once the transposers filled it: two `k32` steps per 64-dim tile; then the entry is
-    /// free.
+    /// [`Consumer::pv`] with an fp8 cache: O^T += V^T P^T from this warpgroup's V^T entry
+    /// (written in [`Consumer::qk_e4m3`]): two `k32` steps per 64-dim tile.
     ///
     /// # Safety
     /// As [`Consumer::pv`].
     #[inline(always)]
-    unsafe fn pv_e4m3(&mut self, e: Pos) {
+    unsafe fn pv_e4m3(&mut self) {
         let sm = self.sm;
-        let p_s = arch::opaque(sm.p());
-        // SAFETY: converged warps (forwarded).
-        let e = unsafe { e.lane0() };
-        // SAFETY: forwarded from the caller; the entry is read once its full barrier passed.
+        // SAFETY: forwarded from the caller; the entry's writes passed the P barrier. The
+        // warpgroup index from lane 0 keeps the descriptors in uniform registers.
         unsafe {
-            bulk::mbarrier_wait_parity_warp(sm.full(e.slot), e.parity);
-            let da0 = wgmma::smem_desc(sm.vt(e.slot), 16, 512, wgmma::Swizzle::B64);
+            let cw = uniform(self.cw);
+            let p_s = arch::opaque(sm.p(cw));
+            let da0 = wgmma::smem_desc(sm.vt(cw), 16, 512, wgmma::Swizzle::B64);
             let db = wgmma::smem_desc(p_s, 16, 512, wgmma::Swizzle::B64);
             wgmma::wgmma_fence();
             unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
@@ -979,15 +1016,15 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
             wgmma::wgmma_commit_group();
             wgmma::wgmma_wait_group::<0>();
         }
-        self.release(e);
     }
 
     /// The cell's rows: exp-sums over the warpgroup, then the output (one split) or the
     /// split's f32 partial and LSE.
     ///
     /// # Safety
-    /// Converged warpgroup, after the cell's last block (every `wgmma` complete); the host
-    /// sized out, lse and the workspace (validated).
+    /// The (first) consumer warpgroup, converged, after the cell's last block (every `wgmma`
+    /// complete; with two consumers, after [`Consumer::merge`]); the host sized out, lse and
+    /// the workspace (validated).
     #[inline(always)]
     unsafe fn epilogue(&mut self) {
         let p = self.p;
@@ -995,7 +1032,7 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
         let rows = p.s_q * p.heads;
         // SAFETY: converged warpgroup; every thread read the last block's maxima before
         // the block's P barrier.
-        let l = unsafe { self.across_warpgroup(self.l, |x, y| x + y, 0.0) };
+        let l = unsafe { self.across_warpgroup::<true>(self.l, |x, y| x + y, 0.0) };
         let mut inv = [0.0f32; 8];
         let mut lse = [0.0f32; 8];
         // e4m3 P and the sums are 2^8 times the softmax's: the log-sum-exp takes that out.
@@ -1075,43 +1112,132 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
     }
 
     /// The whole cell: Q, then per block S^T, softmax, P.V; the epilogue. `n_slabs`: as for
-    /// [`produce`]. With an fp8 cache a split of more than [`PROMOTE_BLOCKS`] blocks moves O
-    /// to the f32 scratch after every [`PROMOTE_BLOCKS`] and merges it back at the end.
+    /// [`produce`]. With two consumers (fp8 forms) each takes every other block (the
+    /// second from `kb0 + 1`) and the second's rows are merged into the first's, which
+    /// runs the epilogue. With an fp8 cache a consumer that runs more than
+    /// [`PROMOTE_BLOCKS`] blocks of a cell moves O to the f32 scratch after every
+    /// [`PROMOTE_BLOCKS`] and merges it back at the end.
     ///
     /// # Safety
-    /// The consumer warpgroup, for every cell the producer runs, in the same order.
+    /// The consumer warpgroups, for every cell the producer runs, in the same order.
     #[inline(always)]
     unsafe fn run(&mut self, n_slabs: &mut u32) {
-        let promotes = K::KV_FP8 && self.kb1 - self.kb0 > PROMOTE_BLOCKS;
+        let wgs = Form::<K>::WGS;
+        let n0 = *n_slabs;
+        let own = (self.kb1 - self.kb0 + wgs - 1 - self.cw) / wgs;
+        let promotes = K::KV_FP8 && own > PROMOTE_BLOCKS;
         // SAFETY: forwarded from the caller.
         unsafe {
             self.load_q();
-            let mut blk = self.kb0;
+            let mut blk = self.kb0 + self.cw;
+            let mut done = 0u32;
             while blk < self.kb1 {
-                let at = Pos::of(*n_slabs, Form::<K>::COPY_SLOTS);
+                // The block's first slab in the slab count every role keeps.
+                let n = if wgs == 1 {
+                    *n_slabs
+                } else {
+                    n0 + 9 * (blk - self.kb0)
+                };
+                let at = Pos::of(n, Form::<K>::COPY_SLOTS);
                 let mut s = [0.0f32; 16];
-                self.qk(&mut s, at);
+                self.qk(&mut s, at, blk);
                 self.zero_tail(blk, at);
                 self.softmax(&mut s, blk);
                 if K::KV_FP8 {
-                    self.pv_e4m3(Pos::of(*n_slabs / 9, Form::<K>::SLOTS));
+                    self.pv_e4m3();
                 } else {
                     self.pv(at);
                 }
-                *n_slabs += 9;
-                blk += 1;
-                let done = blk - self.kb0;
+                if wgs == 1 {
+                    *n_slabs += 9;
+                }
+                blk += wgs;
+                done += 1;
                 if promotes && done.is_multiple_of(PROMOTE_BLOCKS) {
                     self.promote(done == PROMOTE_BLOCKS);
                 }
             }
+            *n_slabs = n0 + 9 * (self.kb1 - self.kb0);
             if promotes {
                 self.promote(false);
                 unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
                     self.o[i] = self.ld_acc(i);
                 });
             }
+            if wgs > 1 {
+                self.merge();
+                if self.cw != 0 {
+                    return;
+                }
+            }
             self.epilogue();
+        }
+    }
+
+    /// Folds the second consumer's rows into the first's (two consumers, after both ran
+    /// their blocks of the cell): its running maxima and exp-sum parts go through the P
+    /// tiles (free: every P.V is done), its O through the Q tile (free: every S^T is done)
+    /// four tiles at a time, and the first rescales both to the larger max. A thread's rows
+    /// and dims are the same in both consumers, so each thread merges its own values. Both
+    /// consumers run the same straight-line code (the second's stores predicated, its own
+    /// merged values unused), so no barrier sits behind a branch.
+    ///
+    /// # Safety
+    /// Both consumer warpgroups, converged, after their last block's P.V.
+    #[inline(always)]
+    unsafe fn merge(&mut self) {
+        let (q, ml) = (self.sm.q(), self.sm.p(0));
+        let tid = self.tid;
+        let second = (self.cw != 0) as u32;
+        // This thread's 16 bytes of quad `qd` of O tile `i % 4`: a warp's stores contiguous.
+        let slot = |i: u32, qd: u32| q + ((4 * (i % 4) + qd) * CONSUMERS + tid) * 16;
+        let at_m = |k: u32| ml + (k * CONSUMERS + tid) * 4;
+        let at_l = |k: u32| ml + ((8 + k) * CONSUMERS + tid) * 4;
+        // Per row of this thread: the factors for the first's and the second's values.
+        let mut f = [[0.0f32; 8]; 2];
+        // SAFETY: the offsets lie in the Q tile (4 x 4 x 128 x 16 bytes) and the P tiles
+        // (16 x 128 x 4 bytes), asserted above; each step's writes are read after the
+        // barrier that follows them and overwritten after the one that follows the reads.
+        unsafe {
+            unroll!(half in [0, 1] {
+                sync::bar_sync_named::<BAR_MERGE, { 2 * CONSUMERS }>();
+                if half == 0 {
+                    unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
+                        smem::st_shared_f32_if(at_m(k as u32), self.m_run[k], second);
+                        smem::st_shared_f32_if(at_l(k as u32), self.l[k], second);
+                    });
+                }
+                unroll!(i in [0, 1, 2, 3] {
+                    let o = &self.o[4 * half + i];
+                    unroll!(qd in [0, 1, 2, 3] {
+                        let v = [0, 1, 2, 3].map(|e| o[4 * qd + e].to_bits());
+                        smem::st_shared_v4_if(slot(i as u32, qd as u32), v, second);
+                    });
+                });
+                sync::bar_sync_named::<BAR_MERGE, { 2 * CONSUMERS }>();
+                if half == 0 {
+                    unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
+                        let m1 = smem::ld_shared_f32(at_m(k as u32));
+                        let l1 = smem::ld_shared_f32(at_l(k as u32));
+                        let m = sync::fmax(self.m_run[k], m1);
+                        let r = m_ref_of(m);
+                        f[0][k] = sync::ex2(self.m_run[k] - r);
+                        f[1][k] = sync::ex2(m1 - r);
+                        self.m_run[k] = m;
+                        self.l[k] = self.l[k] * f[0][k] + l1 * f[1][k];
+                    });
+                }
+                unroll!(i in [0, 1, 2, 3] {
+                    let o = &mut self.o[4 * half + i];
+                    unroll!(qd in [0, 1, 2, 3] {
+                        let v = smem::ld_shared_v4(slot(i as u32, qd as u32));
+                        unroll!(e in [0, 1, 2, 3] {
+                            let k = 2 * qd + e % 2;
+                            o[4 * qd + e] = sync::fma(f32::from_bits(v[e]), f[1][k], o[4 * qd + e] * f[0][k]);
+                        });
+                    });
+                });
+            });
         }
     }
 
@@ -1121,7 +1247,8 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
     /// contiguous.
     #[inline(always)]
     fn acc(&self) -> *mut f32 {
-        let at = arch::block_idx_x() as usize * mla_abi::ACC_FLOATS_PER_CTA;
+        let at = arch::block_idx_x() as usize * mla_abi::ACC_FLOATS_PER_CTA
+            + self.cw as usize * ACC_PER_WG;
         // SAFETY: inside the launch's scratch (the host sizes it for grid.x CTAs, each
         // ACC_FLOATS_PER_CTA floats, enough for these slots).
         unsafe { self.p.acc.ptr().add(at) }
@@ -1196,8 +1323,9 @@ fn acc_quad(acc: *mut f32, tid: usize, i: usize, q: usize) -> *mut f32 {
 
 /// The kernel body (see the module docs): a persistent CTA takes the cells of the virtual
 /// grid `(row tiles, batch, persist_splits)` that are its own (`c, c + grid, ...`) and have
-/// work, marked one bit per thread at a time; the consumer warpgroup runs each cell, the
-/// producer issues its copies, the transposers (fp8 caches) write V^T.
+/// work, marked one bit per thread at a time; the consumer warpgroup (two with an fp8
+/// cache, each walking the cells in its own loop after taking its registers) runs each
+/// cell, the producer issues its copies.
 ///
 /// # Safety
 /// Launched with the threads of `K`'s layout (`TMA32_BF16`, `TMA32_FP8`, or with
@@ -1217,12 +1345,9 @@ pub unsafe fn decode_tma32<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *co
         if tid == 0 {
             let bars = 2 * (Form::<K>::SLOTS + Form::<K>::RAW_SLOTS);
             for k in 0..bars {
-                // The `cp.async` form's full barriers: the producer warpgroup's arrivals; the
-                // fp8 forms' raw free barriers: S^T's and the transposers'.
+                // The `cp.async` form's full barriers: the producer warpgroup's arrivals.
                 let count = if K::KV_CP && k < Form::<K>::SLOTS {
                     CP_PRODUCERS
-                } else if K::KV_FP8 && k >= 2 * Form::<K>::SLOTS + Form::<K>::RAW_SLOTS {
-                    2
                 } else {
                     1
                 };
@@ -1239,8 +1364,41 @@ pub unsafe fn decode_tma32<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *co
     }
     // The slabs this CTA's cells have taken so far: each role's ring positions.
     let mut n_slabs = 0u32;
+    if Form::<K>::WGS > 1 {
+        // SAFETY: as below; `setmaxnreg` by whole warpgroups (the consumers are warpgroups
+        // 0-1), their limits summing to the launch's 384 x 168.
+        unsafe {
+            if tid < Form::<K>::PRODUCER {
+                wgmma::setmaxnreg_inc::<REGS_CONSUMER>();
+                for_each_cell!(
+                    &p,
+                    Form::<K>::THREADS,
+                    sm.cells(),
+                    sync::bar_sync_unaligned,
+                    |_, b, split, work| {
+                        let mut cell = Consumer::<K>::new(&p, sm, &work, b, split);
+                        cell.run(&mut n_slabs);
+                    }
+                );
+            } else {
+                wgmma::setmaxnreg_dec::<REGS_SUPPORT>();
+                for_each_cell!(
+                    &p,
+                    Form::<K>::THREADS,
+                    sm.cells(),
+                    sync::bar_sync_unaligned,
+                    |_, b, _, work| {
+                        if tid == Form::<K>::PRODUCER {
+                            produce(&p, tmap, sm, &work, b, &mut n_slabs);
+                        }
+                    }
+                );
+            }
+        }
+        return;
+    }
     // SAFETY: every thread walks the same cells in the same order (`for_each_cell`): the
-    // producer issues exactly the slabs the converters and the consumer read.
+    // producer issues exactly the slabs the consumer reads.
     unsafe {
         for_each_cell!(
             &p,
@@ -1251,14 +1409,10 @@ pub unsafe fn decode_tma32<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *co
                 if tid < CONSUMERS {
                     let mut cell = Consumer::<K>::new(&p, sm, &work, b, split);
                     cell.run(&mut n_slabs);
-                } else if tid >= Form::<K>::PRODUCER {
-                    if K::KV_CP {
-                        produce_cp(&p, sm, &work, b, &mut n_slabs);
-                    } else if tid == Form::<K>::PRODUCER {
-                        produce(&p, tmap, sm, &work, b, &mut n_slabs);
-                    }
-                } else {
-                    transpose(sm, &work, &mut n_slabs);
+                } else if K::KV_CP {
+                    produce_cp(&p, sm, &work, b, &mut n_slabs);
+                } else if tid == Form::<K>::PRODUCER {
+                    produce(&p, tmap, sm, &work, b, &mut n_slabs);
                 }
             }
         );
