@@ -1364,35 +1364,35 @@ pub unsafe fn decode_tma32<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *co
     }
     // The slabs this CTA's cells have taken so far: each role's ring positions.
     let mut n_slabs = 0u32;
+    // This CTA's cells with work, in the order every role walks them.
+    macro_rules! cells {
+        ($($body:tt)*) => {
+            for_each_cell!(
+                &p,
+                Form::<K>::THREADS,
+                sm.cells(),
+                sync::bar_sync_unaligned,
+                $($body)*
+            )
+        };
+    }
     if Form::<K>::WGS > 1 {
         // SAFETY: as below; `setmaxnreg` by whole warpgroups (the consumers are warpgroups
         // 0-1), their limits summing to the launch's 384 x 168.
         unsafe {
             if tid < Form::<K>::PRODUCER {
                 wgmma::setmaxnreg_inc::<REGS_CONSUMER>();
-                for_each_cell!(
-                    &p,
-                    Form::<K>::THREADS,
-                    sm.cells(),
-                    sync::bar_sync_unaligned,
-                    |_, b, split, work| {
-                        let mut cell = Consumer::<K>::new(&p, sm, &work, b, split);
-                        cell.run(&mut n_slabs);
-                    }
-                );
+                cells!(|_, b, split, work| {
+                    let mut cell = Consumer::<K>::new(&p, sm, &work, b, split);
+                    cell.run(&mut n_slabs);
+                });
             } else {
                 wgmma::setmaxnreg_dec::<REGS_SUPPORT>();
-                for_each_cell!(
-                    &p,
-                    Form::<K>::THREADS,
-                    sm.cells(),
-                    sync::bar_sync_unaligned,
-                    |_, b, _, work| {
-                        if tid == Form::<K>::PRODUCER {
-                            produce(&p, tmap, sm, &work, b, &mut n_slabs);
-                        }
+                cells!(|_, b, _, work| {
+                    if tid == Form::<K>::PRODUCER {
+                        produce(&p, tmap, sm, &work, b, &mut n_slabs);
                     }
-                );
+                });
             }
         }
         return;
@@ -1400,21 +1400,15 @@ pub unsafe fn decode_tma32<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *co
     // SAFETY: every thread walks the same cells in the same order (`for_each_cell`): the
     // producer issues exactly the slabs the consumer reads.
     unsafe {
-        for_each_cell!(
-            &p,
-            Form::<K>::THREADS,
-            sm.cells(),
-            sync::bar_sync_unaligned,
-            |_, b, split, work| {
-                if tid < CONSUMERS {
-                    let mut cell = Consumer::<K>::new(&p, sm, &work, b, split);
-                    cell.run(&mut n_slabs);
-                } else if K::KV_CP {
-                    produce_cp(&p, sm, &work, b, &mut n_slabs);
-                } else if tid == Form::<K>::PRODUCER {
-                    produce(&p, tmap, sm, &work, b, &mut n_slabs);
-                }
+        cells!(|_, b, split, work| {
+            if tid < CONSUMERS {
+                let mut cell = Consumer::<K>::new(&p, sm, &work, b, split);
+                cell.run(&mut n_slabs);
+            } else if K::KV_CP {
+                produce_cp(&p, sm, &work, b, &mut n_slabs);
+            } else if tid == Form::<K>::PRODUCER {
+                produce(&p, tmap, sm, &work, b, &mut n_slabs);
             }
-        );
+        });
     }
 }
