@@ -89,6 +89,19 @@ fn ptx_is_self_contained_and_matches_the_abi() {
                 );
                 assert!(ptx.contains(&decl), "{tag}: no `{decl}`");
             }
+            // A kernel that moves registers between warpgroups carries the build's
+            // `.maxntid`, which must be its launch shape (ptxas sizes the registers by it).
+            let Some(body) = ptx_body(ptx, k.symbol) else {
+                continue;
+            };
+            if body.contains("setmaxnreg") {
+                let bound = format!(".maxntid {}, 1, 1", k.block);
+                assert!(
+                    body.contains(&bound),
+                    "{tag}: {} uses setmaxnreg without `{bound}`",
+                    k.symbol
+                );
+            }
         }
     }
 }
