@@ -54,11 +54,10 @@ use crate::tactic::{Switches, Tile};
 ///
 /// One more picks a kernel, and is no tactic switch (the C ABI's 64-byte tactic string has
 /// no room for it):
-/// - `MLA_TMA32=0`: the 64-row TMA decode where a bf16 request of at most 32 rows takes the
-///   small-row one by default ([`DecodeKernels::tma32`]; 1.00-1.14x the 64-row one's speed on
-///   the H200); `MLA_TMA32=fp8`: the small-row forms for fp8 caches too (1.11-1.26x the padded
-///   64-row e4m3 decode at 17-32 rows, but one case of the GPU case matrix exceeded their
-///   e4m3 error budget: opt-in until that is settled, docs/PERF.md section 4).
+/// - `MLA_TMA32=0`: the 64-row TMA decode where a request of at most 32 rows takes the
+///   small-row one by default ([`DecodeKernels::tma32`]; bf16 1.00-1.14x the 64-row one's
+///   speed on the H200, fp8 caches 1.11-1.24x the padded 64-row e4m3 decode at 17-32 rows);
+///   `MLA_TMA32=bf16`: the small-row decode for bf16 caches only (for A/Bs).
 /// - `MLA_TMA32_CP=0`: the `cp.async` `wgmma` decode where a bf16 request of at most 32 rows
 ///   would take the small-row decode's `cp.async` form ([`DecodeKernels::tma32_cp`]; for
 ///   A/Bs).
@@ -88,7 +87,7 @@ impl Overrides {
                 tma: on("MLA_WG_TMA"),
                 fold: on("MLA_SCHED_FOLD"),
                 tma32: tma32.as_deref() != Ok("0"),
-                tma32_fp8: tma32.as_deref() == Ok("fp8"),
+                tma32_fp8: !matches!(tma32.as_deref(), Ok("0") | Ok("bf16")),
                 tma32_cp: on("MLA_TMA32_CP"),
                 tma_cp: on("MLA_TMA_CP"),
             }
@@ -262,8 +261,8 @@ impl DecodeKernels {
     }
 
     /// [`DecodeKernels`] that run the small-row TMA decode (`on`) where a request of at most
-    /// `decode_tile::TMA32_ROWS` rows takes the TMA decode: bf16, and fp8 caches with `fp8`
-    /// (opt-in). By default bf16 only (`MLA_TMA32`, [`Overrides`]).
+    /// `decode_tile::TMA32_ROWS` rows takes the TMA decode: bf16, and fp8 caches with `fp8`.
+    /// By default both (`MLA_TMA32`, [`Overrides`]).
     pub fn small_rows(self, on: bool, fp8: bool) -> DecodeKernels {
         let tma32 = self
             .tma

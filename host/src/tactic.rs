@@ -24,8 +24,9 @@ pub const M32_MIN_BATCH: usize = 9;
 
 /// Fewest tokens a plan must admit in all (`max_batch * max_seq_len`) for an fp8 cache
 /// under bf16 Q with 17 to 32 rows to take the `wgmma` tile, whose TMA decode runs the e4m3
-/// tensor cores (the rows padded to 64, Q in two parts; the small-row decode's fp8 forms
-/// with `MLA_TMA32=fp8`), over the 16- and 32-row kernels that convert fp8 in registers; its
+/// tensor cores (by default the small-row decode's two-consumer fp8 forms; measured below
+/// with the rows padded to 64, which they beat by 1.11-1.26x at B=128, so the bound is
+/// conservative), over the 16- and 32-row kernels that convert fp8 in registers; its
 /// sequences must also admit [`E4M3_32_ROW_MIN_LEN`] tokens.
 /// H200, peers' harness, H=16 S_q=2, page 64, us (the better of the 16- and 32-row tiles
 /// against `wgmma`): at 65536 tokens the small tiles lead (B=1 L=65536 40.3 / 44.9, B=16
@@ -171,7 +172,8 @@ impl Tile {
     /// The default tile for `rows` query rows in a plan of `size` on `backend` with
     /// `dtypes`: on sm_90a
     /// with an fp8 cache the 16-row tile up to 16 rows; up to 32 the `wgmma` tile (its e4m3
-    /// TMA decode) in plans of [`E4M3_32_ROW_MIN_TOKENS`] tokens or more
+    /// TMA decode, the small-row fp8 forms by default) in plans of [`E4M3_32_ROW_MIN_TOKENS`]
+    /// tokens or more
     /// ([`E4M3_32_ROW_MIN_TOKENS_FP8Q`] under fp8 Q) with pages the TMA decode takes, else
     /// the 32-row tile from [`M32_MIN_BATCH`] sequences on, unless the plan is small
     /// ([`small_plan`]; two 16-row tiles otherwise); with bf16 at 17-32 rows and pages of 16

@@ -35,11 +35,11 @@
 //!   K-major, so each consumer writes its block's V^T (eight tiles of 64 dims x 64 tokens,
 //!   [`e4m3::transpose_vt_part`], a quarter a warp, tokens past the sequence end as zeros)
 //!   into its own V^T entry (in the bf16 ring's place) while its S^T `wgmma`s run; a raw slab
-//!   is free once both are done. P is quantised per row at `2^8` over a reference max that
-//!   moves only when a block's max passes it by more than `E4M3_RESCALE_SLACK` (so most
-//!   blocks rescale nothing), and stored in V^T's token order; O is promoted to the f32
-//!   scratch (each consumer its own slots) every `2 E4M3_PROMOTE_PAIRS` blocks a consumer
-//!   runs. The fp8 scales are in the params' softmax and value scales.
+//!   is free once both are done. P is quantised per row at `2^8` over the consumer's running
+//!   max (its largest key exactly `2^8`, as in one running max: a reference left below a
+//!   block's max would round that key's weight by up to 2^-4), and stored in V^T's token
+//!   order; O is promoted to the f32 scratch (each consumer its own slots) every
+//!   `2 E4M3_PROMOTE_PAIRS` blocks a consumer runs. The fp8 scales are in the params' softmax and value scales.
 //! - A thread's S^T accumulators hold tokens `16 w + g` and `+ 8` (warp `w`, quad row `g`)
 //!   of its rows `8 j + 2 c` and `+ 1` (`j < 4`, quad column `c`); so do its O^T
 //!   accumulators (dims instead of tokens), so the row statistics of a thread's eight rows
@@ -71,9 +71,6 @@ const RAW_SLAB: u32 = T::TMA32_RAW_SLAB as u32;
 /// An e4m3 Q tile (32 rows x 64 bytes) and the `lo` part's offset.
 const E4_Q_TILE: u32 = ROWS * 64;
 const E4_Q_LO: u32 = T::TMA32_E4_Q_LO as u32;
-/// How far (log2 units) a row's max may pass its reference before the fp8 forms rescale:
-/// e4m3 P is `2^(8 + s - m)`, under 2^8.5 = 362 with this slack, inside e4m3's 448.
-const E4M3_RESCALE_SLACK: f32 = 0.5;
 /// Blocks of a split between promotions of O to the f32 scratch (the fp8 forms).
 const PROMOTE_BLOCKS: u32 = 2 * T::E4M3_PROMOTE_PAIRS;
 /// A consumer warpgroup's threads (warps 0-3; with an fp8 cache warps 4-7 are the second);
@@ -843,14 +840,6 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
         let mut same = true;
         unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
             let m_new = sync::fmax(self.m_run[k], mx[k] * self.scale);
-            // e4m3 P: the reference stays until the max passes it by more than
-            // `E4M3_RESCALE_SLACK` (P then stays under 2^(8 + slack), inside e4m3's range;
-            // the result is the same softmax), so most blocks rescale nothing.
-            let m_new = if K::KV_FP8 && m_new <= self.m_run[k] + E4M3_RESCALE_SLACK {
-                self.m_run[k]
-            } else {
-                m_new
-            };
             f[k] = sync::ex2(self.m_run[k] - m_ref_of(m_new));
             same &= f[k] == 1.0;
             self.m_run[k] = m_new;
