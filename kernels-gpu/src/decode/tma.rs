@@ -241,10 +241,14 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     }
 
     /// Initialises the mbarriers (thread 0) and prefetches the map (the issuers), once per
-    /// CTA before its first cell; the first [`Cta::prologue`]'s CTA barrier publishes them.
+    /// CTA before its first cell; a CTA barrier publishes them before any thread copies or
+    /// arrives. (The `cp.async` e4m3 form's copies start in every thread before the
+    /// prologue's barrier: without this one, a warp whose rows all lie past the sequence end
+    /// could arrive before the init, which then erased its arrival and the slab never
+    /// completed.)
     ///
     /// # Safety
-    /// Every thread of the CTA, once, before any copy.
+    /// Every thread of the CTA, converged warps, once, before any copy.
     #[inline(always)]
     unsafe fn init_once(&self) {
         // SAFETY: forwarded from the caller.
@@ -261,6 +265,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                 }
                 bulk::fence_mbarrier_init();
             }
+            sync::bar_sync();
         }
     }
 
@@ -611,6 +616,12 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             self.st_rows(4 + wg, l_own);
             sync::bar_sync();
             let l_other = self.ld_rows(5 - wg);
+            // bf16 Q with an fp8 cache: the next cell's prologue writes its Q scales to
+            // exchange entry 4 before its first CTA barrier, and a split's stores below have
+            // none, so every thread reads the row sums first.
+            if Self::SPLIT_Q && self.nsplit != 1 {
+                sync::bar_sync();
+            }
             let l_tot = [l_own[0] + l_other[0], l_own[1] + l_other[1]];
             if self.nsplit == 1 {
                 self.store_out(l_tot);
