@@ -292,7 +292,8 @@ const SYNC_SITES: &[(&str, SyncSites)] = &[
         (5, &[(0, 3), (1, 2), (2, 1), (3, 3)], &[]),
     ),
     // The fp8 forms (e4m3, two consumer warpgroups): one `wgmma` wait for S^T and one for
-    // the P.V; each consumer's row exchange and P on its own barriers (a register id), the
+    // the P.V; each consumer's row exchange and P on its own barriers (a register id; the
+    // exchange's also once before the raw slabs are freed, after every warp's transpose), the
     // epilogue's exchange (1, the first consumer's only) and output staging (3, twice);
     // both consumers' Q (9) and merge (10, four); five CTA barriers (the start, two around
     // each marking in the consumers' and the producer warpgroup's cell walks).
@@ -300,7 +301,7 @@ const SYNC_SITES: &[(&str, SyncSites)] = &[
         "mla_decode_tma32_fp8kv_bf16q",
         (
             2,
-            &[(0, 5), (1, 1), (3, 2), (9, 1), (10, 4), (REG_ID, 2)],
+            &[(0, 5), (1, 1), (3, 2), (9, 1), (10, 4), (REG_ID, 3)],
             &[],
         ),
     ),
@@ -308,7 +309,7 @@ const SYNC_SITES: &[(&str, SyncSites)] = &[
         "mla_decode_tma32_fp8",
         (
             2,
-            &[(0, 5), (1, 1), (3, 2), (9, 1), (10, 4), (REG_ID, 2)],
+            &[(0, 5), (1, 1), (3, 2), (9, 1), (10, 4), (REG_ID, 3)],
             &[],
         ),
     ),

@@ -663,8 +663,9 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
     }
 
     /// [`Consumer::qk`] with an fp8 cache: S^T from the block's raw slabs at `at` (raw ring)
-    /// and the e4m3 Q, two `k32` steps a slab (each twice under bf16 Q: `hi`, then `lo`);
-    /// then this warpgroup's arrival frees the nine raw slabs.
+    /// and the e4m3 Q, two `k32` steps a slab (each twice under bf16 Q: `hi`, then `lo`),
+    /// and the block's V^T; then, after a warpgroup barrier, thread 0 frees the nine raw
+    /// slabs.
     ///
     /// # Safety
     /// As [`Consumer::qk`].
@@ -681,6 +682,12 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
         let db0 = wgmma::smem_desc(arch::opaque(sm.q()), 16, 512, wgmma::Swizzle::B64);
         // SAFETY: forwarded from the caller; each slab is read once its copy landed.
         unsafe {
+            // The ring holds three blocks, so the block these slots held before this one was
+            // the other consumer's: until it has landed and been freed, the full barriers
+            // may still be a phase behind, and a wait on this block's parity would pass on
+            // that older phase. Its release is the phase the producer waited on before
+            // issuing this block; one barrier tells, as a block's nine are freed together.
+            bulk::mbarrier_wait_parity_warp(free, at.parity ^ 1);
             wgmma::wgmma_fence();
             unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
                 bulk::mbarrier_wait_parity_warp(full + 8 * j as u32, at.parity);
@@ -710,6 +717,8 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
                 transpose_vt_part::<true>(raw, vt, w, lane, valid);
             }
             wgmma::wgmma_wait_group::<0>();
+            // Every warp's transpose has read the slabs before thread 0 frees them.
+            self.bar_wg::<BAR_MAX>();
             let first = (self.tid == 0) as u32;
             unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
                 bulk::mbarrier_arrive_if(free + 8 * j as u32, first);
