@@ -27,7 +27,7 @@ while (( $(date +%s) - t0 < secs )); do
   log=$logs/run-$runs.log
   MLA_SEED=$seed "$bin" --test-threads=1 --nocapture "$filter" >"$log" 2>&1 &
   pid=$!
-  last_size=-1 still=0
+  last_size=-1 still=0 stuck=0
   while kill -0 "$pid" 2>/dev/null; do
     sleep 1
     size=$(stat -c %s "$log")
@@ -37,14 +37,14 @@ while (( $(date +%s) - t0 < secs )); do
       grep -E "\] run " "$log" | tail -1
       nvidia-smi --query-gpu=utilization.gpu,clocks.sm,power.draw --format=csv,noheader
       kill -9 "$pid"
-      stalled=$((stalled + 1))
+      stuck=1
       break
     fi
   done
   wait "$pid" 2>/dev/null
   rc=$?
-  if (( still >= stall )); then
-    :
+  if (( stuck )); then
+    stalled=$((stalled + 1))
   elif [[ $rc == 0 ]]; then
     passed=$((passed + 1))
     rm -f "$log"

@@ -39,7 +39,8 @@
 //!   max (its largest key exactly `2^8`, as in one running max: a reference left below a
 //!   block's max would round that key's weight by up to 2^-4), and stored in V^T's token
 //!   order; O is promoted to the f32 scratch (each consumer its own slots) every
-//!   `2 E4M3_PROMOTE_PAIRS` blocks a consumer runs. The fp8 scales are in the params' softmax and value scales.
+//!   `2 E4M3_PROMOTE_PAIRS` blocks a consumer runs. The fp8 scales are in the params'
+//!   softmax and value scales.
 //! - A thread's S^T accumulators hold tokens `16 w + g` and `+ 8` (warp `w`, quad row `g`)
 //!   of its rows `8 j + 2 c` and `+ 1` (`j < 4`, quad column `c`); so do its O^T
 //!   accumulators (dims instead of tokens), so the row statistics of a thread's eight rows
