@@ -22,14 +22,23 @@
  * - Scales: logits are q.k * softmax_scale; with an fp8 cache also times
  *   q_scale * kv_scale, and values times kv_scale. q_scale must be 1 unless q is fp8 and
  *   kv_scale 1 unless the cache is fp8 (MLA_ERR_INVALID otherwise: a zeroed struct is not
- *   valid). output_scale multiplies out only; lse does not include it.
+ *   valid). softmax_scale, q_scale and kv_scale must be finite and > 0, output_scale
+ *   finite, and so must the products the kernels use: softmax_scale * q_scale * kv_scale
+ *   * log2(e) (finite, > 0) and output_scale * kv_scale (finite). output_scale multiplies
+ *   out only; lse does not include it.
+ * - The page table must hold the s_q tokens of a step: max_pages * page_size >= s_q
+ *   (MLA_ERR_INVALID naming page_table otherwise; unsharded plans).
+ * - A q / kv dtype pair other than bf16/bf16, fp16/fp16, bf16/fp8 and fp8/fp8 is
+ *   MLA_ERR_UNSUPPORTED.
  * - Page-table entries past a sequence's pages (columns >= ceil(seq_len / page_size))
  *   are never read.
  * - A page id outside [0, num_pages) reads as zero rows (never out of bounds); a length
  *   past max_pages * page_size is cut there. Neither is an error; a plan in checked mode
  *   (mla_plan_set_checked) records the first such fault for mla_plan_fault.
  * - One plan must not run on two streams at once (its workspace holds the run in flight);
- *   use a plan per stream. Plans and runtimes may be used from any thread. */
+ *   use a plan per stream. Plans and runtimes may be used from any thread, but
+ *   mla_plan_set_checked and mla_plan_set_shard change the plan: no other call on that
+ *   plan may be in progress on any thread while they run. */
 #ifndef MLA_H
 #define MLA_H
 

@@ -23,7 +23,7 @@ use crate::request::{DecodeDtypes, DecodeShape};
 /// The environment variable that overrides the order of backends.
 pub const ENV_BACKENDS: &str = "MLA_BACKENDS";
 
-/// Largest `gridDim.z` a launch may use; the decode puts the batch there.
+/// Largest `gridDim.y` / `gridDim.z` a launch may use; the decode grid puts the batch on y.
 const GRID_Z_MAX: usize = 65_535;
 
 /// A decode implementation. The order of preference is the order of [`Backend::ALL`].
@@ -158,7 +158,12 @@ impl From<&DecodeShape> for Geometry {
             dtypes: shape.dtypes,
             max_batch: shape.batch,
             // Saturates so an absurd table width is refused as a capacity, not a panic.
-            max_seq_len: shape.max_pages.saturating_mul(shape.page_size),
+            // Lengths are i32 and the kernels clamp them to the table's capacity: a table
+            // wider than i32::MAX tokens is not a longer sequence.
+            max_seq_len: shape
+                .max_pages
+                .saturating_mul(shape.page_size)
+                .min(i32::MAX as usize),
         }
     }
 }

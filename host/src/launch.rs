@@ -62,13 +62,16 @@ pub struct DecodeWorkspace {
 
 impl DecodeWorkspace {
     pub fn new(stream: &Arc<CudaStream>, capacity: WorkspaceCapacity) -> Result<Self> {
-        if capacity.batch == 0
-            || capacity.rows == 0
+        if !(1..=MAX_GRID_YZ).contains(&capacity.batch)
+            || !(1..=(mla_abi::MAX_HEADS * mla_abi::MAX_S_Q) as usize).contains(&capacity.rows)
             || !(1..=MAX_SPLITS as usize).contains(&capacity.max_splits)
         {
             return Err(MlaError::shape(
                 "workspace capacity",
-                format!("batch >= 1, rows >= 1, max_splits in 1..={MAX_SPLITS}"),
+                format!(
+                    "batch in 1..={MAX_GRID_YZ}, rows in 1..={}, max_splits in 1..={MAX_SPLITS}",
+                    mla_abi::MAX_HEADS * mla_abi::MAX_S_Q
+                ),
                 format!("{capacity:?}"),
             ));
         }
@@ -719,7 +722,7 @@ impl Runtime {
         (batch, s_q, heads, max_splits): (usize, usize, usize, usize),
         output_scale: f32,
     ) -> Result<()> {
-        let rows = s_q * heads;
+        let rows = s_q.saturating_mul(heads);
         let need = |field: &'static str, have: usize, want: usize| {
             if have < want {
                 Err(MlaError::shape(field, format!(">= {want} elements"), have))
@@ -729,6 +732,8 @@ impl Runtime {
         };
         if batch == 0
             || rows == 0
+            || s_q > mla_abi::MAX_S_Q as usize
+            || heads > mla_abi::MAX_HEADS as usize
             || batch > MAX_GRID_YZ
             || !(1..=MAX_SPLITS as usize).contains(&max_splits)
         {

@@ -328,6 +328,8 @@ pub fn validate_append_split(
 
     positive("kv_scale", req.kv_scale)?;
     unit_unless_fp8("kv_scale", req.kv_scale, KV.tensor, cache)?;
+    // The kernel multiplies by 1 / kv_scale (inf for a subnormal scale: 0 * inf = NaN).
+    positive("1 / kv_scale", 1.0 / req.kv_scale)?;
     host_mirror(
         &req.host,
         &paged,
@@ -537,7 +539,8 @@ fn paged_layout(
     )?;
     let max_pages = dim_in(PAGE_TABLE.shape[1], page_table.shape[1], 1..=U32_LIMIT)?;
     unit_last_stride(&PAGE_TABLE, page_table)?;
-    let row_stride = page_table.strides[0];
+    // The stride of an extent-1 dim is never looked at (convention at the top).
+    let row_stride = if batch > 1 { page_table.strides[0] } else { 0 };
     if row_stride > U32_LIMIT {
         return Err(MlaError::shape(
             PAGE_TABLE.strides[0],
@@ -820,7 +823,17 @@ fn decode_scales(scales: &Scales, dtypes: DecodeDtypes) -> Result<()> {
     positive("scales.q_scale", scales.q_scale)?;
     positive("scales.kv_scale", scales.kv_scale)?;
     unit_unless_fp8("scales.q_scale", scales.q_scale, Q.tensor, dtypes.q())?;
-    unit_unless_fp8("scales.kv_scale", scales.kv_scale, KV.tensor, dtypes.kv())
+    unit_unless_fp8("scales.kv_scale", scales.kv_scale, KV.tensor, dtypes.kv())?;
+    // The kernels use products of the scales (the logits' factor in base 2, the outputs'
+    // dequantising factor): each factor finite is not enough.
+    positive(
+        "scales.softmax_scale * q_scale * kv_scale * log2(e)",
+        scales.softmax_scale * scales.q_scale * scales.kv_scale * core::f32::consts::LOG2_E,
+    )?;
+    finite(
+        "scales.output_scale * kv_scale",
+        scales.output_scale * scales.kv_scale,
+    )
 }
 
 // ---- host mirror ---------------------------------------------------------------------

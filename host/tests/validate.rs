@@ -460,6 +460,49 @@ fn decode_rejects_kv_scale_for_fp16_kv_and_bad_fp8_scales() {
     invalid_shape(validate_decode(&r), "scales.output_scale");
 }
 
+#[test]
+fn append_rejects_a_subnormal_kv_scale() {
+    // 1 / kv_scale is inf: a zero element would be written to the cache as NaN.
+    let mut r = append_req(ElemType::Fp8E4m3, ElemType::Bf16);
+    r.kv_scale = 1e-40;
+    invalid_shape(validate_append(&r), "1 / kv_scale");
+    r.kv_scale = 1e-30;
+    validate_append(&r).unwrap();
+}
+
+#[test]
+fn decode_rejects_scale_products_the_kernels_cannot_hold() {
+    // Each factor finite, the logits' factor not: refused, not a NaN output.
+    let mut r = decode_req(DecodeDtypes::Fp8);
+    (r.scales.q_scale, r.scales.kv_scale) = (1e20, 1e20);
+    invalid_shape(
+        validate_decode(&r),
+        "scales.softmax_scale * q_scale * kv_scale * log2(e)",
+    );
+    // Underflow to zero is refused too.
+    let mut r = decode_req(DecodeDtypes::Fp8);
+    (r.scales.softmax_scale, r.scales.q_scale, r.scales.kv_scale) = (1e-20, 1e-20, 1e-20);
+    invalid_shape(
+        validate_decode(&r),
+        "scales.softmax_scale * q_scale * kv_scale * log2(e)",
+    );
+    // bf16: softmax_scale * log2(e) past f32::MAX.
+    let mut r = bf16_req();
+    r.scales.softmax_scale = f32::MAX;
+    invalid_shape(
+        validate_decode(&r),
+        "scales.softmax_scale * q_scale * kv_scale * log2(e)",
+    );
+    let mut r = decode_req(DecodeDtypes::Fp8);
+    (r.scales.output_scale, r.scales.kv_scale) = (1e30, 1e30);
+    r.scales.softmax_scale = 1e-35;
+    invalid_shape(validate_decode(&r), "scales.output_scale * kv_scale");
+    // Large but representable products pass.
+    let mut r = decode_req(DecodeDtypes::Fp8);
+    (r.scales.q_scale, r.scales.kv_scale, r.scales.output_scale) = (1e10, 1e10, 1e10);
+    validate_decode(&r).unwrap();
+}
+
 // ---- append and gather -------------------------------------------------------------------
 
 #[test]
@@ -675,7 +718,10 @@ fn paged_by_spec(
         pt.shape[1] == 1 || pt.strides[1] == 1,
         "page table last stride"
     );
-    rule!(pt.strides[0] as u128 <= U32, "page table row stride");
+    rule!(
+        batch == 1 || pt.strides[0] as u128 <= U32,
+        "page table row stride"
+    );
     rule!(sl.shape[0] == batch, "seq_lens batch");
     rule!(batch == 1 || sl.strides[0] == 1, "seq_lens stride");
     rule!(
@@ -808,6 +854,14 @@ fn decode_by_spec(r: &DecodeRequest) -> Result<(), String> {
         kv.dtype == Fp8E4m3 || sc.kv_scale == 1.0,
         "kv_scale for 16-bit kv"
     );
+    rule!(
+        scale_ok(sc.softmax_scale * sc.q_scale * sc.kv_scale * std::f32::consts::LOG2_E),
+        "the kernels' logit scale"
+    );
+    rule!(
+        (sc.output_scale * sc.kv_scale).is_finite(),
+        "the kernels' output factor"
+    );
 
     let hi = cap.min(i32::MAX as u128) as i64;
     // Padding (<= 0) and short lengths are valid.
@@ -843,6 +897,7 @@ fn append_by_spec(r: &AppendRequest) -> Result<(), String> {
     let s: Vec<(u128, u128)> = spans.iter().flatten().copied().collect();
     rule!((1..4).all(|i| disjoint(s[0], s[i])), "cache aliasing");
     rule!(scale_ok(r.kv_scale), "kv_scale");
+    rule!(scale_ok(1.0 / r.kv_scale), "1 / kv_scale");
     rule!(
         kv.dtype == ElemType::Fp8E4m3 || r.kv_scale == 1.0,
         "kv_scale 16-bit"
@@ -1210,6 +1265,9 @@ fn mutate(rng: &mut SplitMix64, c: &mut Case) {
                     1.0,
                     2.0,
                     1e-40,
+                    1e-30,
+                    1e30,
+                    3e38,
                 ],
             );
             match rng.range(0, 4) {
