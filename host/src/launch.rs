@@ -62,15 +62,15 @@ pub struct DecodeWorkspace {
 
 impl DecodeWorkspace {
     pub fn new(stream: &Arc<CudaStream>, capacity: WorkspaceCapacity) -> Result<Self> {
+        let max_rows = (mla_abi::MAX_HEADS * mla_abi::MAX_S_Q) as usize;
         if !(1..=MAX_GRID_YZ).contains(&capacity.batch)
-            || !(1..=(mla_abi::MAX_HEADS * mla_abi::MAX_S_Q) as usize).contains(&capacity.rows)
+            || !(1..=max_rows).contains(&capacity.rows)
             || !(1..=MAX_SPLITS as usize).contains(&capacity.max_splits)
         {
             return Err(MlaError::shape(
                 "workspace capacity",
                 format!(
-                    "batch in 1..={MAX_GRID_YZ}, rows in 1..={}, max_splits in 1..={MAX_SPLITS}",
-                    mla_abi::MAX_HEADS * mla_abi::MAX_S_Q
+                    "batch in 1..={MAX_GRID_YZ}, rows in 1..={max_rows}, max_splits in 1..={MAX_SPLITS}"
                 ),
                 format!("{capacity:?}"),
             ));
@@ -722,7 +722,6 @@ impl Runtime {
         (batch, s_q, heads, max_splits): (usize, usize, usize, usize),
         output_scale: f32,
     ) -> Result<()> {
-        let rows = s_q.saturating_mul(heads);
         let need = |field: &'static str, have: usize, want: usize| {
             if have < want {
                 Err(MlaError::shape(field, format!(">= {want} elements"), have))
@@ -730,19 +729,23 @@ impl Runtime {
                 Ok(())
             }
         };
-        if batch == 0
-            || rows == 0
-            || s_q > mla_abi::MAX_S_Q as usize
-            || heads > mla_abi::MAX_HEADS as usize
-            || batch > MAX_GRID_YZ
+        let (max_s_q, max_heads) = (mla_abi::MAX_S_Q as usize, mla_abi::MAX_HEADS as usize);
+        if !(1..=MAX_GRID_YZ).contains(&batch)
+            || !(1..=max_s_q).contains(&s_q)
+            || !(1..=max_heads).contains(&heads)
             || !(1..=MAX_SPLITS as usize).contains(&max_splits)
         {
             return Err(MlaError::shape(
                 "combine geometry",
-                format!("batch 1..={MAX_GRID_YZ}, s_q*heads >= 1, max_splits 1..={MAX_SPLITS}"),
+                format!(
+                    "batch 1..={MAX_GRID_YZ}, s_q 1..={max_s_q}, heads 1..={max_heads}, \
+                     max_splits 1..={MAX_SPLITS}"
+                ),
                 format!("batch {batch}, s_q {s_q}, heads {heads}, max_splits {max_splits}"),
             ));
         }
+        // In range: no overflow below.
+        let rows = s_q * heads;
         need(
             "partial_o",
             partial_o.len(),
