@@ -9,6 +9,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${MLA_LOGS:-stage/logs}
 mkdir -p "$out"
+source tests/gpu/unpack.sh
 export MLA_LIB=${MLA_LIB:-$PWD/stage/lib/libmla.so}
 PYTHONUNBUFFERED=1 python3 stage/peers/bench_mla.py --plugin benches/peer_plugin.py \
   --plugin benches/peer_plugin_step.py --plugin benches/peer_plugin_fp8q.py \

@@ -2,7 +2,8 @@
 # A/B of kernel builds with one staged host build, on the GPU machine from the repo root
 # after tests/gpu/stage.sh. Each stage/variants/NAME.cubin (a sm_90a image of this crate's
 # kernels, built against the same ABI as the staged host) is loaded through
-# MLA_IMAGE_FILE: first a short correctness pass (corners, invariance, the bf16 case
+# MLA_IMAGE_FILE, and each stage/variants/NAME/bin.tgz (`stage_variant.sh --host`: host and
+# kernels of another revision) runs its own binaries: first a short correctness pass (corners, invariance, the bf16 case
 # matrix, capped at MLA_AB_TIMEOUT seconds each so a hang costs little), then
 # `mla bench` on the shapes matching MLA_AB_FILTER (default "bf16 wg64n64"), MLA_AB_REPS
 # times, interleaved across variants so that clock drift hits all of them alike.
@@ -14,7 +15,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 logs=stage/logs/ab
 mkdir -p "$logs"
-[[ -f stage/bin.tgz ]] && tar xzf stage/bin.tgz -C stage && rm stage/bin.tgz
+source tests/gpu/unpack.sh
 export MLA_SEED=${MLA_SEED:-$(date +%s%N | cut -c1-18)}
 tmo=${MLA_AB_TIMEOUT:-60}
 filter=${MLA_AB_FILTER:-bf16 wg64n64}
@@ -24,9 +25,20 @@ if [[ -n "${MLA_AB_VARIANTS:-}" ]]; then
 else
   variants=()
   for v in stage/variants/*.cubin; do
-    variants+=("$(basename "$v" .cubin):MLA_IMAGE_FILE=$v")
+    name=$(basename "$v" .cubin)
+    # A host variant's binaries embed its own kernels.
+    [[ -f stage/variants/$name/bin.tgz || -d stage/variants/$name/bin ]] && continue
+    variants+=("$name:MLA_IMAGE_FILE=$v")
+  done
+  for d in stage/variants/*/; do
+    [[ -f $d/bin.tgz || -d $d/bin ]] && variants+=("$(basename "$d"):")
   done
 fi
+for d in stage/variants/*/; do
+  [[ -f $d/bin.tgz ]] && tar xzf "$d/bin.tgz" -C "$d" && rm "$d/bin.tgz"
+done
+# The binaries of variant $1: its own (a host variant), else the staged build's.
+bin_of() { local d=stage/variants/$1/bin; [[ -d $d ]] && echo "$d" || echo stage/bin; }
 # `env` arguments of variant $1 (name:VAR=v,VAR=v).
 env_of() { local e=${1#*:}; [[ -n "$e" ]] && tr ',' ' ' <<<"$e"; }
 save() { [[ -n "${OUT:-}" ]] && tar czf "$OUT/ab.tgz" -C stage/logs ab 2>/dev/null; return 0; }
@@ -34,7 +46,7 @@ if [[ "${MLA_AB_CHECK:-1}" == 1 ]]; then
   for v in "${variants[@]}"; do
     name=${v%%:*}
     for t in corner_cases split_and_page padded_cache_strides case_matrix; do
-      env $(env_of "$v") MLA_GPU_MATRIX_DTYPES=${MLA_AB_DTYPES:-bf16} timeout "$tmo" stage/bin/test-gpu_decode \
+      env $(env_of "$v") MLA_GPU_MATRIX_DTYPES=${MLA_AB_DTYPES:-bf16} timeout "$tmo" "$(bin_of "$name")"/test-gpu_decode \
         --test-threads=1 --nocapture "$t" >"$logs/$name-$t.log" 2>&1
       rc=$?
       printf '%-12s %-22s rc=%-3d %s\n' "$name" "$t" "$rc" \
@@ -46,7 +58,7 @@ fi
 for rep in $(seq 1 "${MLA_AB_REPS:-1}"); do
   for v in "${variants[@]}"; do
     name=${v%%:*}
-    env $(env_of "$v") MLA_BENCH_FILTER="$filter" timeout 120 stage/bin/mla bench \
+    env $(env_of "$v") MLA_BENCH_FILTER="$filter" timeout 120 "$(bin_of "$name")"/mla bench \
       --seed "${MLA_SEED:0:9}" ${MLA_AB_GRID:+--grid "$MLA_AB_GRID"} >"$logs/$name-bench-$rep.log" 2>&1
     echo "rc=$? $name rep $rep" >>"$logs/bench-rc.txt"
     save

@@ -19,7 +19,7 @@ export MLA_LOGS=$PWD/$logs
 export MLA_SEED=${MLA_SEED:-$(date +%s%N | cut -c1-18)}
 # The peers' bench stops starting shapes 540 s after this (its --deadline-s auto rule).
 export PEERS_T0=${PEERS_T0:-$(date +%s)}
-[[ -f stage/bin.tgz ]] && tar xzf stage/bin.tgz -C stage && rm stage/bin.tgz
+source tests/gpu/unpack.sh
 # The candle feature's test and example (tests/gpu/stage_candle.sh), linked against the
 # CUDA libraries by soname: the driver's and torch's CUDA wheels' on the loader's path.
 if [[ -f stage/candle.tgz ]]; then

@@ -10,7 +10,7 @@
 # Logs of failed and stalled runs go to stage/logs/soak (and $OUT/soak.tgz).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-[[ -f stage/bin.tgz ]] && tar xzf stage/bin.tgz -C stage && rm stage/bin.tgz
+source tests/gpu/unpack.sh
 logs=stage/logs/soak
 mkdir -p "$logs"
 bin=stage/bin/${MLA_SOAK_BIN:-test-gpu_decode}

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Builds the release test binaries and the `mla` CLI, and stages them with the PTX (and,
-# when given --peers, the peers' benchmark kit; when given --swfp8, the CLI built with
-# MLA_HW_FP8=0 (software fp8 decode) as stage/bin/mla-swfp8) in ./stage, which git ignores. The GPU
-# machine has no Rust: pass `stage` in the device call's carry and run
+# Builds the release test binaries and the `mla` CLI, and stages them with libmla.so and
+# the cubins (and, when given --peers, the peers' benchmark kit; when given --swfp8, the CLI
+# built with MLA_HW_FP8=0 (software fp8 decode) as stage/bin/mla-swfp8) in ./stage, which
+# git ignores. The GPU machine has no Rust: pass `stage` in the device call's carry and run
 #   bash tests/gpu/run.sh
-# there from the repo root.
+# there from the repo root. MLA_STAGE_BINS="mla test-gpu_decode" keeps only the named
+# binaries (a lean stage for A/B calls that also carry the kit and variants).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 with_peers=0
@@ -46,12 +47,17 @@ if [[ "${MLA_HW_FP8:-}" != 0 ]] && ! awk '/\.entry /{f=($0 ~ /mla_decode_mma16_f
   echo "stage.sh: the sm_90a image has the software fp8 decode; touch build.rs and rerun" >&2
   exit 1
 fi
-cp "$out_dir"/*.ptx "$out_dir"/*.cubin stage/ptx/ 2>/dev/null || true
+cp "$out_dir"/*.cubin stage/ptx/ 2>/dev/null || true
 if [[ $with_peers == 1 ]]; then
-  cp -r ../shared/peers stage/peers
+  tar czf stage/peers.tgz -C ../shared peers
+fi
+if [[ -n "${MLA_STAGE_BINS:-}" ]]; then
+  for f in stage/bin/*; do
+    [[ " $MLA_STAGE_BINS " == *" $(basename "$f") "* ]] || rm "$f"
+  done
 fi
 git rev-parse --short HEAD > stage/COMMIT 2>/dev/null || echo unknown > stage/COMMIT
 # The binaries each embed the PTX images, so uncompressed they pass the device call's 64 MiB
-# carry limit; run.sh unpacks stage/bin.tgz when it finds it.
-tar czf stage/bin.tgz -C stage bin && rm -rf stage/bin
+# carry limit; the GPU-machine scripts unpack (tests/gpu/unpack.sh).
+tar czf stage/bin.tgz -C stage bin lib ptx && rm -rf stage/bin stage/lib stage/ptx
 du -sh stage

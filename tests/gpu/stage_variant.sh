@@ -7,7 +7,9 @@
 # MLA_IMAGE_FILE by the main stage's host (tests/gpu/ab.sh runs every stage/variants/*.cubin);
 # it is only valid where REV's kernel ABI (lib.rs's names and layouts) equals the main
 # stage's. With --host, REV's libmla.so (for the peers' harness: MLA_LIB) and its test
-# binaries go to stage/variants/NAME/ as well, for changes that touch host and kernels.
+# binaries and `mla` CLI go to stage/variants/NAME/ as well, for changes that touch host and
+# kernels (tests/gpu/ab.sh then runs that variant's own binaries); MLA_STAGE_BINS="mla
+# test-gpu_decode" keeps only the named binaries, as in tests/gpu/stage.sh.
 # The build happens in a git worktree under target/variants/NAME (its own target dir).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -32,6 +34,13 @@ if [[ $host == 1 ]]; then
   cp "$CARGO_TARGET_DIR/release/libmla.so" "stage/variants/$name/lib/"
   (cd "$wt" && cargo test --release --no-run --message-format=json 2>/dev/null) \
     | python3 tests/gpu/copy_test_bins.py "stage/variants/$name/bin"
+  (cd "$wt" && cargo build --release -p mla-dev --bin mla)
+  cp "$CARGO_TARGET_DIR/release/mla" "stage/variants/$name/bin/mla"
+  if [[ -n "${MLA_STAGE_BINS:-}" ]]; then
+    for f in "stage/variants/$name"/bin/*; do
+      [[ " $MLA_STAGE_BINS " == *" $(basename "$f") "* ]] || rm "$f"
+    done
+  fi
   strip "stage/variants/$name"/bin/* "stage/variants/$name"/lib/* 2>/dev/null || true
   tar czf "stage/variants/$name/bin.tgz" -C "stage/variants/$name" bin && rm -rf "stage/variants/$name/bin"
 fi
