@@ -34,9 +34,6 @@ else
     [[ -f $d/bin.tgz || -d $d/bin ]] && variants+=("$(basename "$d"):")
   done
 fi
-for d in stage/variants/*/; do
-  [[ -f $d/bin.tgz ]] && tar xzf "$d/bin.tgz" -C "$d" && rm "$d/bin.tgz"
-done
 # The binaries of variant $1: its own (a host variant), else the staged build's.
 bin_of() { local d=stage/variants/$1/bin; [[ -d $d ]] && echo "$d" || echo stage/bin; }
 # `env` arguments of variant $1 (name:VAR=v,VAR=v).

@@ -2,7 +2,7 @@
 # Stages another git revision's build beside the main stage, for A/Bs in one device call.
 # Run after tests/gpu/stage.sh (which wipes ./stage):
 #   bash tests/gpu/stage_variant.sh REV NAME          # kernels only: stage/variants/NAME.cubin
-#   bash tests/gpu/stage_variant.sh --host REV NAME   # also stage/variants/NAME/{lib,bin.tgz}
+#   bash tests/gpu/stage_variant.sh --host REV NAME   # also stage/variants/NAME/bin.tgz
 # The cubin is the sm_90a image of REV's kernels, loaded on the GPU machine through
 # MLA_IMAGE_FILE by the main stage's host (tests/gpu/ab.sh runs every stage/variants/*.cubin);
 # it is only valid where REV's kernel ABI (lib.rs's names and layouts) equals the main
@@ -42,7 +42,8 @@ if [[ $host == 1 ]]; then
     done
   fi
   strip "stage/variants/$name"/bin/* "stage/variants/$name"/lib/* 2>/dev/null || true
-  tar czf "stage/variants/$name/bin.tgz" -C "stage/variants/$name" bin && rm -rf "stage/variants/$name/bin"
+  tar czf "stage/variants/$name/bin.tgz" -C "stage/variants/$name" bin lib \
+    && rm -rf "stage/variants/$name/bin" "stage/variants/$name/lib"
 fi
 echo "$(git rev-parse --short "$rev")" >"stage/variants/$name.rev"
 git worktree remove --force "$wt"
