@@ -2,14 +2,15 @@
 # A/B of kernel builds with one staged host build, on the GPU machine from the repo root
 # after tests/gpu/stage.sh. Each stage/variants/NAME.cubin (a sm_90a image of this crate's
 # kernels, built against the same ABI as the staged host) is loaded through
-# MLA_IMAGE_FILE, and each stage/variants/NAME/bin.tgz (`stage_variant.sh --host`: host and
-# kernels of another revision) runs its own binaries: first a short correctness pass (corners, invariance, the bf16 case
-# matrix, capped at MLA_AB_TIMEOUT seconds each so a hang costs little), then
-# `mla bench` on the shapes matching MLA_AB_FILTER (default "bf16 wg64n64"), MLA_AB_REPS
-# times, interleaved across variants so that clock drift hits all of them alike.
-# MLA_AB_VARIANTS="name:VAR=v,VAR=v name2:..." replaces the cubin list with variants
-# defined by environment (e.g. "old:MLA_IMAGE_FILE=stage/variants/x.cubin,MLA_PDL=0
-# new:MLA_PDL=1"; a name with nothing after the colon runs the staged build as is).
+# MLA_IMAGE_FILE, and each stage/variants/NAME/ holding binaries (`stage_variant.sh --host`:
+# host and kernels of another revision) runs its own: first a short correctness pass
+# (corners, invariance, the bf16 case matrix, capped at MLA_AB_TIMEOUT seconds each so a
+# hang costs little), then `mla bench` on the shapes matching MLA_AB_FILTER (default "bf16
+# wg64n64"), MLA_AB_REPS times, interleaved across variants so that clock drift hits all
+# of them alike. MLA_AB_VARIANTS="name:VAR=v,VAR=v name2:..." replaces that list with
+# variants defined by environment (e.g. "old:MLA_IMAGE_FILE=stage/variants/x.cubin,MLA_PDL=0
+# new:MLA_PDL=1"; a name with nothing after the colon runs the staged build as is, or a
+# host variant's own binaries).
 # Logs go to stage/logs/ab (and $OUT/ab.tgz); the tables are printed last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,11 +28,11 @@ else
   for v in stage/variants/*.cubin; do
     name=$(basename "$v" .cubin)
     # A host variant's binaries embed its own kernels.
-    [[ -f stage/variants/$name/bin.tgz || -d stage/variants/$name/bin ]] && continue
+    [[ -d stage/variants/$name/bin ]] && continue
     variants+=("$name:MLA_IMAGE_FILE=$v")
   done
   for d in stage/variants/*/; do
-    [[ -f $d/bin.tgz || -d $d/bin ]] && variants+=("$(basename "$d"):")
+    [[ -d $d/bin ]] && variants+=("$(basename "$d"):")
   done
 fi
 # The binaries of variant $1: its own (a host variant), else the staged build's.
