@@ -61,7 +61,8 @@ extern "C" {
 
 #define MLA_FAULT_NONE 0
 #define MLA_FAULT_PAGE_ID 1 /* page_table[sequence][column] = value is outside [0, num_pages) */
-#define MLA_FAULT_SEQ_LEN 2 /* seq_lens[sequence] = value is past max_pages * page_size */
+#define MLA_FAULT_SEQ_LEN 2 /* seq_lens[sequence] = value is past max_pages * page_size
+                             * (sharded: value is this rank's share of the length) */
 
 typedef struct MlaRuntime MlaRuntime;
 typedef struct MlaPlan MlaPlan;
@@ -127,7 +128,10 @@ int mla_runtime_create(int ordinal, MlaRuntime **out);
 void mla_runtime_destroy(MlaRuntime *rt); /* NULL is ignored; destroy its plans first */
 /* Allocates the plan's workspace and synchronises: not during graph capture. */
 int mla_plan_create(const MlaRuntime *rt, const MlaPlanConfig *cfg, MlaPlan **out);
-void mla_plan_destroy(MlaPlan *plan); /* NULL is ignored; waits for the plan's work */
+/* NULL is ignored; waits for the plan's work (the whole context). Not during graph capture:
+ * a context that cannot synchronize leaves the workspace allocated (leaked) rather than
+ * freeing it under running work. */
+void mla_plan_destroy(MlaPlan *plan);
 int mla_plan_info(const MlaRuntime *rt, const MlaPlan *plan, MlaPlanInfo *out);
 /* One decode step on `stream` (a CUstream; NULL: the legacy default stream): launches
  * only, no allocation or synchronisation, capturable in a CUDA graph. Each launch reads
@@ -136,16 +140,18 @@ int mla_decode_run(const MlaRuntime *rt, const MlaPlan *plan, const MlaDecodeArg
 /* Per-step scheduling, for the layers of one decode step: the split counts of a batch whose
  * lengths are at `seq_lens` ([batch] int32, device), computed on the device into the plan's
  * workspace in stream order (capturable); lengths are cut at max_pages * page_size
- * (max_pages >= 1: the layers' page-table columns). Each
- * mla_decode_run_layer after it on the same stream reuses them until the next
- * mla_schedule_step; runs of the plan (mla_decode_run, eager or replayed) keep counts of
- * their own and leave the step's as they are. */
+ * (max_pages >= 1: the layers' page-table columns). The plan holds one step's counts:
+ * each mla_decode_run_layer of the plan reuses them until its next mla_schedule_step (on
+ * any stream), so batches scheduled ahead of their layers (two micro-batches) need a plan
+ * each; runs of the plan (mla_decode_run, eager or replayed) keep counts of their own and
+ * leave the step's as they are. */
 int mla_schedule_step(const MlaRuntime *rt, const MlaPlan *plan, uint64_t seq_lens, uint32_t batch,
                       uint32_t max_pages, void *stream);
 /* One layer of a scheduled step: mla_decode_run without the schedule; args->batch and the
- * contents of args->seq_lens must be the ones mla_schedule_step read (MLA_ERR_INVALID when
- * the plan has no mla_schedule_step yet or args->batch is not its batch; the contents are
- * not checked). Capturable. */
+ * contents of args->seq_lens must be the ones the plan's last mla_schedule_step read
+ * (MLA_ERR_INVALID when the plan has no mla_schedule_step yet or args->batch is not its
+ * batch, checked at each call on the host: a graph replay checks nothing; the contents
+ * are not checked). Capturable. */
 int mla_decode_run_layer(const MlaRuntime *rt, const MlaPlan *plan, const MlaDecodeArgs *args,
                          void *stream);
 /* Split layouts: the rope part (dims 512..575) of the cache and/or of q in tensors of their
@@ -203,6 +209,8 @@ int mla_cp_decode(const MlaRuntime *rt, MlaCp *cp, const MlaPlan *plan,
 /* Waits for stream at most the group's timeout; an NCCL error or a lost peer aborts the
  * group (MLA_ERR_CUDA) instead of hanging. */
 int mla_cp_wait(MlaCp *cp, void *stream);
+/* NULL is ignored. Waits for the last eager combine (at most the group's timeout; past it
+ * the group is aborted) before freeing its buffers. */
 void mla_cp_destroy(MlaCp *cp);
 /* Checked plans only: waits for `stream`, then writes the first fault (kind
  * MLA_FAULT_NONE: none). Not during graph capture. */

@@ -156,6 +156,26 @@ fn a_negative_device_ordinal_is_invalid() {
     assert!(last_error().contains("ordinal"), "{}", last_error());
     assert!(last_error().contains("-1"), "{}", last_error());
     assert!(rt.is_null());
+    // A destroy succeeds (null is ignored) and empties the last error as any success does.
+    // SAFETY: null handles are ignored.
+    unsafe { mla_plan_destroy(std::ptr::null_mut()) };
+    assert_eq!(last_error(), "");
+}
+
+#[test]
+fn an_ordinal_past_the_visible_devices() {
+    let mut rt: *mut MlaRuntime = std::ptr::null_mut();
+    // SAFETY: valid out pointer.
+    let s = unsafe { mla_runtime_create(4096, &mut rt) };
+    assert!(rt.is_null());
+    if s == MLA_ERR_NO_DEVICE {
+        eprintln!("no GPU visible: {}", last_error());
+    } else {
+        // Devices are visible: the ordinal is bad input, named with what is allowed.
+        assert_eq!(s, MLA_ERR_INVALID, "{}", last_error());
+        assert!(last_error().contains("ordinal"), "{}", last_error());
+        assert!(last_error().contains("4096"), "{}", last_error());
+    }
 }
 
 #[test]

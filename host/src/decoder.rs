@@ -108,7 +108,8 @@ pub enum DecodeFault {
         page: i32,
     },
     /// `seq_lens[sequence]` is `len`, past what the sequence's page-table row addresses
-    /// (`max_pages * page_size`).
+    /// (`max_pages * page_size`). On a sharded plan `len` is this rank's share of the
+    /// global length (the part its table must hold).
     SeqLen { sequence: usize, len: i32 },
 }
 
@@ -573,12 +574,13 @@ impl DecodePlan {
     /// Per-step scheduling, for the layers of one decode step: the split counts of a batch
     /// whose lengths are `seq_lens` (`[batch]` i32 on the device), computed on the device by
     /// the schedule kernel into the plan's workspace, in stream order on `stream`
-    /// (capturable). Each [`DecodePlan::run_layer`] after it on the same stream reuses
-    /// them, for every layer whose request has the same batch and the same `seq_lens`
-    /// contents (the lengths the schedule read); as with any library's scheduling metadata,
-    /// other lengths are not detected. The counts live in the plan, apart from the counts
-    /// of its runs: a [`DecodePlan::run`] of the plan (eager or replayed) in between leaves
-    /// them as they are; the next `schedule_step` replaces them. `max_seq_len` is the page
+    /// (capturable). Each [`DecodePlan::run_layer`] after it reuses them, for every layer
+    /// whose request has the same batch and the same `seq_lens` contents (the lengths the
+    /// schedule read); as with any library's scheduling metadata, other lengths are not
+    /// detected. The plan holds one step's counts, apart from the counts of its runs: a
+    /// [`DecodePlan::run`] of the plan (eager or replayed) in between leaves them as they
+    /// are; the plan's next `schedule_step`, on any stream, replaces them (batches
+    /// scheduled ahead of their layers, such as two micro-batches, need a plan each). `max_seq_len` is the page
     /// table's capacity in tokens (`max_pages * page_size` of the layers' requests):
     /// lengths are clamped there, as the decode clamps them.
     pub fn schedule_step(
@@ -643,10 +645,11 @@ impl DecodePlan {
     }
 
     /// One layer of a scheduled step: validation, then the decode and combine only, with
-    /// the split counts the last [`DecodePlan::schedule_step`] on `stream` wrote. The request's
+    /// the split counts the plan's last [`DecodePlan::schedule_step`] wrote. The request's
     /// batch and `seq_lens` contents must be the ones scheduled: a plan with no
-    /// `schedule_step` yet, or a request of another batch, is a typed error (the contents
-    /// are on the device and are not checked).
+    /// `schedule_step` yet, or a request of another batch, is a typed error at the call (a
+    /// graph replay runs no host check; the contents are on the device and are not
+    /// checked).
     pub fn run_layer(
         &self,
         rt: &Runtime,

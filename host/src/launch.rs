@@ -2,6 +2,7 @@
 //! validates its request first and touches no device pointer before that succeeded.
 
 use std::ffi::c_void;
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUstream;
@@ -36,15 +37,8 @@ pub(crate) const MAX_GRID_YZ: usize = 65535;
 /// graph capture); sized by capacity, not by the live batch, so it can be reused as batches
 /// change.
 pub struct DecodeWorkspace {
-    _partial_o: CudaSlice<f32>,
-    _partial_lse: CudaSlice<f32>,
-    _num_splits: CudaSlice<i32>,
-    /// The checked mode's fault record (`mla_abi::fault`), zero until a checked decode
-    /// meets a fault.
-    _fault: CudaSlice<i32>,
-    /// The e4m3 TMA decode's promotion scratch ([`mla_abi::DecodeParams::acc`]), for
-    /// `acc_ctas` persistent CTAs (the device's SM count).
-    _acc: CudaSlice<f32>,
+    /// Freed only once the context has synchronized (see the `Drop` impl).
+    bufs: ManuallyDrop<WorkspaceBuffers>,
     acc_ctas: usize,
     /// Decodes on this workspace run in checked mode (they get the fault record).
     pub(crate) checked: bool,
@@ -58,6 +52,19 @@ pub struct DecodeWorkspace {
     grid_splits: usize,
     /// Entries written by the last `set_splits`.
     splits_len: usize,
+}
+
+/// The workspace's device buffers.
+struct WorkspaceBuffers {
+    partial_o: CudaSlice<f32>,
+    _partial_lse: CudaSlice<f32>,
+    num_splits: CudaSlice<i32>,
+    /// The checked mode's fault record (`mla_abi::fault`), zero until a checked decode
+    /// meets a fault.
+    _fault: CudaSlice<i32>,
+    /// The e4m3 TMA decode's promotion scratch ([`mla_abi::DecodeParams::acc`]), for
+    /// `acc_ctas` persistent CTAs (the device's SM count).
+    _acc: CudaSlice<f32>,
 }
 
 impl DecodeWorkspace {
@@ -119,11 +126,13 @@ impl DecodeWorkspace {
         // The addresses are used without cudarc from here on: let the zero-fill land first.
         stream.synchronize()?;
         Ok(Self {
-            _partial_o: po,
-            _partial_lse: pl,
-            _num_splits: ns,
-            _fault: fault,
-            _acc: acc,
+            bufs: ManuallyDrop::new(WorkspaceBuffers {
+                partial_o: po,
+                _partial_lse: pl,
+                num_splits: ns,
+                _fault: fault,
+                _acc: acc,
+            }),
             acc_ctas,
             checked: false,
             shard: mla_abi::Shard::OFF,
@@ -158,7 +167,7 @@ impl DecodeWorkspace {
                 });
             }
         }
-        let mut dst = self._num_splits.slice_mut(0..splits.len());
+        let mut dst = self.bufs.num_splits.slice_mut(0..splits.len());
         stream.memcpy_htod(splits, &mut dst)?;
         self.grid_splits = splits.iter().copied().max().unwrap_or(1) as usize;
         self.splits_len = splits.len();
@@ -202,11 +211,18 @@ impl std::fmt::Debug for DecodeWorkspace {
 /// using the buffers when the workspace is dropped, and cudarc frees them in the order of
 /// its own stream only: wait for the whole context first. Dropping a plan is not on the
 /// per-step path. (Found on the H200: a Python caller dropped a plan right after launching
-/// on torch's stream; the freed pool memory was unmapped under the running decode.)
+/// on torch's stream; the freed pool memory was unmapped under the running decode.) Where
+/// the context cannot synchronize (a stream of it is capturing a graph, or a kernel
+/// faulted), the buffers are leaked rather than freed under work that may still use them.
 impl Drop for DecodeWorkspace {
     fn drop(&mut self) {
-        if let Err(e) = self._partial_o.context().synchronize() {
-            log::warn!("mla: synchronizing before freeing a decode workspace failed: {e:?}");
+        match self.bufs.partial_o.context().synchronize() {
+            // SAFETY: dropped once, here; nothing reads `bufs` after.
+            Ok(()) => unsafe { ManuallyDrop::drop(&mut self.bufs) },
+            Err(e) => log::warn!(
+                "mla: a decode workspace's buffers are leaked: the context could not \
+                 synchronize before freeing them ({e:?}; a graph capture in progress?)"
+            ),
         }
     }
 }
@@ -221,7 +237,7 @@ impl DecodeWorkspace {
     /// inspection, never in a serving step).
     pub fn read_splits(&self, stream: &Arc<CudaStream>, n: usize, step: bool) -> Result<Vec<i32>> {
         let n = n.min(self.capacity.batch);
-        let all: Vec<i32> = stream.clone_dtoh(&self._num_splits)?;
+        let all: Vec<i32> = stream.clone_dtoh(&self.bufs.num_splits)?;
         let base = if step { self.capacity.batch } else { 0 };
         Ok(all[base..base + n].to_vec())
     }

@@ -174,7 +174,8 @@ pub fn validate_merge(req: &MergeRequest) -> Result<MergeShape> {
     }
     dtype_in(LSES.tensor, l.dtype, &[ElemType::F32])?;
     row_major_from(&LSES, l, 1)?;
-    decode_output_layout(&req.out, &req.lse, [batch, s_q, heads])?;
+    let source = [OUTS.shape[1], OUTS.shape[2], OUTS.shape[3]];
+    decode_output_layout(&req.out, &req.lse, [batch, s_q, heads], source)?;
     row_major(&OUT, &req.out)?;
     if req.out.dtype != o.dtype {
         return Err(MlaError::DtypeMismatch {
@@ -234,7 +235,8 @@ pub fn validate_decode_parts(
         // A rank's share of the last s_q tokens may be anything down to none.
         enough_pages(&paged, s_q)?;
     }
-    decode_output_layout(&req.out, &req.lse, [batch, s_q, heads])?;
+    let source = [Q.shape[0], Q.shape[1], Q.shape[2]];
+    decode_output_layout(&req.out, &req.lse, [batch, s_q, heads], source)?;
 
     let dtypes = decode_dtypes(req.q.dtype, req.kv_cache.dtype)?;
     dtype_in(OUT.tensor, req.out.dtype, &[dtypes.out()])?;
@@ -266,7 +268,7 @@ pub fn validate_decode_parts(
     } else {
         0..=capacity
     };
-    host_mirror(&req.host, &paged, lens, true, shard)?;
+    host_mirror(&req.host, &paged, lens, "the page table's capacity", shard)?;
 
     Ok(DecodeShape {
         batch,
@@ -330,11 +332,12 @@ pub fn validate_append_split(
     unit_unless_fp8("kv_scale", req.kv_scale, KV.tensor, cache)?;
     // The kernel multiplies by 1 / kv_scale (inf for a subnormal scale: 0 * inf = NaN).
     positive("1 / kv_scale", 1.0 / req.kv_scale)?;
+    // Lengths <= 0 are padding (the kernel writes nothing for them), as in a decode.
     host_mirror(
         &req.host,
         &paged,
         s_q..=paged.capacity().min(I32_LIMIT),
-        false,
+        "s_q new rows, within the page table's capacity",
         &Shard::OFF,
     )?;
     append_slots_distinct(&req.host, &paged, s_q)?;
@@ -407,7 +410,9 @@ pub fn validate_gather_split(
     positive("kv_scale", req.kv_scale)?;
     unit_unless_fp8("kv_scale", req.kv_scale, KV.tensor, cache)?;
     let longest = max_len.min(paged.capacity()).min(I32_LIMIT);
-    host_mirror(&req.host, &paged, 0..=longest, false, &Shard::OFF)?;
+    // Negative lengths are padding, as in a decode (the kernel reads them as 0).
+    let bound = "the page table's capacity and out's rows";
+    host_mirror(&req.host, &paged, 0..=longest, bound, &Shard::OFF)?;
 
     Ok(PagedShape {
         batch,
@@ -496,14 +501,19 @@ fn query_layout(q: &TensorView<4>, width: usize) -> Result<(usize, usize, usize)
 
 /// `out` `[batch, s_q, heads, D_V]` with its last dim contiguous, `lse` `[batch, s_q, heads]`
 /// row-major (the kernels take strides for `out` only).
-fn decode_output_layout(out: &TensorView<4>, lse: &TensorView<3>, dims: [usize; 3]) -> Result<()> {
+fn decode_output_layout(
+    out: &TensorView<4>,
+    lse: &TensorView<3>,
+    dims: [usize; 3],
+    source: [&'static str; 3],
+) -> Result<()> {
     for (i, &want) in dims.iter().enumerate() {
-        dim_as(OUT.shape[i], out.shape[i], want, Q.shape[i])?;
+        dim_as(OUT.shape[i], out.shape[i], want, source[i])?;
     }
     dim_is(OUT.shape[3], out.shape[3], D_V)?;
     unit_last_stride(&OUT, out)?;
     for (i, &want) in dims.iter().enumerate() {
-        dim_as(LSE.shape[i], lse.shape[i], want, Q.shape[i])?;
+        dim_as(LSE.shape[i], lse.shape[i], want, source[i])?;
     }
     row_major(&LSE, lse)
 }
@@ -838,7 +848,7 @@ fn decode_scales(scales: &Scales, dtypes: DecodeDtypes) -> Result<()> {
 
 // ---- host mirror ---------------------------------------------------------------------
 
-/// Lengths in `lens` (with `padding`, a length <= 0 is also valid and uses no page); each
+/// Lengths in `lens` (`bound` names its end in errors) or <= 0 (padding: no page); each
 /// known sequence's used page ids (entries `0..ceil(L / page_size)`
 /// of its row) name a page of the cache. Entries past them are never read and may hold
 /// anything. Without host lengths every entry of the table counts as used. With a shard on,
@@ -848,7 +858,7 @@ fn host_mirror(
     host: &HostMirror,
     paged: &Paged,
     lens: RangeInclusive<usize>,
-    padding: bool,
+    bound: &str,
     shard: &Shard,
 ) -> Result<()> {
     if let Some(seq_lens) = host.seq_lens {
@@ -860,19 +870,19 @@ fn host_mirror(
             ));
         }
         for (b, &len) in seq_lens.iter().enumerate() {
-            // A decode's padding (len <= 0) uses no page.
-            let len = if padding { len.max(0) } else { len };
+            // Padding (len <= 0) uses no page and writes nothing.
+            if len <= 0 {
+                continue;
+            }
             if !usize::try_from(len).is_ok_and(|l| lens.contains(&l)) {
+                let (lo, hi) = (*lens.start(), *lens.end());
                 return Err(MlaError::OutOfRange {
                     field: SEQ_LENS.tensor,
                     index: b,
-                    expected: if padding {
-                        format!(
-                            "a length <= {} (the page table's capacity; <= 0 is padding)",
-                            lens.end()
-                        )
+                    expected: if lo <= 1 {
+                        format!("a length <= {hi} ({bound}; <= 0 is padding)")
                     } else {
-                        format!("a length in {}..={}", lens.start(), lens.end())
+                        format!("a length in {lo}..={hi} ({bound}; <= 0 is padding)")
                     },
                     got: i64::from(len),
                 });
@@ -959,7 +969,10 @@ fn append_slots_distinct(host: &HostMirror, paged: &Paged, s_q: usize) -> Result
     };
     let mut writer: HashMap<(i32, usize), usize> = HashMap::new();
     for (b, &len) in seq_lens.iter().enumerate() {
-        let len = len as usize;
+        // Padding (<= 0) writes nothing; other lengths are at least s_q (checked).
+        let Some(len) = usize::try_from(len).ok().filter(|&l| l >= s_q) else {
+            continue;
+        };
         for pos in len - s_q..len {
             let index = b * paged.row_stride + pos / paged.page_size;
             let slot = pos % paged.page_size;
