@@ -78,8 +78,8 @@ typedef struct MlaPlanConfig {
                      17..32 rows: with an fp8 cache and pages >= 16 the wgmma tile in
                      plans of >= 65536 tokens in all (fp8 q) or >= 131072 with
                      sequences of >= 1024 (bf16 q); else two 16-row tiles in plans of
-                     sequences <= 4096 tokens and <= 32768 in all, and with an fp8 cache
-                     below 9 sequences; otherwise the 32-row tile (fp8 cache) or the
+                     sequences <= 4096 tokens and <= 32768 in all (bf16 with pages >= 16:
+                     <= 16384), and with an fp8 cache below 9 sequences; otherwise the 32-row tile (fp8 cache) or the
                      wgmma tile (bf16); more rows: the
                      wgmma tile on sm_90a unless fp16, else 64-row); 1: 16-row;
                      2: 64-row mma.sync; 3: 64-row wgmma (sm_90a, not fp16); 4: 32-row

@@ -622,6 +622,8 @@ impl ContextParallel {
 /// in a graph belongs to the graph's replays, which the caller orders.
 impl Drop for ContextParallel {
     fn drop(&mut self) {
+        // The event's calls need its context current on this thread (an error shows below).
+        let _ = self.ctx.bind_to_thread();
         let mut idle = !self.pending || self.done.wait(self.timeout);
         if !idle {
             self.abort();
