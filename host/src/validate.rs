@@ -323,7 +323,14 @@ pub fn validate_append_split(
     match kpe {
         Some(k) => {
             let rope = kpe_layout(k, &req.kv_cache)?;
-            no_aliasing(&[kv, rope], &[new_kv, page_table, seq_lens])?;
+            let inputs = [new_kv, page_table, seq_lens];
+            no_aliasing(&[kv], &inputs)?;
+            no_aliasing(&[rope], &inputs)?;
+            // Both are written: their spans may interleave (the two parts of one fused
+            // cache, as the decode takes them), their bytes may not.
+            if !rows_disjoint(&req.kv_cache, k) {
+                no_aliasing(&[kv, rope], &[])?;
+            }
         }
         None => no_aliasing(&[kv], &[new_kv, page_table, seq_lens])?,
     }
@@ -780,6 +787,38 @@ fn no_self_overlap<const R: usize>(names: &Names<R>, view: &TensorView<R>) -> Re
         covered = covered.saturating_add((extent as u128 - 1) * stride as u128);
     }
     Ok(())
+}
+
+/// Two caches' rows share no byte, by their addresses modulo the row period: with the
+/// same page and row strides, a page stride that is a multiple of the row stride (or one
+/// page), every row of either starts at the same residue modulo the row stride (the page
+/// stride for one-row pages), so rows whose residue intervals are disjoint never meet.
+/// False where that does not show it (the span check then decides).
+fn rows_disjoint(a: &TensorView<3>, b: &TensorView<3>) -> bool {
+    let elem = a.dtype.size() as u128;
+    if b.dtype != a.dtype || a.shape[..2] != b.shape[..2] || a.strides[..2] != b.strides[..2] {
+        return false;
+    }
+    let (page, row) = (a.strides[0] as u128 * elem, a.strides[1] as u128 * elem);
+    let period = if a.shape[1] > 1 {
+        if a.shape[0] > 1 && (row == 0 || !page.is_multiple_of(row)) {
+            return false;
+        }
+        row
+    } else if a.shape[0] > 1 {
+        page
+    } else {
+        // One row each: their spans are exact.
+        return false;
+    };
+    let (wa, wb) = (a.shape[2] as u128 * elem, b.shape[2] as u128 * elem);
+    if period == 0 || wa + wb > period {
+        return false;
+    }
+    // b's row start, relative to a's, modulo the period: b's bytes [d, d + wb) must lie in
+    // a's gap [wa, period).
+    let d = (u128::from(b.ptr) + period - u128::from(a.ptr) % period) % period;
+    d >= wa && d + wb <= period
 }
 
 /// Each output's span is disjoint from every earlier output's and from every input's.

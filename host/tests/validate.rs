@@ -566,6 +566,41 @@ fn append_rejects_bad_rows_scale_and_aliasing() {
 }
 
 #[test]
+fn append_into_the_two_parts_of_one_fused_cache() {
+    // The latent and rope views of one [PAGES, P, 576] cache interleave row by row: their
+    // spans overlap, their bytes do not (the decode takes the same pair).
+    for cache in [ElemType::Bf16, ElemType::Fp8E4m3] {
+        let new = if cache == ElemType::Fp8E4m3 {
+            ElemType::Bf16
+        } else {
+            cache
+        };
+        let base = append_req(cache, new);
+        let strides = base.kv_cache.strides;
+        let mut r = base;
+        r.kv_cache = TensorView::strided(region(1), cache, [PAGES, P, D_V], strides);
+        let rope_at = |bytes: u64| {
+            TensorView::strided(region(1) + bytes, cache, [PAGES, P, D_QK - D_V], strides)
+        };
+        let d_v = (D_V * cache.size()) as u64;
+        validate_append_split(&r, Some(&rope_at(d_v))).unwrap();
+        // Rope one 16-byte chunk into the latent part, or the views swapped over a row
+        // boundary: shared bytes.
+        aliasing(
+            validate_append_split(&r, Some(&rope_at(d_v - 16))),
+            "kpe_cache",
+            "kv_cache",
+        );
+        let row = (D_QK * cache.size()) as u64;
+        aliasing(
+            validate_append_split(&r, Some(&rope_at(row - 32))),
+            "kpe_cache",
+            "kv_cache",
+        );
+    }
+}
+
+#[test]
 fn append_and_gather_take_padding() {
     // <= 0 writes (or copies) nothing, as in a decode, with or without host copies.
     for lens in [[0, 17, 64], [-5, 17, i32::MIN]] {
