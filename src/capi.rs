@@ -689,9 +689,9 @@ unsafe fn decode_c(
 /// Per-step scheduling (`DecodePlan::schedule_step`): the split counts of a batch of
 /// `batch` sequences whose lengths are at `seq_lens` (`[batch]` int32, device), computed on
 /// the device into the plan's workspace in stream order on `stream` (capturable); lengths
-/// are cut at `max_pages * page_size`, as the decode cuts them. Every
-/// `mla_decode_run_layer` after it on the same stream reuses them until the next
-/// `mla_schedule_step`; `mla_decode_run` keeps counts of its own.
+/// are cut at `max_pages * page_size`, as the decode cuts them. The plan keeps up to
+/// `STEP_SLOTS` steps, one per `seq_lens` address (see `DecodePlan::schedule_step`);
+/// `mla_decode_run` keeps counts of its own.
 ///
 /// # Safety
 /// `rt` and `plan` are live handles (the plan made from `rt`), `seq_lens` a device pointer
@@ -726,9 +726,10 @@ pub unsafe extern "C" fn mla_schedule_step(
 }
 
 /// One layer of a scheduled step (`DecodePlan::run_layer`): validation, then the decode
-/// and combine with the split counts of the last `mla_schedule_step` on `stream`; the
-/// args' batch and `seq_lens` contents must be the scheduled ones (a plan with no schedule
-/// yet, or another batch, is `MLA_ERR_INVALID`). Capturable.
+/// and combine with the split counts of the step scheduled from the args' `seq_lens`
+/// (else the plan's last); the args' batch and `seq_lens` contents must be the scheduled
+/// ones (a plan with no schedule yet, or another batch, is `MLA_ERR_INVALID`).
+/// Capturable.
 ///
 /// # Safety
 /// As `mla_decode_run`.

@@ -140,18 +140,20 @@ int mla_decode_run(const MlaRuntime *rt, const MlaPlan *plan, const MlaDecodeArg
 /* Per-step scheduling, for the layers of one decode step: the split counts of a batch whose
  * lengths are at `seq_lens` ([batch] int32, device), computed on the device into the plan's
  * workspace in stream order (capturable); lengths are cut at max_pages * page_size
- * (max_pages >= 1: the layers' page-table columns). The plan holds one step's counts:
- * each mla_decode_run_layer of the plan reuses them until its next mla_schedule_step (on
- * any stream), so batches scheduled ahead of their layers (two micro-batches) need a plan
- * each; runs of the plan (mla_decode_run, eager or replayed) keep counts of their own and
- * leave the step's as they are. */
+ * (max_pages >= 1: the layers' page-table columns). The plan holds up to 4 steps, one
+ * per seq_lens address: the next mla_schedule_step from that address (on any stream)
+ * replaces its counts, one from a new address takes the least recently used step's place,
+ * so micro-batches scheduled ahead of their layers share a plan, each with its own lengths
+ * buffer. Runs of the plan (mla_decode_run, eager or replayed) keep counts of their own
+ * and leave the steps' as they are. */
 int mla_schedule_step(const MlaRuntime *rt, const MlaPlan *plan, uint64_t seq_lens, uint32_t batch,
                       uint32_t max_pages, void *stream);
-/* One layer of a scheduled step: mla_decode_run without the schedule; args->batch and the
- * contents of args->seq_lens must be the ones the plan's last mla_schedule_step read
- * (MLA_ERR_INVALID when the plan has no mla_schedule_step yet or args->batch is not its
- * batch, checked at each call on the host: a graph replay checks nothing; the contents
- * are not checked). Capturable. */
+/* One layer of a scheduled step: mla_decode_run without the schedule, reading the step
+ * scheduled from args->seq_lens (address and batch), else the plan's last one; args->batch
+ * and the contents of args->seq_lens must be the ones that step read (MLA_ERR_INVALID when
+ * the plan has no mla_schedule_step yet or args->batch is not the step's batch, checked at
+ * each call on the host: a graph replay keeps the captured step and checks nothing; the
+ * contents are not checked). Capturable. */
 int mla_decode_run_layer(const MlaRuntime *rt, const MlaPlan *plan, const MlaDecodeArgs *args,
                          void *stream);
 /* Split layouts: the rope part (dims 512..575) of the cache and/or of q in tensors of their

@@ -497,7 +497,8 @@ fn lengths_below_s_q_give_zero_rows() {
 /// oracle; for every kernel case, and 61 layers (a DeepSeek-V3 model's) on the TMA decode.
 /// Between the schedule and the layers an eager `run` of the same plan on an all-padding
 /// batch (every length 0: its schedule writes 0 splits, which would make the layers skip
-/// every sequence if they shared the run's counts).
+/// every sequence if they shared the run's counts); then two micro-batches, that one and
+/// the real one, both scheduled before either's layers.
 #[test]
 fn one_schedule_serves_every_layer_of_a_step() {
     let test = "step_layers";
@@ -592,6 +593,20 @@ fn one_schedule_serves_every_layer_of_a_step() {
                 ));
             }
         }
+        // Two micro-batches of one size scheduled ahead of their layers (the second all
+        // padding: zero counts): each layer reads the step of its own lengths tensor.
+        for d in devs.iter_mut() {
+            d.poison_outputs(&stream).unwrap();
+        }
+        plan.schedule_step(&rt, &stream, &lens, cap).unwrap();
+        plan.schedule_step(&rt, &stream, &padding.seq_lens, cap)
+            .unwrap();
+        plan.run_layer(&rt, &stream, &padding).unwrap();
+        for r in &reqs {
+            plan.run_layer(&rt, &stream, r).unwrap();
+        }
+        stream.synchronize().unwrap();
+        check_all(&devs, "two micro-batches", &mut failures);
         // The whole step in one graph, replayed twice.
         stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)

@@ -9,8 +9,7 @@
 //!   device-to-host copy, so a captured CUDA graph of `run` stays correct while lengths,
 //!   page tables and data change between replays.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::CudaStream;
 use cudarc::driver::sys::{CUstream, CUstreamCaptureStatus};
@@ -20,7 +19,7 @@ use crate::autotune::{Autotuner, DeviceKey, ShapeKey};
 use crate::choice::DecodeKernels;
 use crate::error::{MlaError, Result};
 use crate::gate::{Backend, Geometry, Registry, is_available, is_supported};
-use crate::launch::{DecodeWorkspace, LaunchShape, check_workspace, launch};
+use crate::launch::{Counts, DecodeWorkspace, LaunchShape, STEP_SLOTS, check_workspace, launch};
 use crate::module::Runtime;
 use crate::plan::{self, ScheduleConfig, WorkspaceCapacity};
 use crate::request::{DecodeDtypes, DecodeRequest, DecodeShape, SplitParts};
@@ -180,9 +179,74 @@ pub struct DecodePlan {
     /// Every kernel a run may launch, chosen at plan time ([`crate::choice`]).
     kernels: DecodeKernels,
     ws: DecodeWorkspace,
-    /// The batch of the last [`DecodePlan::schedule_step`] (0: none yet), which
-    /// [`DecodePlan::run_layer`] checks its request against.
-    step_batch: AtomicUsize,
+    /// The scheduled steps' slots, which [`DecodePlan::run_layer`] checks its request
+    /// against.
+    steps: Mutex<StepSlots>,
+}
+
+/// The plan's scheduled steps: slot `k` holds the counts of workspace array
+/// [`Counts::Step`]`(k)`, scheduled from the lengths at one address.
+#[derive(Debug, Default)]
+struct StepSlots {
+    /// Per slot: the `seq_lens` address and batch it was scheduled from (batch 0: empty),
+    /// and its last use (the clock's value).
+    slots: [(u64, usize, u64); STEP_SLOTS],
+    /// The slot of the last `schedule_step`.
+    last: Option<usize>,
+    clock: u64,
+}
+
+impl StepSlots {
+    fn touch(&mut self, k: usize) {
+        self.clock += 1;
+        self.slots[k].2 = self.clock;
+    }
+
+    /// The slot a `schedule_step` from `seq_lens` of `batch` writes: the one scheduled from
+    /// the same address, else an empty one, else the least recently used.
+    fn schedule(&mut self, seq_lens: u64, batch: usize) -> usize {
+        let k = (0..STEP_SLOTS)
+            .find(|&k| self.slots[k].1 != 0 && self.slots[k].0 == seq_lens)
+            .or_else(|| (0..STEP_SLOTS).find(|&k| self.slots[k].1 == 0))
+            .or_else(|| (0..STEP_SLOTS).min_by_key(|&k| self.slots[k].2))
+            .unwrap_or(0);
+        self.slots[k] = (seq_lens, batch, 0);
+        self.touch(k);
+        self.last = Some(k);
+        k
+    }
+
+    /// The slot a `run_layer` on `seq_lens` of `batch` reads: the one scheduled from that
+    /// address and batch, else the last scheduled one if its batch is `batch` (the same
+    /// lengths in another tensor).
+    fn layer(&mut self, seq_lens: u64, batch: usize) -> Result<usize> {
+        let same =
+            (0..STEP_SLOTS).find(|&k| self.slots[k].0 == seq_lens && self.slots[k].1 == batch);
+        let k = match (same, self.last) {
+            (Some(k), _) => k,
+            (None, None) => {
+                return Err(MlaError::shape(
+                    "schedule_step",
+                    "a schedule_step of this plan before run_layer",
+                    "none",
+                ));
+            }
+            (None, Some(k)) if self.slots[k].1 != batch => {
+                return Err(MlaError::shape(
+                    "seq_lens.shape[0] (batch of run_layer)",
+                    format!(
+                        "{} (the batch of the last schedule_step; none was scheduled from \
+                         this seq_lens address)",
+                        self.slots[k].1
+                    ),
+                    batch,
+                ));
+            }
+            (None, Some(k)) => k,
+        };
+        self.touch(k);
+        Ok(k)
+    }
 }
 
 impl std::fmt::Debug for DecodePlan {
@@ -326,7 +390,7 @@ impl Runtime {
             schedule,
             kernels,
             ws,
-            step_batch: AtomicUsize::new(0),
+            steps: Mutex::new(StepSlots::default()),
         })
     }
 }
@@ -535,13 +599,19 @@ impl DecodePlan {
     /// The split counts the last run's schedule wrote for its first `n` sequences (waits
     /// for `stream`; for tests and inspection).
     pub fn read_splits(&self, stream: &Arc<CudaStream>, n: usize) -> Result<Vec<i32>> {
-        self.ws.read_splits(stream, n, false)
+        self.ws.read_splits(stream, n, Counts::Runs)
     }
 
     /// The split counts the last [`DecodePlan::schedule_step`] wrote for its first `n`
     /// sequences (waits for `stream`; for tests and inspection).
     pub fn read_step_splits(&self, stream: &Arc<CudaStream>, n: usize) -> Result<Vec<i32>> {
-        self.ws.read_splits(stream, n, true)
+        let last = self.steps().last.unwrap_or(0);
+        self.ws.read_splits(stream, n, Counts::Step(last))
+    }
+
+    /// The step slots, whatever a panicking thread left (they hold plain values).
+    fn steps(&self) -> MutexGuard<'_, StepSlots> {
+        self.steps.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// One decode step on `stream` (see the module docs for what it does and does not do).
@@ -577,10 +647,12 @@ impl DecodePlan {
     /// (capturable). Each [`DecodePlan::run_layer`] after it reuses them, for every layer
     /// whose request has the same batch and the same `seq_lens` contents (the lengths the
     /// schedule read); as with any library's scheduling metadata, other lengths are not
-    /// detected. The plan holds one step's counts, apart from the counts of its runs: a
-    /// [`DecodePlan::run`] of the plan (eager or replayed) in between leaves them as they
-    /// are; the plan's next `schedule_step`, on any stream, replaces them (batches
-    /// scheduled ahead of their layers, such as two micro-batches, need a plan each). `max_seq_len` is the page
+    /// detected. The plan holds the counts of up to [`STEP_SLOTS`] steps, one per `seq_lens`
+    /// address, apart from the counts of its runs: a [`DecodePlan::run`] of the plan (eager
+    /// or replayed) in between leaves them as they are; the next `schedule_step` from the
+    /// same address (on any stream) replaces them, and one from a new address takes the
+    /// least recently used step's place. So micro-batches whose steps are scheduled ahead
+    /// of their layers share a plan, each with its own lengths tensor. `max_seq_len` is the page
     /// table's capacity in tokens (`max_pages * page_size` of the layers' requests):
     /// lengths are clamped there, as the decode clamps them.
     pub fn schedule_step(
@@ -623,9 +695,10 @@ impl DecodePlan {
             ));
         }
         let capacity = max_seq_len.min(u32::MAX as usize);
+        let mut steps = self.steps();
+        let slot = steps.schedule(seq_lens.ptr, batch);
         if self.kernels.reference {
             // The reference decode has no splits.
-            self.step_batch.store(batch, Ordering::Relaxed);
             return Ok(());
         }
         let shape = DecodeShape {
@@ -639,17 +712,23 @@ impl DecodePlan {
         };
         // SAFETY: checked above: `batch` i32 at a 4-byte aligned non-null address;
         // the step's num_splits holds max_batch >= batch entries.
-        unsafe { self.launch_schedule(rt, stream, seq_lens.ptr, &shape, true)? };
-        self.step_batch.store(batch, Ordering::Relaxed);
-        Ok(())
+        let launched =
+            unsafe { self.launch_schedule(rt, stream, seq_lens.ptr, &shape, Counts::Step(slot)) };
+        if launched.is_err() {
+            // The slot's counts were not written: nothing may read them.
+            steps.slots[slot] = Default::default();
+            steps.last = None;
+        }
+        launched
     }
 
     /// One layer of a scheduled step: validation, then the decode and combine only, with
-    /// the split counts the plan's last [`DecodePlan::schedule_step`] wrote. The request's
-    /// batch and `seq_lens` contents must be the ones scheduled: a plan with no
-    /// `schedule_step` yet, or a request of another batch, is a typed error at the call (a
-    /// graph replay runs no host check; the contents are on the device and are not
-    /// checked).
+    /// the split counts the plan's [`DecodePlan::schedule_step`] from the request's
+    /// `seq_lens` address (and batch) wrote, else its last one. The request's batch and
+    /// `seq_lens` contents must be the ones scheduled: a plan with no `schedule_step` yet,
+    /// or a request of another batch, is a typed error at the call (the step is chosen
+    /// there, and a graph replay keeps the captured choice and checks nothing; the
+    /// contents are on the device and are not checked).
     pub fn run_layer(
         &self,
         rt: &Runtime,
@@ -691,7 +770,7 @@ impl DecodePlan {
     }
 
     /// [`DecodePlan::run_split`] on a raw `CUstream`; `scheduled`: as
-    /// [`DecodePlan::run_layer`] (the counts of the last [`DecodePlan::schedule_step`]).
+    /// [`DecodePlan::run_layer`] (the counts of a [`DecodePlan::schedule_step`]).
     ///
     /// # Safety
     /// As [`DecodePlan::run_raw`], for the parts' pointers too.
@@ -706,25 +785,11 @@ impl DecodePlan {
         // Every run: validation, then (unless `scheduled`: the counts of `schedule_step`
         // are in the workspace) the schedule or its fold, the decode and the combine.
         let shape = self.check_run(rt, req, parts)?;
-        if scheduled {
-            match self.step_batch.load(Ordering::Relaxed) {
-                0 => {
-                    return Err(MlaError::shape(
-                        "schedule_step",
-                        "a schedule_step of this plan before run_layer",
-                        "none",
-                    ));
-                }
-                b if b != shape.batch => {
-                    return Err(MlaError::shape(
-                        "seq_lens.shape[0] (batch of run_layer)",
-                        format!("{b} (the batch of the last schedule_step)"),
-                        shape.batch,
-                    ));
-                }
-                _ => {}
-            }
-        }
+        let counts = if scheduled {
+            Counts::Step(self.steps().layer(req.seq_lens.ptr, shape.batch)?)
+        } else {
+            Counts::Runs
+        };
         if self.kernels.reference {
             // SAFETY: forwarded from the caller.
             return unsafe { self.launch_reference(rt, stream, req, parts, shape) };
@@ -735,7 +800,7 @@ impl DecodePlan {
         let fold = if scheduled {
             mla_abi::SchedFold::default()
         } else if self.kernels.folds(shape.batch) {
-            let p = self.schedule_params(req.seq_lens.ptr, &shape, false);
+            let p = self.schedule_params(req.seq_lens.ptr, &shape, Counts::Runs);
             mla_abi::SchedFold {
                 tiles: p.tiles.max(1),
                 target_ctas: p.target_ctas,
@@ -744,7 +809,7 @@ impl DecodePlan {
             }
         } else {
             // SAFETY: seq_lens holds `batch` i32 (validated); num_splits `max_batch`.
-            unsafe { self.launch_schedule(rt, stream, req.seq_lens.ptr, &shape, false)? };
+            unsafe { self.launch_schedule(rt, stream, req.seq_lens.ptr, &shape, Counts::Runs)? };
             mla_abi::SchedFold::default()
         };
         // SAFETY: the decode reads split counts in 1..=grid_splits, which the schedule
@@ -758,7 +823,7 @@ impl DecodePlan {
                 &self.kernels,
                 self.tactic.tile,
                 fold,
-                scheduled,
+                counts,
                 stream,
             )?;
         }
@@ -766,11 +831,16 @@ impl DecodePlan {
     }
 
     /// The schedule kernel's params for `shape`'s batch with lengths at `seq_lens`, writing
-    /// the scheduled step's counts (`step`) or the runs'.
-    fn schedule_params(&self, seq_lens: u64, shape: &DecodeShape, step: bool) -> ScheduleParams {
+    /// the counts array `counts`.
+    fn schedule_params(
+        &self,
+        seq_lens: u64,
+        shape: &DecodeShape,
+        counts: Counts,
+    ) -> ScheduleParams {
         ScheduleParams {
             seq_lens: mla_abi::DevPtr::from_addr(seq_lens),
-            num_splits: mla_abi::DevPtr::from_addr(self.ws.ptrs().splits(step)),
+            num_splits: mla_abi::DevPtr::from_addr(self.ws.ptrs().splits(counts)),
             batch: shape.batch as u32,
             tiles: self.schedule.tiles as u32,
             target_ctas: self.schedule.target_ctas.min(u32::MAX as usize) as u32,
@@ -791,9 +861,9 @@ impl DecodePlan {
         stream: CUstream,
         seq_lens: u64,
         shape: &DecodeShape,
-        step: bool,
+        counts: Counts,
     ) -> Result<()> {
-        let p = self.schedule_params(seq_lens, shape, step);
+        let p = self.schedule_params(seq_lens, shape, counts);
         let k = crate::choice::spec(names::SCHEDULE);
         let grid = LaunchShape {
             grid: (1, 1, 1),
@@ -894,3 +964,40 @@ const _: fn() = || {
     shared::<Runtime>();
     shared::<DecodePlan>();
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_slots_follow_the_lengths_address() {
+        let mut s = StepSlots::default();
+        assert!(s.layer(0x100, 4).is_err(), "nothing scheduled");
+        let a = s.schedule(0x100, 4);
+        let b = s.schedule(0x200, 4);
+        assert_ne!(a, b);
+        // Two micro-batches scheduled ahead of their layers: each layer reads its own.
+        assert_eq!(s.layer(0x100, 4).ok(), Some(a));
+        assert_eq!(s.layer(0x200, 4).ok(), Some(b));
+        // The same lengths in another tensor: the last step, if its batch matches.
+        assert_eq!(s.layer(0x300, 4).ok(), Some(b));
+        assert!(s.layer(0x300, 3).is_err());
+        // An address scheduled with another batch is not that step.
+        assert!(s.layer(0x100, 3).is_err());
+        // Rescheduling an address reuses its slot.
+        assert_eq!(s.schedule(0x100, 2), a);
+        assert_eq!(s.layer(0x100, 2).ok(), Some(a));
+        // Past STEP_SLOTS addresses the least recently used slot goes.
+        let mut seen = vec![a, b];
+        for i in 0..STEP_SLOTS - 2 {
+            seen.push(s.schedule(0x1000 + i as u64, 4));
+        }
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), STEP_SLOTS);
+        assert_eq!(s.layer(0x100, 2).ok(), Some(a));
+        // b was used least recently: the next new address takes its slot.
+        assert_eq!(s.schedule(0x9000, 4), b);
+        assert_eq!(s.layer(0x100, 2).ok(), Some(a));
+    }
+}
