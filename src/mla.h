@@ -205,7 +205,9 @@ int mla_cp_create(const MlaRuntime *rt, uint32_t rank, uint32_t ranks, const uin
 /* One step on this rank: the plan (mla_plan_set_shard to this rank of the group) decodes
  * args into args->out / args->lse, then every rank's are all-gathered and merged into
  * out ([batch, s_q, heads, 512], the plan's out dtype) and lse ([batch, s_q, heads] f32).
- * A plan sharded for another group is MLA_ERR_INVALID before any launch. Capturable. */
+ * A plan sharded for another group is MLA_ERR_INVALID before any launch. Capturable. The
+ * group's combines share its gather buffers: keep them on one stream (as NCCL orders a
+ * communicator's collectives), or wait between streams. */
 int mla_cp_decode(const MlaRuntime *rt, MlaCp *cp, const MlaPlan *plan,
                   const MlaDecodeArgs *args, uint64_t out, uint64_t lse, void *stream);
 /* Waits for stream at most the group's timeout; an NCCL error or a lost peer aborts the

@@ -227,7 +227,8 @@ impl ContextParallel {
     /// row-major, as this rank's sharded decode wrote them) and merges them into `out` and
     /// `lse` (same shapes), on `stream`. Every rank calls it with the same shape, in the
     /// same order. Capturable; [`ContextParallel::wait`] bounds the wait for it. Every
-    /// check runs before anything is enqueued.
+    /// check runs before anything is enqueued. The group's combines share its gather
+    /// buffers: keep them on one stream, or order the streams.
     ///
     /// # Safety
     /// `stream` is a live stream of `rt`'s context; the views' pointers stay valid until
