@@ -140,22 +140,27 @@ int mla_decode_run(const MlaRuntime *rt, const MlaPlan *plan, const MlaDecodeArg
 /* Per-step scheduling, for the layers of one decode step: the split counts of a batch whose
  * lengths are at `seq_lens` ([batch] int32, device), computed on the device into the plan's
  * workspace in stream order (capturable); lengths are cut at max_pages * page_size
- * (max_pages >= 1: the layers' page-table columns). The plan holds up to 4 steps, one
- * per seq_lens address: the next mla_schedule_step from that address (on any stream)
- * replaces its counts, one from a new address takes the least recently used step's place,
- * so micro-batches scheduled ahead of their layers share a plan, each with its own lengths
- * buffer. Runs of the plan (mla_decode_run, eager or replayed) keep counts of their own
- * and leave the steps' as they are. */
+ * (max_pages >= 1: the layers' page-table columns), into the plan's step slot 0: the
+ * slot's next mla_schedule_step (on any stream) replaces them. Runs of the plan
+ * (mla_decode_run, eager or replayed) keep counts of their own and leave the steps' as
+ * they are. */
 int mla_schedule_step(const MlaRuntime *rt, const MlaPlan *plan, uint64_t seq_lens, uint32_t batch,
                       uint32_t max_pages, void *stream);
-/* One layer of a scheduled step: mla_decode_run without the schedule, reading the step
- * scheduled from args->seq_lens (address and batch), else the plan's last one; args->batch
- * and the contents of args->seq_lens must be the ones that step read (MLA_ERR_INVALID when
- * the plan has no mla_schedule_step yet or args->batch is not the step's batch, checked at
- * each call on the host: a graph replay keeps the captured step and checks nothing; the
- * contents are not checked). Capturable. */
+/* Into step slot `slot` (0..3, else MLA_ERR_INVALID naming it): one plan holds up to 4
+ * steps scheduled ahead of their layers (micro-batches: slots 0 and 1), each read by
+ * mla_decode_run_layer_slot of its slot. mla_schedule_step is slot 0. */
+int mla_schedule_step_slot(const MlaRuntime *rt, const MlaPlan *plan, uint32_t slot,
+                           uint64_t seq_lens, uint32_t batch, uint32_t max_pages, void *stream);
+/* One layer of a scheduled step: mla_decode_run without the schedule, with step slot 0's
+ * counts; args->batch and the contents of args->seq_lens (that buffer or another) must be
+ * the ones the slot's last mla_schedule_step read (MLA_ERR_INVALID when the slot has no
+ * schedule yet or args->batch is not its batch, checked at each call on the host: a graph
+ * replay checks nothing; the contents are not checked). Capturable. */
 int mla_decode_run_layer(const MlaRuntime *rt, const MlaPlan *plan, const MlaDecodeArgs *args,
                          void *stream);
+/* mla_decode_run_layer with step slot `slot`'s counts (mla_schedule_step_slot). */
+int mla_decode_run_layer_slot(const MlaRuntime *rt, const MlaPlan *plan, uint32_t slot,
+                              const MlaDecodeArgs *args, void *stream);
 /* Split layouts: the rope part (dims 512..575) of the cache and/or of q in tensors of their
  * own, as FlashInfer's and vLLM's paged caches keep them. Zero fields take the default. */
 typedef struct MlaSplitArgs {
@@ -175,6 +180,9 @@ int mla_decode_run_split(const MlaRuntime *rt, const MlaPlan *plan, const MlaDec
 int mla_decode_run_layer_split(const MlaRuntime *rt, const MlaPlan *plan,
                                const MlaDecodeArgs *args, const MlaSplitArgs *split,
                                void *stream);
+int mla_decode_run_layer_split_slot(const MlaRuntime *rt, const MlaPlan *plan, uint32_t slot,
+                                    const MlaDecodeArgs *args, const MlaSplitArgs *split,
+                                    void *stream);
 /* Checked mode on (1) or off (0, as made) for the plan's runs launched from now on: each
  * decode also records the first page id outside [0, num_pages) or length past
  * max_pages * page_size it meets. Not while the plan's work is in flight; a graph captured

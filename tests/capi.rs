@@ -642,3 +642,44 @@ fn context_parallel_handles_are_checked() {
         mla_cp_destroy(std::ptr::null_mut());
     }
 }
+
+/// The `mla_*` names in `text` that `before` directly precedes (`fn ` for the Rust
+/// exports, a return type for the header's prototypes).
+fn names_after(text: &str, before: &[&str]) -> Vec<String> {
+    let mut out: Vec<String> = text
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim_start();
+            before.iter().find_map(|b| l.strip_prefix(b))
+        })
+        .filter_map(|rest| {
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            name.starts_with("mla_").then_some(name)
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+#[test]
+fn header_declares_every_export() {
+    let rust = [
+        include_str!("../src/capi.rs"),
+        include_str!("../src/capi_cp.rs"),
+    ]
+    .concat();
+    let exported = names_after(
+        &rust,
+        &["pub unsafe extern \"C\" fn ", "pub extern \"C\" fn "],
+    );
+    let declared = names_after(HEADER, &["int ", "void ", "const char *"]);
+    assert!(exported.len() >= 20, "{exported:?}");
+    assert_eq!(
+        exported, declared,
+        "the C exports and the header's prototypes"
+    );
+}

@@ -9,7 +9,8 @@
 //!   device-to-host copy, so a captured CUDA graph of `run` stays correct while lengths,
 //!   page tables and data change between replays.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cudarc::driver::CudaStream;
 use cudarc::driver::sys::{CUstream, CUstreamCaptureStatus};
@@ -179,74 +180,9 @@ pub struct DecodePlan {
     /// Every kernel a run may launch, chosen at plan time ([`crate::choice`]).
     kernels: DecodeKernels,
     ws: DecodeWorkspace,
-    /// The scheduled steps' slots, which [`DecodePlan::run_layer`] checks its request
-    /// against.
-    steps: Mutex<StepSlots>,
-}
-
-/// The plan's scheduled steps: slot `k` holds the counts of workspace array
-/// [`Counts::Step`]`(k)`, scheduled from the lengths at one address.
-#[derive(Debug, Default)]
-struct StepSlots {
-    /// Per slot: the `seq_lens` address and batch it was scheduled from (batch 0: empty),
-    /// and its last use (the clock's value).
-    slots: [(u64, usize, u64); STEP_SLOTS],
-    /// The slot of the last `schedule_step`.
-    last: Option<usize>,
-    clock: u64,
-}
-
-impl StepSlots {
-    fn touch(&mut self, k: usize) {
-        self.clock += 1;
-        self.slots[k].2 = self.clock;
-    }
-
-    /// The slot a `schedule_step` from `seq_lens` of `batch` writes: the one scheduled from
-    /// the same address, else an empty one, else the least recently used.
-    fn schedule(&mut self, seq_lens: u64, batch: usize) -> usize {
-        let k = (0..STEP_SLOTS)
-            .find(|&k| self.slots[k].1 != 0 && self.slots[k].0 == seq_lens)
-            .or_else(|| (0..STEP_SLOTS).find(|&k| self.slots[k].1 == 0))
-            .or_else(|| (0..STEP_SLOTS).min_by_key(|&k| self.slots[k].2))
-            .unwrap_or(0);
-        self.slots[k] = (seq_lens, batch, 0);
-        self.touch(k);
-        self.last = Some(k);
-        k
-    }
-
-    /// The slot a `run_layer` on `seq_lens` of `batch` reads: the one scheduled from that
-    /// address and batch, else the last scheduled one if its batch is `batch` (the same
-    /// lengths in another tensor).
-    fn layer(&mut self, seq_lens: u64, batch: usize) -> Result<usize> {
-        let same =
-            (0..STEP_SLOTS).find(|&k| self.slots[k].0 == seq_lens && self.slots[k].1 == batch);
-        let k = match (same, self.last) {
-            (Some(k), _) => k,
-            (None, None) => {
-                return Err(MlaError::shape(
-                    "schedule_step",
-                    "a schedule_step of this plan before run_layer",
-                    "none",
-                ));
-            }
-            (None, Some(k)) if self.slots[k].1 != batch => {
-                return Err(MlaError::shape(
-                    "seq_lens.shape[0] (batch of run_layer)",
-                    format!(
-                        "{} (the batch of the last schedule_step; none was scheduled from \
-                         this seq_lens address)",
-                        self.slots[k].1
-                    ),
-                    batch,
-                ));
-            }
-            (None, Some(k)) => k,
-        };
-        self.touch(k);
-        Ok(k)
-    }
+    /// The batch of each step slot's last [`DecodePlan::schedule_step_slot`] (0: none
+    /// yet), which [`DecodePlan::run_layer_slot`] checks its request against.
+    step_batch: [AtomicUsize; STEP_SLOTS],
 }
 
 impl std::fmt::Debug for DecodePlan {
@@ -390,7 +326,7 @@ impl Runtime {
             schedule,
             kernels,
             ws,
-            steps: Mutex::new(StepSlots::default()),
+            step_batch: std::array::from_fn(|_| AtomicUsize::new(0)),
         })
     }
 }
@@ -605,13 +541,16 @@ impl DecodePlan {
     /// The split counts the last [`DecodePlan::schedule_step`] wrote for its first `n`
     /// sequences (waits for `stream`; for tests and inspection).
     pub fn read_step_splits(&self, stream: &Arc<CudaStream>, n: usize) -> Result<Vec<i32>> {
-        let last = self.steps().last.unwrap_or(0);
-        self.ws.read_splits(stream, n, Counts::Step(last))
+        self.ws.read_splits(stream, n, Counts::Step(0))
     }
 
-    /// The step slots, whatever a panicking thread left (they hold plain values).
-    fn steps(&self) -> MutexGuard<'_, StepSlots> {
-        self.steps.lock().unwrap_or_else(|e| e.into_inner())
+    /// Step slot `slot`, or a typed error naming it.
+    fn step_slot(slot: usize) -> Result<usize> {
+        if slot < STEP_SLOTS {
+            Ok(slot)
+        } else {
+            Err(MlaError::shape("slot", format!("0..{STEP_SLOTS}"), slot))
+        }
     }
 
     /// One decode step on `stream` (see the module docs for what it does and does not do).
@@ -646,15 +585,14 @@ impl DecodePlan {
     /// the schedule kernel into the plan's workspace, in stream order on `stream`
     /// (capturable). Each [`DecodePlan::run_layer`] after it reuses them, for every layer
     /// whose request has the same batch and the same `seq_lens` contents (the lengths the
-    /// schedule read); as with any library's scheduling metadata, other lengths are not
-    /// detected. The plan holds the counts of up to [`STEP_SLOTS`] steps, one per `seq_lens`
-    /// address, apart from the counts of its runs: a [`DecodePlan::run`] of the plan (eager
-    /// or replayed) in between leaves them as they are; the next `schedule_step` from the
-    /// same address (on any stream) replaces them, and one from a new address takes the
-    /// least recently used step's place. So micro-batches whose steps are scheduled ahead
-    /// of their layers share a plan, each with its own lengths tensor. `max_seq_len` is the page
-    /// table's capacity in tokens (`max_pages * page_size` of the layers' requests):
-    /// lengths are clamped there, as the decode clamps them.
+    /// schedule read, in that tensor or another); as with any library's scheduling
+    /// metadata, other lengths are not detected. The counts live in the plan's step slot 0,
+    /// apart from the counts of its runs: a [`DecodePlan::run`] of the plan (eager or
+    /// replayed) in between leaves them as they are; the slot's next `schedule_step` (on
+    /// any stream) replaces them. [`DecodePlan::schedule_step_slot`] schedules into another
+    /// slot (micro-batches whose steps are scheduled ahead of their layers). `max_seq_len`
+    /// is the page table's capacity in tokens (`max_pages * page_size` of the layers'
+    /// requests): lengths are clamped there, as the decode clamps them.
     pub fn schedule_step(
         &self,
         rt: &Runtime,
@@ -662,8 +600,23 @@ impl DecodePlan {
         seq_lens: &TensorView<1>,
         max_seq_len: usize,
     ) -> Result<()> {
+        self.schedule_step_slot(rt, stream, 0, seq_lens, max_seq_len)
+    }
+
+    /// [`DecodePlan::schedule_step`] into step slot `slot` (`0..STEP_SLOTS`, a typed error
+    /// otherwise): one plan serves up to [`STEP_SLOTS`] steps scheduled ahead of their
+    /// layers, each read by [`DecodePlan::run_layer_slot`] of the same slot (two
+    /// micro-batches: slots 0 and 1). Slot 0 is [`DecodePlan::schedule_step`]'s.
+    pub fn schedule_step_slot(
+        &self,
+        rt: &Runtime,
+        stream: &CudaStream,
+        slot: usize,
+        seq_lens: &TensorView<1>,
+        max_seq_len: usize,
+    ) -> Result<()> {
         // SAFETY: a cudarc stream is a live stream of its context.
-        unsafe { self.schedule_step_raw(rt, stream.cu_stream(), seq_lens, max_seq_len) }
+        unsafe { self.schedule_step_slot_raw(rt, stream.cu_stream(), slot, seq_lens, max_seq_len) }
     }
 
     /// [`DecodePlan::schedule_step`] on a raw `CUstream`.
@@ -678,6 +631,23 @@ impl DecodePlan {
         seq_lens: &TensorView<1>,
         max_seq_len: usize,
     ) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.schedule_step_slot_raw(rt, stream, 0, seq_lens, max_seq_len) }
+    }
+
+    /// [`DecodePlan::schedule_step_slot`] on a raw `CUstream`.
+    ///
+    /// # Safety
+    /// As [`DecodePlan::schedule_step_raw`].
+    pub unsafe fn schedule_step_slot_raw(
+        &self,
+        rt: &Runtime,
+        stream: CUstream,
+        slot: usize,
+        seq_lens: &TensorView<1>,
+        max_seq_len: usize,
+    ) -> Result<()> {
+        let slot = Self::step_slot(slot)?;
         let batch = crate::validate::validate_seq_lens(seq_lens)?;
         if batch > self.config.max_batch {
             return Err(MlaError::shape(
@@ -695,10 +665,9 @@ impl DecodePlan {
             ));
         }
         let capacity = max_seq_len.min(u32::MAX as usize);
-        let mut steps = self.steps();
-        let slot = steps.schedule(seq_lens.ptr, batch);
         if self.kernels.reference {
             // The reference decode has no splits.
+            self.step_batch[slot].store(batch, Ordering::Relaxed);
             return Ok(());
         }
         let shape = DecodeShape {
@@ -711,32 +680,45 @@ impl DecodePlan {
             dtypes: self.config.dtypes,
         };
         // SAFETY: checked above: `batch` i32 at a 4-byte aligned non-null address;
-        // the step's num_splits holds max_batch >= batch entries.
-        let launched =
-            unsafe { self.launch_schedule(rt, stream, seq_lens.ptr, &shape, Counts::Step(slot)) };
-        if launched.is_err() {
-            // The slot's counts were not written: nothing may read them.
-            steps.slots[slot] = Default::default();
-            steps.last = None;
-        }
-        launched
+        // the slot's num_splits holds max_batch >= batch entries.
+        unsafe { self.launch_schedule(rt, stream, seq_lens.ptr, &shape, Counts::Step(slot))? };
+        self.step_batch[slot].store(batch, Ordering::Relaxed);
+        Ok(())
     }
 
     /// One layer of a scheduled step: validation, then the decode and combine only, with
-    /// the split counts the plan's [`DecodePlan::schedule_step`] from the request's
-    /// `seq_lens` address (and batch) wrote, else its last one. The request's batch and
-    /// `seq_lens` contents must be the ones scheduled: a plan with no `schedule_step` yet,
-    /// or a request of another batch, is a typed error at the call (the step is chosen
-    /// there, and a graph replay keeps the captured choice and checks nothing; the
-    /// contents are on the device and are not checked).
+    /// the split counts the plan's last [`DecodePlan::schedule_step`] wrote (step slot 0).
+    /// The request's batch and `seq_lens` contents must be the ones scheduled: a slot with
+    /// no `schedule_step` yet, or a request of another batch, is a typed error at the call
+    /// (a graph replay checks nothing; the contents are on the device and are not checked).
     pub fn run_layer(
         &self,
         rt: &Runtime,
         stream: &CudaStream,
         req: &DecodeRequest,
     ) -> Result<DecodeShape> {
+        self.run_layer_slot(rt, stream, 0, req)
+    }
+
+    /// [`DecodePlan::run_layer`] with the counts of step slot `slot`
+    /// ([`DecodePlan::schedule_step_slot`]).
+    pub fn run_layer_slot(
+        &self,
+        rt: &Runtime,
+        stream: &CudaStream,
+        slot: usize,
+        req: &DecodeRequest,
+    ) -> Result<DecodeShape> {
         // SAFETY: a cudarc stream is a live stream of its context.
-        unsafe { self.run_layer_raw(rt, stream.cu_stream(), req) }
+        unsafe {
+            self.run_inner(
+                rt,
+                stream.cu_stream(),
+                req,
+                &SplitParts::default(),
+                Some(slot),
+            )
+        }
     }
 
     /// [`DecodePlan::run_layer`] on a raw `CUstream`.
@@ -750,7 +732,7 @@ impl DecodePlan {
         req: &DecodeRequest,
     ) -> Result<DecodeShape> {
         // SAFETY: forwarded from the caller.
-        unsafe { self.run_split_raw(rt, stream, req, &SplitParts::default(), true) }
+        unsafe { self.run_inner(rt, stream, req, &SplitParts::default(), Some(0)) }
     }
 
     /// [`DecodePlan::run`] on split layouts ([`SplitParts`]): the cache's rope part in its
@@ -770,7 +752,7 @@ impl DecodePlan {
     }
 
     /// [`DecodePlan::run_split`] on a raw `CUstream`; `scheduled`: as
-    /// [`DecodePlan::run_layer`] (the counts of a [`DecodePlan::schedule_step`]).
+    /// [`DecodePlan::run_layer`] (the counts of step slot 0).
     ///
     /// # Safety
     /// As [`DecodePlan::run_raw`], for the parts' pointers too.
@@ -782,13 +764,62 @@ impl DecodePlan {
         parts: &SplitParts,
         scheduled: bool,
     ) -> Result<DecodeShape> {
-        // Every run: validation, then (unless `scheduled`: the counts of `schedule_step`
-        // are in the workspace) the schedule or its fold, the decode and the combine.
+        // SAFETY: forwarded from the caller.
+        unsafe { self.run_inner(rt, stream, req, parts, scheduled.then_some(0)) }
+    }
+
+    /// [`DecodePlan::run_split_raw`] with the counts of step slot `slot` where given (a
+    /// scheduled layer), else of its own schedule.
+    ///
+    /// # Safety
+    /// As [`DecodePlan::run_split_raw`].
+    pub unsafe fn run_split_slot_raw(
+        &self,
+        rt: &Runtime,
+        stream: CUstream,
+        req: &DecodeRequest,
+        parts: &SplitParts,
+        slot: Option<usize>,
+    ) -> Result<DecodeShape> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.run_inner(rt, stream, req, parts, slot) }
+    }
+
+    /// Every run: validation, then (with a step `slot`: the counts of its `schedule_step`
+    /// are in the workspace) the schedule or its fold, the decode and the combine.
+    ///
+    /// # Safety
+    /// As [`DecodePlan::run_split_raw`].
+    unsafe fn run_inner(
+        &self,
+        rt: &Runtime,
+        stream: CUstream,
+        req: &DecodeRequest,
+        parts: &SplitParts,
+        slot: Option<usize>,
+    ) -> Result<DecodeShape> {
+        let slot = slot.map(Self::step_slot).transpose()?;
         let shape = self.check_run(rt, req, parts)?;
-        let counts = if scheduled {
-            Counts::Step(self.steps().layer(req.seq_lens.ptr, shape.batch)?)
-        } else {
-            Counts::Runs
+        let scheduled = slot.is_some();
+        let counts = match slot {
+            None => Counts::Runs,
+            Some(k) => match self.step_batch[k].load(Ordering::Relaxed) {
+                0 => {
+                    return Err(MlaError::shape(
+                        "schedule_step",
+                        format!("a schedule_step into step slot {k} of this plan before run_layer"),
+                        "none",
+                    ));
+                }
+                b if b != shape.batch => {
+                    return Err(MlaError::shape(
+                        "seq_lens.shape[0] (batch of run_layer)",
+                        format!("{b} (the batch of step slot {k}'s last schedule_step)"),
+                        shape.batch,
+                    ));
+                }
+                _ => Counts::Step(k),
+            },
         };
         if self.kernels.reference {
             // SAFETY: forwarded from the caller.
@@ -964,40 +995,3 @@ const _: fn() = || {
     shared::<Runtime>();
     shared::<DecodePlan>();
 };
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn step_slots_follow_the_lengths_address() {
-        let mut s = StepSlots::default();
-        assert!(s.layer(0x100, 4).is_err(), "nothing scheduled");
-        let a = s.schedule(0x100, 4);
-        let b = s.schedule(0x200, 4);
-        assert_ne!(a, b);
-        // Two micro-batches scheduled ahead of their layers: each layer reads its own.
-        assert_eq!(s.layer(0x100, 4).ok(), Some(a));
-        assert_eq!(s.layer(0x200, 4).ok(), Some(b));
-        // The same lengths in another tensor: the last step, if its batch matches.
-        assert_eq!(s.layer(0x300, 4).ok(), Some(b));
-        assert!(s.layer(0x300, 3).is_err());
-        // An address scheduled with another batch is not that step.
-        assert!(s.layer(0x100, 3).is_err());
-        // Rescheduling an address reuses its slot.
-        assert_eq!(s.schedule(0x100, 2), a);
-        assert_eq!(s.layer(0x100, 2).ok(), Some(a));
-        // Past STEP_SLOTS addresses the least recently used slot goes.
-        let mut seen = vec![a, b];
-        for i in 0..STEP_SLOTS - 2 {
-            seen.push(s.schedule(0x1000 + i as u64, 4));
-        }
-        seen.sort_unstable();
-        seen.dedup();
-        assert_eq!(seen.len(), STEP_SLOTS);
-        assert_eq!(s.layer(0x100, 2).ok(), Some(a));
-        // b was used least recently: the next new address takes its slot.
-        assert_eq!(s.schedule(0x9000, 4), b);
-        assert_eq!(s.layer(0x100, 2).ok(), Some(a));
-    }
-}

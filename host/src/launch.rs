@@ -30,8 +30,8 @@ use crate::validate::{
 /// Largest grid y / z dimension.
 pub(crate) const MAX_GRID_YZ: usize = 65535;
 
-/// Scheduled steps a plan holds at once (one per `seq_lens` tensor: micro-batches whose
-/// steps are scheduled ahead of their layers).
+/// Scheduled steps a plan holds at once (its step slots: micro-batches whose steps are
+/// scheduled ahead of their layers, `DecodePlan::schedule_step_slot`).
 pub const STEP_SLOTS: usize = 4;
 
 /// Which split-count array of a workspace a launch reads or writes.
