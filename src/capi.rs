@@ -240,18 +240,15 @@ pub unsafe extern "C" fn mla_runtime_create(ordinal: c_int, out: *mut *mut MlaRu
     })
 }
 
-/// Drops a handle without letting a panic cross the boundary (the last error is emptied,
-/// as after any call that succeeded).
+/// Drops a handle without letting a panic cross the boundary. The last error stays as it
+/// was (a caller may clean up before reading it).
 fn destroy<T>(handle: *mut T) {
-    let status = guard(|| {
-        if !handle.is_null() {
-            // SAFETY: the callers pass ownership of a handle made by Box::into_raw back.
-            drop(unsafe { Box::from_raw(handle) });
+    if !handle.is_null() {
+        // SAFETY: the callers pass ownership of a handle made by Box::into_raw back.
+        let dropped = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(handle) })));
+        if dropped.is_err() {
+            set_error("internal error: a panic while destroying a handle was caught".into());
         }
-        Ok(())
-    });
-    if status != MLA_OK {
-        set_error("internal error: a panic while destroying a handle was caught".into());
     }
 }
 

@@ -222,7 +222,8 @@ int mla_cp_decode(const MlaRuntime *rt, MlaCp *cp, const MlaPlan *plan,
  * group (MLA_ERR_CUDA) instead of hanging. */
 int mla_cp_wait(MlaCp *cp, void *stream);
 /* NULL is ignored. Waits for the last eager combine (at most the group's timeout; past it
- * the group is aborted) before freeing its buffers. */
+ * the group is aborted) before freeing its buffers; replays of a captured combine must be
+ * done, and its graphs not replayed after. Not during graph capture. */
 void mla_cp_destroy(MlaCp *cp);
 /* Checked plans only: waits for `stream`, then writes the first fault (kind
  * MLA_FAULT_NONE: none). Not during graph capture. */
@@ -231,7 +232,8 @@ int mla_plan_fault(const MlaRuntime *rt, const MlaPlan *plan, void *stream, MlaF
 int mla_plan_clear_fault(const MlaRuntime *rt, const MlaPlan *plan, void *stream);
 /* Merges the ranks' results on `stream` (capturable). */
 int mla_merge(const MlaRuntime *rt, const MlaMergeArgs *args, void *stream);
-/* This thread's last error; empty after a call that succeeded. */
+/* This thread's last error; empty after a call that succeeded (the destroy functions
+ * leave it as it was, so it can be read after cleaning up). */
 const char *mla_last_error(void);
 /* The library's version (each pointer may be NULL). */
 int mla_get_version(uint32_t *major, uint32_t *minor, uint32_t *patch);

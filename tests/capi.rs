@@ -156,10 +156,10 @@ fn a_negative_device_ordinal_is_invalid() {
     assert!(last_error().contains("ordinal"), "{}", last_error());
     assert!(last_error().contains("-1"), "{}", last_error());
     assert!(rt.is_null());
-    // A destroy succeeds (null is ignored) and empties the last error as any success does.
+    // A destroy leaves the last error for a caller that cleans up before reading it.
     // SAFETY: null handles are ignored.
     unsafe { mla_plan_destroy(std::ptr::null_mut()) };
-    assert_eq!(last_error(), "");
+    assert!(last_error().contains("ordinal"), "{}", last_error());
 }
 
 #[test]

@@ -88,6 +88,10 @@ pub struct ContextParallel {
     done: Event,
     /// A combine was recorded on `done` since the communicator was made.
     pending: bool,
+    /// Eager work on the gather buffers may be in flight that `done` does not cover (a
+    /// combine that failed after enqueuing its all-gather, or on a stream whose capture
+    /// state could not be read).
+    untracked: bool,
     ctx: Arc<CudaContext>,
     outs_ptr: u64,
     lses_ptr: u64,
@@ -196,6 +200,7 @@ impl ContextParallel {
             gather: ManuallyDrop::new((outs, lses)),
             done,
             pending: false,
+            untracked: false,
             ctx: rt.context().clone(),
             outs_ptr,
             lses_ptr,
@@ -409,6 +414,11 @@ impl ContextParallel {
         } else {
             ncclsys::ncclDataType_t::ncclBfloat16
         };
+        // SAFETY: a live stream (the caller's).
+        let capture = unsafe { capture_status(stream) };
+        let eager = capture == Some(false);
+        // From here the buffers may be written by work `done` does not cover yet.
+        self.untracked |= capture != Some(true);
         // SAFETY: the send views are `rows` contiguous elements (checked above); the
         // receive buffers hold ranks x max_rows >= ranks x rows; the stream is the caller's.
         unsafe {
@@ -442,11 +452,11 @@ impl ContextParallel {
         // SAFETY: forwarded from the caller; the gathered views are inside the workspace,
         // and `merge` was validated by `check_combine`.
         unsafe { rt.launch_merge(stream, &merge.0, &merge.1)? };
-        // SAFETY: a live stream (the caller's) and event of this context.
-        if !unsafe { capturing(stream) } {
-            // SAFETY: as above.
+        if eager {
+            // SAFETY: a live stream (the caller's) and event of this context.
             unsafe { self.done.record(stream)? };
             self.pending = true;
+            self.untracked = false;
         }
         Ok(())
     }
@@ -625,7 +635,7 @@ impl Drop for ContextParallel {
     fn drop(&mut self) {
         // The event's calls need its context current on this thread (an error shows below).
         let _ = self.ctx.bind_to_thread();
-        let mut idle = !self.pending || self.done.wait(self.timeout);
+        let mut idle = !self.untracked && (!self.pending || self.done.wait(self.timeout));
         if !idle {
             self.abort();
             idle = self.ctx.synchronize().is_ok();
@@ -694,17 +704,16 @@ impl Drop for Event {
     }
 }
 
-/// Whether `stream` is capturing a graph (an error counts as capturing: nothing is
-/// recorded on it).
+/// Whether `stream` is capturing a graph (`None`: the driver could not say).
 ///
 /// # Safety
 /// `stream` is a live stream (or null).
-unsafe fn capturing(stream: CUstream) -> bool {
+unsafe fn capture_status(stream: CUstream) -> Option<bool> {
     let mut status = cuda::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
     // SAFETY: forwarded from the caller; a valid out-pointer.
     let r = unsafe { cuda::cuStreamIsCapturing(stream, &mut status) };
-    r != cuda::CUresult::CUDA_SUCCESS
-        || status != cuda::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+    (r == cuda::CUresult::CUDA_SUCCESS)
+        .then_some(status != cuda::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
 /// NCCL's "default" config with non-blocking set-up (`NCCL_CONFIG_INITIALIZER` plus
