@@ -711,7 +711,7 @@ impl DecodePlan {
     ) -> Result<DecodeShape> {
         // SAFETY: a cudarc stream is a live stream of its context.
         unsafe {
-            self.run_inner(
+            self.run_split_slot_raw(
                 rt,
                 stream.cu_stream(),
                 req,
@@ -732,7 +732,7 @@ impl DecodePlan {
         req: &DecodeRequest,
     ) -> Result<DecodeShape> {
         // SAFETY: forwarded from the caller.
-        unsafe { self.run_inner(rt, stream, req, &SplitParts::default(), Some(0)) }
+        unsafe { self.run_split_slot_raw(rt, stream, req, &SplitParts::default(), Some(0)) }
     }
 
     /// [`DecodePlan::run`] on split layouts ([`SplitParts`]): the cache's rope part in its
@@ -765,32 +765,17 @@ impl DecodePlan {
         scheduled: bool,
     ) -> Result<DecodeShape> {
         // SAFETY: forwarded from the caller.
-        unsafe { self.run_inner(rt, stream, req, parts, scheduled.then_some(0)) }
+        unsafe { self.run_split_slot_raw(rt, stream, req, parts, scheduled.then_some(0)) }
     }
 
     /// [`DecodePlan::run_split_raw`] with the counts of step slot `slot` where given (a
-    /// scheduled layer), else of its own schedule.
+    /// scheduled layer), else of its own schedule. Every run: validation, then (with a step
+    /// `slot`: the counts of its `schedule_step` are in the workspace) the schedule or its
+    /// fold, the decode and the combine.
     ///
     /// # Safety
     /// As [`DecodePlan::run_split_raw`].
     pub unsafe fn run_split_slot_raw(
-        &self,
-        rt: &Runtime,
-        stream: CUstream,
-        req: &DecodeRequest,
-        parts: &SplitParts,
-        slot: Option<usize>,
-    ) -> Result<DecodeShape> {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.run_inner(rt, stream, req, parts, slot) }
-    }
-
-    /// Every run: validation, then (with a step `slot`: the counts of its `schedule_step`
-    /// are in the workspace) the schedule or its fold, the decode and the combine.
-    ///
-    /// # Safety
-    /// As [`DecodePlan::run_split_raw`].
-    unsafe fn run_inner(
         &self,
         rt: &Runtime,
         stream: CUstream,
