@@ -43,10 +43,11 @@ pub enum MlaError {
     NullArgument { field: &'static str },
     /// A device pointer or row stride breaks the alignment the kernels load with.
     #[error(
-        "{field} is misaligned: address {addr:#x} (or its row stride) must be a multiple of {align} bytes"
+        "{field} is misaligned: {addr:#x} is not a multiple of {align} bytes (for a tensor its address, for a stride field the stride in bytes)"
     )]
     Misaligned {
         field: &'static str,
+        /// The tensor's address, or, where `field` names a stride, that stride in bytes.
         addr: u64,
         align: u64,
     },
