@@ -69,7 +69,11 @@ typedef struct MlaPlan MlaPlan;
 
 /* Fields outside these ranges are MLA_ERR_INVALID naming the field: max_batch 1..65535,
  * heads 1..128, s_q 1..8, page_size a power of two in 1..256, dtype codes above, tile
- * 0..4, waves 0..4. */
+ * 0..4, waves 0..4. max_batch also bounds the splits per sequence (the decode grid and the
+ * partials are sized for it): up to about 4 x (SMs x waves) / (row tiles x max_batch), at
+ * most 128. A batch far smaller than max_batch, or a bucket of max_batch sequences padded
+ * with zero lengths, gets no more splits than that (a 256-sequence plan gives 8 live
+ * sequences at 128 heads 2 splits where an 8-sequence plan gives 8): plan per batch bucket. */
 typedef struct MlaPlanConfig {
   uint32_t max_batch, heads, s_q, page_size, max_seq_len;
   uint32_t q_dtype, kv_dtype;

@@ -2,7 +2,9 @@
 //!
 //! - [`Runtime::plan_decode`] (once per batch-shape bucket, outside graph capture): checks
 //!   the geometry against the backend, fixes the tactic, allocates the workspace for the
-//!   bucket's capacity (not the live batch).
+//!   bucket's capacity (not the live batch). The capacity bounds the splits per sequence
+//!   too ([`crate::plan::split_cap`]): a batch far below `max_batch`, or a bucket padded
+//!   with zero lengths, gets the bucket's split cap, not a small plan's, so plan per bucket.
 //! - [`DecodePlan::run`] (every step): validates the request, then launches on the caller's
 //!   stream only: the schedule kernel (split counts from the device-resident `seq_lens`),
 //!   the decode kernel and the combine kernel. No allocation, no host synchronisation, no
