@@ -79,7 +79,7 @@ pub fn view<const R: usize>(t: &Tensor, field: &'static str) -> Result<TensorVie
 
 /// One decode step of `plan` on candle tensors, on q's candle stream: validated as
 /// [`DecodePlan::run_split`] validates (the same errors), then launched. With `scheduled`,
-/// the split counts of the last [`DecodePlan::schedule_step`] on that stream are reused
+/// the split counts of the plan's step scheduled from `seq_lens` are reused
 /// ([`DecodePlan::run_layer`]).
 pub fn decode(
     rt: &Runtime,

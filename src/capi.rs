@@ -240,7 +240,8 @@ pub unsafe extern "C" fn mla_runtime_create(ordinal: c_int, out: *mut *mut MlaRu
     })
 }
 
-/// Drops a handle without letting a panic cross the boundary.
+/// Drops a handle without letting a panic cross the boundary. The last error stays as it
+/// was (a caller may clean up before reading it).
 fn destroy<T>(handle: *mut T) {
     if !handle.is_null() {
         // SAFETY: the callers pass ownership of a handle made by Box::into_raw back.
@@ -590,7 +591,7 @@ pub unsafe extern "C" fn mla_decode_run(
     stream: *mut c_void,
 ) -> c_int {
     // SAFETY: forwarded from the caller.
-    unsafe { decode_c(rt, plan, args, stream, false) }
+    unsafe { decode_c(rt, plan, args, stream, None) }
 }
 
 /// `mla_decode_run` on split layouts (`MlaSplitArgs`; `DecodePlan::run_split`).
@@ -606,7 +607,7 @@ pub unsafe extern "C" fn mla_decode_run_split(
     stream: *mut c_void,
 ) -> c_int {
     // SAFETY: forwarded from the caller.
-    unsafe { decode_split_c(rt, plan, args, split, stream, false) }
+    unsafe { decode_split_c(rt, plan, args, split, stream, None) }
 }
 
 /// `mla_decode_run_layer` on split layouts.
@@ -622,7 +623,24 @@ pub unsafe extern "C" fn mla_decode_run_layer_split(
     stream: *mut c_void,
 ) -> c_int {
     // SAFETY: forwarded from the caller.
-    unsafe { decode_split_c(rt, plan, args, split, stream, true) }
+    unsafe { decode_split_c(rt, plan, args, split, stream, Some(0)) }
+}
+
+/// `mla_decode_run_layer_split` with the counts of step slot `slot`.
+///
+/// # Safety
+/// As `mla_decode_run_split`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mla_decode_run_layer_split_slot(
+    rt: *const MlaRuntime,
+    plan: *const MlaPlan,
+    slot: u32,
+    args: *const MlaDecodeArgs,
+    split: *const MlaSplitArgs,
+    stream: *mut c_void,
+) -> c_int {
+    // SAFETY: forwarded from the caller.
+    unsafe { decode_split_c(rt, plan, args, split, stream, Some(slot as usize)) }
 }
 
 /// # Safety
@@ -633,7 +651,7 @@ unsafe fn decode_split_c(
     args: *const MlaDecodeArgs,
     split: *const MlaSplitArgs,
     stream: *mut c_void,
-    layer: bool,
+    slot: Option<usize>,
 ) -> c_int {
     guard(|| {
         // SAFETY: forwarded from the caller.
@@ -648,12 +666,12 @@ unsafe fn decode_split_c(
         let (req, parts) = request_split_of(plan, unsafe { &*args }, unsafe { &*split });
         // SAFETY: forwarded from the caller.
         unsafe {
-            plan.run_split_raw(
+            plan.run_split_slot_raw(
                 rt,
                 stream as cudarc::driver::sys::CUstream,
                 &req,
                 &parts,
-                layer,
+                slot,
             )?
         };
         Ok(())
@@ -667,7 +685,8 @@ mod cp;
 #[cfg(feature = "nccl")]
 pub use cp::*;
 
-/// `mla_decode_run` (`layer` false) or `mla_decode_run_layer` (true): fused layouts.
+/// `mla_decode_run` (`slot` none) or `mla_decode_run_layer_slot` (a step slot): fused
+/// layouts.
 ///
 /// # Safety
 /// As `mla_decode_run`.
@@ -676,18 +695,17 @@ unsafe fn decode_c(
     plan: *const MlaPlan,
     args: *const MlaDecodeArgs,
     stream: *mut c_void,
-    layer: bool,
+    slot: Option<usize>,
 ) -> c_int {
     // SAFETY: forwarded from the caller; the split args are a local.
-    unsafe { decode_split_c(rt, plan, args, &MlaSplitArgs::default(), stream, layer) }
+    unsafe { decode_split_c(rt, plan, args, &MlaSplitArgs::default(), stream, slot) }
 }
 
 /// Per-step scheduling (`DecodePlan::schedule_step`): the split counts of a batch of
 /// `batch` sequences whose lengths are at `seq_lens` (`[batch]` int32, device), computed on
 /// the device into the plan's workspace in stream order on `stream` (capturable); lengths
-/// are cut at `max_pages * page_size`, as the decode cuts them. Every
-/// `mla_decode_run_layer` after it on the same stream reuses them until the next
-/// `mla_schedule_step`; `mla_decode_run` keeps counts of its own.
+/// are cut at `max_pages * page_size`, as the decode cuts them, into step slot 0 (see
+/// `mla_schedule_step_slot`); `mla_decode_run` keeps counts of its own.
 ///
 /// # Safety
 /// `rt` and `plan` are live handles (the plan made from `rt`), `seq_lens` a device pointer
@@ -697,6 +715,26 @@ unsafe fn decode_c(
 pub unsafe extern "C" fn mla_schedule_step(
     rt: *const MlaRuntime,
     plan: *const MlaPlan,
+    seq_lens: u64,
+    batch: u32,
+    max_pages: u32,
+    stream: *mut c_void,
+) -> c_int {
+    // SAFETY: forwarded from the caller.
+    unsafe { mla_schedule_step_slot(rt, plan, 0, seq_lens, batch, max_pages, stream) }
+}
+
+/// `mla_schedule_step` into step slot `slot` (`0..STEP_SLOTS`, else `MLA_ERR_INVALID`
+/// naming it), which `mla_decode_run_layer_slot` of the same slot reads: up to
+/// `STEP_SLOTS` steps scheduled ahead of their layers on one plan (micro-batches).
+///
+/// # Safety
+/// As `mla_schedule_step`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mla_schedule_step_slot(
+    rt: *const MlaRuntime,
+    plan: *const MlaPlan,
+    slot: u32,
     seq_lens: u64,
     batch: u32,
     max_pages: u32,
@@ -716,15 +754,21 @@ pub unsafe extern "C" fn mla_schedule_step(
         let capacity = max_pages as usize * plan.config().page_size;
         // SAFETY: forwarded from the caller.
         unsafe {
-            plan.schedule_step_raw(rt, stream as cudarc::driver::sys::CUstream, &lens, capacity)
+            plan.schedule_step_slot_raw(
+                rt,
+                stream as cudarc::driver::sys::CUstream,
+                slot as usize,
+                &lens,
+                capacity,
+            )
         }
     })
 }
 
 /// One layer of a scheduled step (`DecodePlan::run_layer`): validation, then the decode
-/// and combine with the split counts of the last `mla_schedule_step` on `stream`; the
-/// args' batch and `seq_lens` contents must be the scheduled ones (a plan with no schedule
-/// yet, or another batch, is `MLA_ERR_INVALID`). Capturable.
+/// and combine with the split counts of step slot 0; the args' batch and `seq_lens`
+/// contents must be the scheduled ones (a slot with no schedule yet, or another batch, is
+/// `MLA_ERR_INVALID`). Capturable.
 ///
 /// # Safety
 /// As `mla_decode_run`.
@@ -736,7 +780,23 @@ pub unsafe extern "C" fn mla_decode_run_layer(
     stream: *mut c_void,
 ) -> c_int {
     // SAFETY: forwarded from the caller.
-    unsafe { decode_c(rt, plan, args, stream, true) }
+    unsafe { decode_c(rt, plan, args, stream, Some(0)) }
+}
+
+/// `mla_decode_run_layer` with the counts of step slot `slot` (`mla_schedule_step_slot`).
+///
+/// # Safety
+/// As `mla_decode_run`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mla_decode_run_layer_slot(
+    rt: *const MlaRuntime,
+    plan: *const MlaPlan,
+    slot: u32,
+    args: *const MlaDecodeArgs,
+    stream: *mut c_void,
+) -> c_int {
+    // SAFETY: forwarded from the caller.
+    unsafe { decode_c(rt, plan, args, stream, Some(slot as usize)) }
 }
 
 /// A rank merge (C layout; `MergeRequest`): `ranks` results of the same query rows.

@@ -145,7 +145,8 @@ pub unsafe extern "C" fn mla_cp_wait(cp: *mut MlaCp, stream: *mut c_void) -> c_i
 }
 
 /// # Safety
-/// `cp` is null or a handle from `mla_cp_create`, not used afterwards, its work done.
+/// `cp` is null or a handle from `mla_cp_create`, not used afterwards (its last eager
+/// combine is waited for, at most the group's timeout).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mla_cp_destroy(cp: *mut MlaCp) {
     destroy(cp);

@@ -61,7 +61,8 @@ extern "C" {
 
 #define MLA_FAULT_NONE 0
 #define MLA_FAULT_PAGE_ID 1 /* page_table[sequence][column] = value is outside [0, num_pages) */
-#define MLA_FAULT_SEQ_LEN 2 /* seq_lens[sequence] = value is past max_pages * page_size */
+#define MLA_FAULT_SEQ_LEN 2 /* seq_lens[sequence] = value is past max_pages * page_size
+                             * (sharded: value is this rank's share of the length) */
 
 typedef struct MlaRuntime MlaRuntime;
 typedef struct MlaPlan MlaPlan;
@@ -77,8 +78,8 @@ typedef struct MlaPlanConfig {
                      17..32 rows: with an fp8 cache and pages >= 16 the wgmma tile in
                      plans of >= 65536 tokens in all (fp8 q) or >= 131072 with
                      sequences of >= 1024 (bf16 q); else two 16-row tiles in plans of
-                     sequences <= 4096 tokens and <= 32768 in all, and with an fp8 cache
-                     below 9 sequences; otherwise the 32-row tile (fp8 cache) or the
+                     sequences <= 4096 tokens and <= 32768 in all (bf16 with pages >= 16:
+                     <= 16384), and with an fp8 cache below 9 sequences; otherwise the 32-row tile (fp8 cache) or the
                      wgmma tile (bf16); more rows: the
                      wgmma tile on sm_90a unless fp16, else 64-row); 1: 16-row;
                      2: 64-row mma.sync; 3: 64-row wgmma (sm_90a, not fp16); 4: 32-row
@@ -127,7 +128,10 @@ int mla_runtime_create(int ordinal, MlaRuntime **out);
 void mla_runtime_destroy(MlaRuntime *rt); /* NULL is ignored; destroy its plans first */
 /* Allocates the plan's workspace and synchronises: not during graph capture. */
 int mla_plan_create(const MlaRuntime *rt, const MlaPlanConfig *cfg, MlaPlan **out);
-void mla_plan_destroy(MlaPlan *plan); /* NULL is ignored; waits for the plan's work */
+/* NULL is ignored; waits for the plan's work (the whole context). Not during graph capture:
+ * a context that cannot synchronize leaves the workspace allocated (leaked) rather than
+ * freeing it under running work. */
+void mla_plan_destroy(MlaPlan *plan);
 int mla_plan_info(const MlaRuntime *rt, const MlaPlan *plan, MlaPlanInfo *out);
 /* One decode step on `stream` (a CUstream; NULL: the legacy default stream): launches
  * only, no allocation or synchronisation, capturable in a CUDA graph. Each launch reads
@@ -136,18 +140,27 @@ int mla_decode_run(const MlaRuntime *rt, const MlaPlan *plan, const MlaDecodeArg
 /* Per-step scheduling, for the layers of one decode step: the split counts of a batch whose
  * lengths are at `seq_lens` ([batch] int32, device), computed on the device into the plan's
  * workspace in stream order (capturable); lengths are cut at max_pages * page_size
- * (max_pages >= 1: the layers' page-table columns). Each
- * mla_decode_run_layer after it on the same stream reuses them until the next
- * mla_schedule_step; runs of the plan (mla_decode_run, eager or replayed) keep counts of
- * their own and leave the step's as they are. */
+ * (max_pages >= 1: the layers' page-table columns), into the plan's step slot 0: the
+ * slot's next mla_schedule_step (on any stream) replaces them. Runs of the plan
+ * (mla_decode_run, eager or replayed) keep counts of their own and leave the steps' as
+ * they are. */
 int mla_schedule_step(const MlaRuntime *rt, const MlaPlan *plan, uint64_t seq_lens, uint32_t batch,
                       uint32_t max_pages, void *stream);
-/* One layer of a scheduled step: mla_decode_run without the schedule; args->batch and the
- * contents of args->seq_lens must be the ones mla_schedule_step read (MLA_ERR_INVALID when
- * the plan has no mla_schedule_step yet or args->batch is not its batch; the contents are
- * not checked). Capturable. */
+/* Into step slot `slot` (0..3, else MLA_ERR_INVALID naming it): one plan holds up to 4
+ * steps scheduled ahead of their layers (micro-batches: slots 0 and 1), each read by
+ * mla_decode_run_layer_slot of its slot. mla_schedule_step is slot 0. */
+int mla_schedule_step_slot(const MlaRuntime *rt, const MlaPlan *plan, uint32_t slot,
+                           uint64_t seq_lens, uint32_t batch, uint32_t max_pages, void *stream);
+/* One layer of a scheduled step: mla_decode_run without the schedule, with step slot 0's
+ * counts; args->batch and the contents of args->seq_lens (that buffer or another) must be
+ * the ones the slot's last mla_schedule_step read (MLA_ERR_INVALID when the slot has no
+ * schedule yet or args->batch is not its batch, checked at each call on the host: a graph
+ * replay checks nothing; the contents are not checked). Capturable. */
 int mla_decode_run_layer(const MlaRuntime *rt, const MlaPlan *plan, const MlaDecodeArgs *args,
                          void *stream);
+/* mla_decode_run_layer with step slot `slot`'s counts (mla_schedule_step_slot). */
+int mla_decode_run_layer_slot(const MlaRuntime *rt, const MlaPlan *plan, uint32_t slot,
+                              const MlaDecodeArgs *args, void *stream);
 /* Split layouts: the rope part (dims 512..575) of the cache and/or of q in tensors of their
  * own, as FlashInfer's and vLLM's paged caches keep them. Zero fields take the default. */
 typedef struct MlaSplitArgs {
@@ -167,6 +180,9 @@ int mla_decode_run_split(const MlaRuntime *rt, const MlaPlan *plan, const MlaDec
 int mla_decode_run_layer_split(const MlaRuntime *rt, const MlaPlan *plan,
                                const MlaDecodeArgs *args, const MlaSplitArgs *split,
                                void *stream);
+int mla_decode_run_layer_split_slot(const MlaRuntime *rt, const MlaPlan *plan, uint32_t slot,
+                                    const MlaDecodeArgs *args, const MlaSplitArgs *split,
+                                    void *stream);
 /* Checked mode on (1) or off (0, as made) for the plan's runs launched from now on: each
  * decode also records the first page id outside [0, num_pages) or length past
  * max_pages * page_size it meets. Not while the plan's work is in flight; a graph captured
@@ -197,12 +213,17 @@ int mla_cp_create(const MlaRuntime *rt, uint32_t rank, uint32_t ranks, const uin
 /* One step on this rank: the plan (mla_plan_set_shard to this rank of the group) decodes
  * args into args->out / args->lse, then every rank's are all-gathered and merged into
  * out ([batch, s_q, heads, 512], the plan's out dtype) and lse ([batch, s_q, heads] f32).
- * A plan sharded for another group is MLA_ERR_INVALID before any launch. Capturable. */
+ * A plan sharded for another group is MLA_ERR_INVALID before any launch. Capturable. The
+ * group's combines share its gather buffers: keep them on one stream (as NCCL orders a
+ * communicator's collectives), or wait between streams. */
 int mla_cp_decode(const MlaRuntime *rt, MlaCp *cp, const MlaPlan *plan,
                   const MlaDecodeArgs *args, uint64_t out, uint64_t lse, void *stream);
 /* Waits for stream at most the group's timeout; an NCCL error or a lost peer aborts the
  * group (MLA_ERR_CUDA) instead of hanging. */
 int mla_cp_wait(MlaCp *cp, void *stream);
+/* NULL is ignored. Waits for the last eager combine (at most the group's timeout; past it
+ * the group is aborted) before freeing its buffers; replays of a captured combine must be
+ * done, and its graphs not replayed after. Not during graph capture. */
 void mla_cp_destroy(MlaCp *cp);
 /* Checked plans only: waits for `stream`, then writes the first fault (kind
  * MLA_FAULT_NONE: none). Not during graph capture. */
@@ -211,7 +232,8 @@ int mla_plan_fault(const MlaRuntime *rt, const MlaPlan *plan, void *stream, MlaF
 int mla_plan_clear_fault(const MlaRuntime *rt, const MlaPlan *plan, void *stream);
 /* Merges the ranks' results on `stream` (capturable). */
 int mla_merge(const MlaRuntime *rt, const MlaMergeArgs *args, void *stream);
-/* This thread's last error; empty after a call that succeeded. */
+/* This thread's last error; empty after a call that succeeded (the destroy functions
+ * leave it as it was, so it can be read after cleaning up). */
 const char *mla_last_error(void);
 /* The library's version (each pointer may be NULL). */
 int mla_get_version(uint32_t *major, uint32_t *minor, uint32_t *patch);

@@ -156,6 +156,26 @@ fn a_negative_device_ordinal_is_invalid() {
     assert!(last_error().contains("ordinal"), "{}", last_error());
     assert!(last_error().contains("-1"), "{}", last_error());
     assert!(rt.is_null());
+    // A destroy leaves the last error for a caller that cleans up before reading it.
+    // SAFETY: null handles are ignored.
+    unsafe { mla_plan_destroy(std::ptr::null_mut()) };
+    assert!(last_error().contains("ordinal"), "{}", last_error());
+}
+
+#[test]
+fn an_ordinal_past_the_visible_devices() {
+    let mut rt: *mut MlaRuntime = std::ptr::null_mut();
+    // SAFETY: valid out pointer.
+    let s = unsafe { mla_runtime_create(4096, &mut rt) };
+    assert!(rt.is_null());
+    if s == MLA_ERR_NO_DEVICE {
+        eprintln!("no GPU visible: {}", last_error());
+    } else {
+        // Devices are visible: the ordinal is bad input, named with what is allowed.
+        assert_eq!(s, MLA_ERR_INVALID, "{}", last_error());
+        assert!(last_error().contains("ordinal"), "{}", last_error());
+        assert!(last_error().contains("4096"), "{}", last_error());
+    }
 }
 
 #[test]
@@ -621,4 +641,45 @@ fn context_parallel_handles_are_checked() {
         assert_eq!(s, MLA_ERR_INVALID);
         mla_cp_destroy(std::ptr::null_mut());
     }
+}
+
+/// The `mla_*` names in `text` that `before` directly precedes (`fn ` for the Rust
+/// exports, a return type for the header's prototypes).
+fn names_after(text: &str, before: &[&str]) -> Vec<String> {
+    let mut out: Vec<String> = text
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim_start();
+            before.iter().find_map(|b| l.strip_prefix(b))
+        })
+        .filter_map(|rest| {
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            name.starts_with("mla_").then_some(name)
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+#[test]
+fn header_declares_every_export() {
+    let rust = [
+        include_str!("../src/capi.rs"),
+        include_str!("../src/capi_cp.rs"),
+    ]
+    .concat();
+    let exported = names_after(
+        &rust,
+        &["pub unsafe extern \"C\" fn ", "pub extern \"C\" fn "],
+    );
+    let declared = names_after(HEADER, &["int ", "void ", "const char *"]);
+    assert!(exported.len() >= 20, "{exported:?}");
+    assert_eq!(
+        exported, declared,
+        "the C exports and the header's prototypes"
+    );
 }

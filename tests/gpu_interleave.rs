@@ -18,7 +18,7 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaStream, DevicePtr};
 use mla::gate::Backend;
 use mla::tactic::{PlanSize, Tactic, Tile};
-use mla::{DecodeConfig, DecodeDtypes, DecodeFault, DecodePlan, Runtime};
+use mla::{DecodeConfig, DecodeDtypes, DecodeFault, DecodePlan, MlaError, Runtime, STEP_SLOTS};
 use mla_dev::harness::{self, CaseSpec, DeviceCase, HostCase};
 use mla_dev::oracle::OracleOutput;
 use mla_dev::rng::SplitMix64;
@@ -497,7 +497,8 @@ fn lengths_below_s_q_give_zero_rows() {
 /// oracle; for every kernel case, and 61 layers (a DeepSeek-V3 model's) on the TMA decode.
 /// Between the schedule and the layers an eager `run` of the same plan on an all-padding
 /// batch (every length 0: its schedule writes 0 splits, which would make the layers skip
-/// every sequence if they shared the run's counts).
+/// every sequence if they shared the run's counts); then two micro-batches, that one and
+/// the real one, scheduled into step slots 1 and 2 before their interleaved layers.
 #[test]
 fn one_schedule_serves_every_layer_of_a_step() {
     let test = "step_layers";
@@ -590,6 +591,42 @@ fn one_schedule_serves_every_layer_of_a_step() {
                     "{}: step counts {step:?} (want >= 1), run counts {runs:?} (want 0)",
                     case.label()
                 ));
+            }
+        }
+        // Two micro-batches of one size scheduled ahead of their layers in two step slots
+        // (the first all padding: zero counts), each layer reading its own slot.
+        for d in devs.iter_mut() {
+            d.poison_outputs(&stream).unwrap();
+        }
+        plan.schedule_step_slot(&rt, &stream, 1, &padding.seq_lens, cap)
+            .unwrap();
+        plan.schedule_step_slot(&rt, &stream, 2, &lens, cap)
+            .unwrap();
+        for r in &reqs {
+            plan.run_layer_slot(&rt, &stream, 1, &padding).unwrap();
+            plan.run_layer_slot(&rt, &stream, 2, r).unwrap();
+        }
+        stream.synchronize().unwrap();
+        check_all(&devs, "two micro-batches in step slots", &mut failures);
+        let slot_errors = [
+            plan.schedule_step_slot(&rt, &stream, STEP_SLOTS, &lens, cap)
+                .err(),
+            plan.run_layer_slot(&rt, &stream, STEP_SLOTS, &reqs[0])
+                .err(),
+            plan.run_layer_slot(&rt, &stream, 3, &reqs[0]).err(),
+        ];
+        for (what, e) in [
+            "slot past the end",
+            "layer past the end",
+            "unscheduled slot",
+        ]
+        .iter()
+        .zip(slot_errors)
+        {
+            match e {
+                Some(MlaError::InvalidShape { field, .. })
+                    if field == "slot" || field == "schedule_step" => {}
+                other => failures.push(format!("{}: {what}: {other:?}", case.label())),
             }
         }
         // The whole step in one graph, replayed twice.

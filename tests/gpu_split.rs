@@ -366,6 +366,26 @@ fn split_append_and_gather_match_the_fused_cache() {
             .expect("fused append");
         rt.append_kv_split(&stream, &append(split_req.kv_cache), &kpe)
             .expect("split append");
+        // The latent and rope views of one fused cache (interleaved spans, disjoint bytes)
+        // take the split append too, and end up as the fused append's bytes.
+        let views = DeviceCase::upload(&stream, &h).unwrap();
+        let fk = fused_req.kv_cache;
+        let at = ptr(&views.kv, &stream);
+        let latent = TensorView::strided(at, kv_t, [fk.shape[0], fk.shape[1], D_V], fk.strides);
+        let rope = TensorView::strided(
+            at + (D_V * kv_t.size()) as u64,
+            kv_t,
+            [fk.shape[0], fk.shape[1], D_QK - D_V],
+            fk.strides,
+        );
+        rt.append_kv_split(&stream, &append(latent), &rope)
+            .expect("split append into one fused cache's views");
+        stream.synchronize().unwrap();
+        assert!(
+            stream.clone_dtoh(&views.kv).unwrap() == stream.clone_dtoh(&fused.kv).unwrap(),
+            "{}: the split append into a fused cache's views differs from the fused append",
+            d.name()
+        );
         let max_len = h.max_pages * page;
         let out_t = if kv_t == ElemType::Fp8E4m3 {
             ElemType::Bf16

@@ -22,10 +22,12 @@
 //! by this one.
 
 use std::ffi::c_void;
+use std::mem::ManuallyDrop;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::CudaSlice;
 use cudarc::driver::sys::{self as cuda, CUstream};
+use cudarc::driver::{CudaContext, CudaSlice};
 use cudarc::nccl::result as nccl;
 use cudarc::nccl::sys as ncclsys;
 use mla_abi::{D_V, ElemType, MAX_MERGE_RANKS};
@@ -79,10 +81,18 @@ pub struct ContextParallel {
     ranks: usize,
     max_rows: usize,
     timeout: Duration,
-    /// Every rank's `(out)` rows, `[ranks, max_rows, D_V]` 16-bit.
-    _outs: CudaSlice<u16>,
-    /// Every rank's `lse` rows, `[ranks, max_rows]` f32.
-    _lses: CudaSlice<f32>,
+    /// Every rank's `(out)` rows, `[ranks, max_rows, D_V]` 16-bit, and `lse` rows,
+    /// `[ranks, max_rows]` f32. Freed only once the last combine is done (see `Drop`).
+    gather: ManuallyDrop<(CudaSlice<u16>, CudaSlice<f32>)>,
+    /// Recorded on the caller's stream after each eager combine: `Drop` waits for it.
+    done: Event,
+    /// A combine was recorded on `done` since the communicator was made.
+    pending: bool,
+    /// Eager work on the gather buffers may be in flight that `done` does not cover (a
+    /// combine that failed after enqueuing its all-gather, or on a stream whose capture
+    /// state could not be read).
+    untracked: bool,
+    ctx: Arc<CudaContext>,
     outs_ptr: u64,
     lses_ptr: u64,
     /// The element type of every rank's `out` rows.
@@ -173,14 +183,25 @@ impl ContextParallel {
             }
             return Err(comm_err("comm_init_rank", e));
         }
+        let done = match Event::new() {
+            Ok(e) => e,
+            Err(e) => {
+                // SAFETY: the handle the call above returned, aborted once.
+                let _ = unsafe { nccl::comm_abort(comm) };
+                return Err(e);
+            }
+        };
         let mut cp = ContextParallel {
             comm,
             rank,
             ranks,
             max_rows,
             timeout,
-            _outs: outs,
-            _lses: lses,
+            gather: ManuallyDrop::new((outs, lses)),
+            done,
+            pending: false,
+            untracked: false,
+            ctx: rt.context().clone(),
             outs_ptr,
             lses_ptr,
             dtype,
@@ -211,7 +232,8 @@ impl ContextParallel {
     /// row-major, as this rank's sharded decode wrote them) and merges them into `out` and
     /// `lse` (same shapes), on `stream`. Every rank calls it with the same shape, in the
     /// same order. Capturable; [`ContextParallel::wait`] bounds the wait for it. Every
-    /// check runs before anything is enqueued.
+    /// check runs before anything is enqueued. The group's combines share its gather
+    /// buffers: keep them on one stream, or order the streams.
     ///
     /// # Safety
     /// `stream` is a live stream of `rt`'s context; the views' pointers stay valid until
@@ -392,6 +414,11 @@ impl ContextParallel {
         } else {
             ncclsys::ncclDataType_t::ncclBfloat16
         };
+        // SAFETY: a live stream (the caller's).
+        let capture = unsafe { capture_status(stream) };
+        let eager = capture == Some(false);
+        // From here the buffers may be written by work `done` does not cover yet.
+        self.untracked |= capture != Some(true);
         // SAFETY: the send views are `rows` contiguous elements (checked above); the
         // receive buffers hold ranks x max_rows >= ranks x rows; the stream is the caller's.
         unsafe {
@@ -425,6 +452,12 @@ impl ContextParallel {
         // SAFETY: forwarded from the caller; the gathered views are inside the workspace,
         // and `merge` was validated by `check_combine`.
         unsafe { rt.launch_merge(stream, &merge.0, &merge.1)? };
+        if eager {
+            // SAFETY: a live stream (the caller's) and event of this context.
+            unsafe { self.done.record(stream)? };
+            self.pending = true;
+            self.untracked = false;
+        }
         Ok(())
     }
 
@@ -593,14 +626,94 @@ impl ContextParallel {
     }
 }
 
+/// The last combine's all-gather and merge may still write the gather buffers (a caller
+/// need not wait before dropping): wait for them, at most the group's timeout; past it the
+/// communicator is aborted (its kernels return) and the context synchronized. Buffers that
+/// cannot be shown idle are leaked rather than freed under running work. A combine captured
+/// in a graph belongs to the graph's replays, which the caller orders.
 impl Drop for ContextParallel {
     fn drop(&mut self) {
+        // The event's calls need its context current on this thread (an error shows below).
+        let _ = self.ctx.bind_to_thread();
+        let mut idle = !self.untracked && (!self.pending || self.done.wait(self.timeout));
+        if !idle {
+            self.abort();
+            idle = self.ctx.synchronize().is_ok();
+        }
         if !self.aborted {
-            // SAFETY: a live communicator, destroyed once; its work is the caller's to
-            // have waited for (as with any NCCL communicator).
+            // SAFETY: a live communicator, destroyed once, its work done.
             let _ = unsafe { nccl::comm_destroy(self.comm) };
         }
+        if idle {
+            // SAFETY: dropped once, here; nothing uses the buffers after.
+            unsafe { ManuallyDrop::drop(&mut self.gather) };
+        } else {
+            log::warn!(
+                "mla: a context-parallel group's gather buffers are leaked: its last \
+                 combine could not be shown done"
+            );
+        }
     }
+}
+
+/// A CUDA event without timing, destroyed with its owner.
+struct Event(cuda::CUevent);
+
+impl Event {
+    /// On the current context.
+    fn new() -> Result<Self> {
+        let mut e: cuda::CUevent = std::ptr::null_mut();
+        let flags = cuda::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: a valid out-pointer.
+        match unsafe { cuda::cuEventCreate(&mut e, flags) } {
+            cuda::CUresult::CUDA_SUCCESS => Ok(Self(e)),
+            r => Err(MlaError::Driver(cudarc::driver::DriverError(r))),
+        }
+    }
+
+    /// # Safety
+    /// `stream` is a live stream of the event's context, not capturing.
+    unsafe fn record(&self, stream: CUstream) -> Result<()> {
+        // SAFETY: forwarded from the caller; a live event.
+        match unsafe { cuda::cuEventRecord(self.0, stream) } {
+            cuda::CUresult::CUDA_SUCCESS => Ok(()),
+            r => Err(MlaError::Driver(cudarc::driver::DriverError(r))),
+        }
+    }
+
+    /// Polls until the recorded work is done (true), or an error or the timeout (false).
+    fn wait(&self, timeout: Duration) -> bool {
+        let start = Instant::now();
+        loop {
+            // SAFETY: a live event.
+            match unsafe { cuda::cuEventQuery(self.0) } {
+                cuda::CUresult::CUDA_SUCCESS => return true,
+                cuda::CUresult::CUDA_ERROR_NOT_READY if start.elapsed() <= timeout => {
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+                _ => return false,
+            }
+        }
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: a live event, destroyed once.
+        let _ = unsafe { cuda::cuEventDestroy_v2(self.0) };
+    }
+}
+
+/// Whether `stream` is capturing a graph (`None`: the driver could not say).
+///
+/// # Safety
+/// `stream` is a live stream (or null).
+unsafe fn capture_status(stream: CUstream) -> Option<bool> {
+    let mut status = cuda::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: forwarded from the caller; a valid out-pointer.
+    let r = unsafe { cuda::cuStreamIsCapturing(stream, &mut status) };
+    (r == cuda::CUresult::CUDA_SUCCESS)
+        .then_some(status != cuda::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
 /// NCCL's "default" config with non-blocking set-up (`NCCL_CONFIG_INITIALIZER` plus

@@ -20,7 +20,7 @@ use crate::autotune::{Autotuner, DeviceKey, ShapeKey};
 use crate::choice::DecodeKernels;
 use crate::error::{MlaError, Result};
 use crate::gate::{Backend, Geometry, Registry, is_available, is_supported};
-use crate::launch::{DecodeWorkspace, LaunchShape, check_workspace, launch};
+use crate::launch::{Counts, DecodeWorkspace, LaunchShape, STEP_SLOTS, check_workspace, launch};
 use crate::module::Runtime;
 use crate::plan::{self, ScheduleConfig, WorkspaceCapacity};
 use crate::request::{DecodeDtypes, DecodeRequest, DecodeShape, SplitParts};
@@ -108,7 +108,8 @@ pub enum DecodeFault {
         page: i32,
     },
     /// `seq_lens[sequence]` is `len`, past what the sequence's page-table row addresses
-    /// (`max_pages * page_size`).
+    /// (`max_pages * page_size`). On a sharded plan `len` is this rank's share of the
+    /// global length (the part its table must hold).
     SeqLen { sequence: usize, len: i32 },
 }
 
@@ -179,9 +180,9 @@ pub struct DecodePlan {
     /// Every kernel a run may launch, chosen at plan time ([`crate::choice`]).
     kernels: DecodeKernels,
     ws: DecodeWorkspace,
-    /// The batch of the last [`DecodePlan::schedule_step`] (0: none yet), which
-    /// [`DecodePlan::run_layer`] checks its request against.
-    step_batch: AtomicUsize,
+    /// The batch of each step slot's last [`DecodePlan::schedule_step_slot`] (0: none
+    /// yet), which [`DecodePlan::run_layer_slot`] checks its request against.
+    step_batch: [AtomicUsize; STEP_SLOTS],
 }
 
 impl std::fmt::Debug for DecodePlan {
@@ -325,7 +326,7 @@ impl Runtime {
             schedule,
             kernels,
             ws,
-            step_batch: AtomicUsize::new(0),
+            step_batch: std::array::from_fn(|_| AtomicUsize::new(0)),
         })
     }
 }
@@ -534,13 +535,22 @@ impl DecodePlan {
     /// The split counts the last run's schedule wrote for its first `n` sequences (waits
     /// for `stream`; for tests and inspection).
     pub fn read_splits(&self, stream: &Arc<CudaStream>, n: usize) -> Result<Vec<i32>> {
-        self.ws.read_splits(stream, n, false)
+        self.ws.read_splits(stream, n, Counts::Runs)
     }
 
     /// The split counts the last [`DecodePlan::schedule_step`] wrote for its first `n`
     /// sequences (waits for `stream`; for tests and inspection).
     pub fn read_step_splits(&self, stream: &Arc<CudaStream>, n: usize) -> Result<Vec<i32>> {
-        self.ws.read_splits(stream, n, true)
+        self.ws.read_splits(stream, n, Counts::Step(0))
+    }
+
+    /// Step slot `slot`, or a typed error naming it.
+    fn step_slot(slot: usize) -> Result<usize> {
+        if slot < STEP_SLOTS {
+            Ok(slot)
+        } else {
+            Err(MlaError::shape("slot", format!("0..{STEP_SLOTS}"), slot))
+        }
     }
 
     /// One decode step on `stream` (see the module docs for what it does and does not do).
@@ -573,14 +583,16 @@ impl DecodePlan {
     /// Per-step scheduling, for the layers of one decode step: the split counts of a batch
     /// whose lengths are `seq_lens` (`[batch]` i32 on the device), computed on the device by
     /// the schedule kernel into the plan's workspace, in stream order on `stream`
-    /// (capturable). Each [`DecodePlan::run_layer`] after it on the same stream reuses
-    /// them, for every layer whose request has the same batch and the same `seq_lens`
-    /// contents (the lengths the schedule read); as with any library's scheduling metadata,
-    /// other lengths are not detected. The counts live in the plan, apart from the counts
-    /// of its runs: a [`DecodePlan::run`] of the plan (eager or replayed) in between leaves
-    /// them as they are; the next `schedule_step` replaces them. `max_seq_len` is the page
-    /// table's capacity in tokens (`max_pages * page_size` of the layers' requests):
-    /// lengths are clamped there, as the decode clamps them.
+    /// (capturable). Each [`DecodePlan::run_layer`] after it reuses them, for every layer
+    /// whose request has the same batch and the same `seq_lens` contents (the lengths the
+    /// schedule read, in that tensor or another); as with any library's scheduling
+    /// metadata, other lengths are not detected. The counts live in the plan's step slot 0,
+    /// apart from the counts of its runs: a [`DecodePlan::run`] of the plan (eager or
+    /// replayed) in between leaves them as they are; the slot's next `schedule_step` (on
+    /// any stream) replaces them. [`DecodePlan::schedule_step_slot`] schedules into another
+    /// slot (micro-batches whose steps are scheduled ahead of their layers). `max_seq_len`
+    /// is the page table's capacity in tokens (`max_pages * page_size` of the layers'
+    /// requests): lengths are clamped there, as the decode clamps them.
     pub fn schedule_step(
         &self,
         rt: &Runtime,
@@ -588,8 +600,23 @@ impl DecodePlan {
         seq_lens: &TensorView<1>,
         max_seq_len: usize,
     ) -> Result<()> {
+        self.schedule_step_slot(rt, stream, 0, seq_lens, max_seq_len)
+    }
+
+    /// [`DecodePlan::schedule_step`] into step slot `slot` (`0..STEP_SLOTS`, a typed error
+    /// otherwise): one plan serves up to [`STEP_SLOTS`] steps scheduled ahead of their
+    /// layers, each read by [`DecodePlan::run_layer_slot`] of the same slot (two
+    /// micro-batches: slots 0 and 1). Slot 0 is [`DecodePlan::schedule_step`]'s.
+    pub fn schedule_step_slot(
+        &self,
+        rt: &Runtime,
+        stream: &CudaStream,
+        slot: usize,
+        seq_lens: &TensorView<1>,
+        max_seq_len: usize,
+    ) -> Result<()> {
         // SAFETY: a cudarc stream is a live stream of its context.
-        unsafe { self.schedule_step_raw(rt, stream.cu_stream(), seq_lens, max_seq_len) }
+        unsafe { self.schedule_step_slot_raw(rt, stream.cu_stream(), slot, seq_lens, max_seq_len) }
     }
 
     /// [`DecodePlan::schedule_step`] on a raw `CUstream`.
@@ -604,6 +631,23 @@ impl DecodePlan {
         seq_lens: &TensorView<1>,
         max_seq_len: usize,
     ) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.schedule_step_slot_raw(rt, stream, 0, seq_lens, max_seq_len) }
+    }
+
+    /// [`DecodePlan::schedule_step_slot`] on a raw `CUstream`.
+    ///
+    /// # Safety
+    /// As [`DecodePlan::schedule_step_raw`].
+    pub unsafe fn schedule_step_slot_raw(
+        &self,
+        rt: &Runtime,
+        stream: CUstream,
+        slot: usize,
+        seq_lens: &TensorView<1>,
+        max_seq_len: usize,
+    ) -> Result<()> {
+        let slot = Self::step_slot(slot)?;
         let batch = crate::validate::validate_seq_lens(seq_lens)?;
         if batch > self.config.max_batch {
             return Err(MlaError::shape(
@@ -623,7 +667,7 @@ impl DecodePlan {
         let capacity = max_seq_len.min(u32::MAX as usize);
         if self.kernels.reference {
             // The reference decode has no splits.
-            self.step_batch.store(batch, Ordering::Relaxed);
+            self.step_batch[slot].store(batch, Ordering::Relaxed);
             return Ok(());
         }
         let shape = DecodeShape {
@@ -636,25 +680,45 @@ impl DecodePlan {
             dtypes: self.config.dtypes,
         };
         // SAFETY: checked above: `batch` i32 at a 4-byte aligned non-null address;
-        // the step's num_splits holds max_batch >= batch entries.
-        unsafe { self.launch_schedule(rt, stream, seq_lens.ptr, &shape, true)? };
-        self.step_batch.store(batch, Ordering::Relaxed);
+        // the slot's num_splits holds max_batch >= batch entries.
+        unsafe { self.launch_schedule(rt, stream, seq_lens.ptr, &shape, Counts::Step(slot))? };
+        self.step_batch[slot].store(batch, Ordering::Relaxed);
         Ok(())
     }
 
     /// One layer of a scheduled step: validation, then the decode and combine only, with
-    /// the split counts the last [`DecodePlan::schedule_step`] on `stream` wrote. The request's
-    /// batch and `seq_lens` contents must be the ones scheduled: a plan with no
-    /// `schedule_step` yet, or a request of another batch, is a typed error (the contents
-    /// are on the device and are not checked).
+    /// the split counts the plan's last [`DecodePlan::schedule_step`] wrote (step slot 0).
+    /// The request's batch and `seq_lens` contents must be the ones scheduled: a slot with
+    /// no `schedule_step` yet, or a request of another batch, is a typed error at the call
+    /// (a graph replay checks nothing; the contents are on the device and are not checked).
     pub fn run_layer(
         &self,
         rt: &Runtime,
         stream: &CudaStream,
         req: &DecodeRequest,
     ) -> Result<DecodeShape> {
+        self.run_layer_slot(rt, stream, 0, req)
+    }
+
+    /// [`DecodePlan::run_layer`] with the counts of step slot `slot`
+    /// ([`DecodePlan::schedule_step_slot`]).
+    pub fn run_layer_slot(
+        &self,
+        rt: &Runtime,
+        stream: &CudaStream,
+        slot: usize,
+        req: &DecodeRequest,
+    ) -> Result<DecodeShape> {
         // SAFETY: a cudarc stream is a live stream of its context.
-        unsafe { self.run_layer_raw(rt, stream.cu_stream(), req) }
+        unsafe {
+            self.run_inner(
+                rt,
+                stream.cu_stream(),
+                req,
+                &SplitParts::default(),
+                Some(slot),
+            )
+        }
     }
 
     /// [`DecodePlan::run_layer`] on a raw `CUstream`.
@@ -668,7 +732,7 @@ impl DecodePlan {
         req: &DecodeRequest,
     ) -> Result<DecodeShape> {
         // SAFETY: forwarded from the caller.
-        unsafe { self.run_split_raw(rt, stream, req, &SplitParts::default(), true) }
+        unsafe { self.run_inner(rt, stream, req, &SplitParts::default(), Some(0)) }
     }
 
     /// [`DecodePlan::run`] on split layouts ([`SplitParts`]): the cache's rope part in its
@@ -688,7 +752,7 @@ impl DecodePlan {
     }
 
     /// [`DecodePlan::run_split`] on a raw `CUstream`; `scheduled`: as
-    /// [`DecodePlan::run_layer`] (the counts of the last [`DecodePlan::schedule_step`]).
+    /// [`DecodePlan::run_layer`] (the counts of step slot 0).
     ///
     /// # Safety
     /// As [`DecodePlan::run_raw`], for the parts' pointers too.
@@ -700,28 +764,63 @@ impl DecodePlan {
         parts: &SplitParts,
         scheduled: bool,
     ) -> Result<DecodeShape> {
-        // Every run: validation, then (unless `scheduled`: the counts of `schedule_step`
-        // are in the workspace) the schedule or its fold, the decode and the combine.
+        // SAFETY: forwarded from the caller.
+        unsafe { self.run_inner(rt, stream, req, parts, scheduled.then_some(0)) }
+    }
+
+    /// [`DecodePlan::run_split_raw`] with the counts of step slot `slot` where given (a
+    /// scheduled layer), else of its own schedule.
+    ///
+    /// # Safety
+    /// As [`DecodePlan::run_split_raw`].
+    pub unsafe fn run_split_slot_raw(
+        &self,
+        rt: &Runtime,
+        stream: CUstream,
+        req: &DecodeRequest,
+        parts: &SplitParts,
+        slot: Option<usize>,
+    ) -> Result<DecodeShape> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.run_inner(rt, stream, req, parts, slot) }
+    }
+
+    /// Every run: validation, then (with a step `slot`: the counts of its `schedule_step`
+    /// are in the workspace) the schedule or its fold, the decode and the combine.
+    ///
+    /// # Safety
+    /// As [`DecodePlan::run_split_raw`].
+    unsafe fn run_inner(
+        &self,
+        rt: &Runtime,
+        stream: CUstream,
+        req: &DecodeRequest,
+        parts: &SplitParts,
+        slot: Option<usize>,
+    ) -> Result<DecodeShape> {
+        let slot = slot.map(Self::step_slot).transpose()?;
         let shape = self.check_run(rt, req, parts)?;
-        if scheduled {
-            match self.step_batch.load(Ordering::Relaxed) {
+        let scheduled = slot.is_some();
+        let counts = match slot {
+            None => Counts::Runs,
+            Some(k) => match self.step_batch[k].load(Ordering::Relaxed) {
                 0 => {
                     return Err(MlaError::shape(
                         "schedule_step",
-                        "a schedule_step of this plan before run_layer",
+                        format!("a schedule_step into step slot {k} of this plan before run_layer"),
                         "none",
                     ));
                 }
                 b if b != shape.batch => {
                     return Err(MlaError::shape(
                         "seq_lens.shape[0] (batch of run_layer)",
-                        format!("{b} (the batch of the last schedule_step)"),
+                        format!("{b} (the batch of step slot {k}'s last schedule_step)"),
                         shape.batch,
                     ));
                 }
-                _ => {}
-            }
-        }
+                _ => Counts::Step(k),
+            },
+        };
         if self.kernels.reference {
             // SAFETY: forwarded from the caller.
             return unsafe { self.launch_reference(rt, stream, req, parts, shape) };
@@ -732,7 +831,7 @@ impl DecodePlan {
         let fold = if scheduled {
             mla_abi::SchedFold::default()
         } else if self.kernels.folds(shape.batch) {
-            let p = self.schedule_params(req.seq_lens.ptr, &shape, false);
+            let p = self.schedule_params(req.seq_lens.ptr, &shape, Counts::Runs);
             mla_abi::SchedFold {
                 tiles: p.tiles.max(1),
                 target_ctas: p.target_ctas,
@@ -741,7 +840,7 @@ impl DecodePlan {
             }
         } else {
             // SAFETY: seq_lens holds `batch` i32 (validated); num_splits `max_batch`.
-            unsafe { self.launch_schedule(rt, stream, req.seq_lens.ptr, &shape, false)? };
+            unsafe { self.launch_schedule(rt, stream, req.seq_lens.ptr, &shape, Counts::Runs)? };
             mla_abi::SchedFold::default()
         };
         // SAFETY: the decode reads split counts in 1..=grid_splits, which the schedule
@@ -755,7 +854,7 @@ impl DecodePlan {
                 &self.kernels,
                 self.tactic.tile,
                 fold,
-                scheduled,
+                counts,
                 stream,
             )?;
         }
@@ -763,11 +862,16 @@ impl DecodePlan {
     }
 
     /// The schedule kernel's params for `shape`'s batch with lengths at `seq_lens`, writing
-    /// the scheduled step's counts (`step`) or the runs'.
-    fn schedule_params(&self, seq_lens: u64, shape: &DecodeShape, step: bool) -> ScheduleParams {
+    /// the counts array `counts`.
+    fn schedule_params(
+        &self,
+        seq_lens: u64,
+        shape: &DecodeShape,
+        counts: Counts,
+    ) -> ScheduleParams {
         ScheduleParams {
             seq_lens: mla_abi::DevPtr::from_addr(seq_lens),
-            num_splits: mla_abi::DevPtr::from_addr(self.ws.ptrs().splits(step)),
+            num_splits: mla_abi::DevPtr::from_addr(self.ws.ptrs().splits(counts)),
             batch: shape.batch as u32,
             tiles: self.schedule.tiles as u32,
             target_ctas: self.schedule.target_ctas.min(u32::MAX as usize) as u32,
@@ -788,9 +892,9 @@ impl DecodePlan {
         stream: CUstream,
         seq_lens: u64,
         shape: &DecodeShape,
-        step: bool,
+        counts: Counts,
     ) -> Result<()> {
-        let p = self.schedule_params(seq_lens, shape, step);
+        let p = self.schedule_params(seq_lens, shape, counts);
         let k = crate::choice::spec(names::SCHEDULE);
         let grid = LaunchShape {
             grid: (1, 1, 1),

@@ -2,6 +2,7 @@
 //! validates its request first and touches no device pointer before that succeeded.
 
 use std::ffi::c_void;
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUstream;
@@ -29,22 +30,29 @@ use crate::validate::{
 /// Largest grid y / z dimension.
 pub(crate) const MAX_GRID_YZ: usize = 65535;
 
-/// Split-KV workspace of a decode: partial outputs and LSE for up to `capacity`, plus two
-/// device arrays of per-sequence split counts: `[0, batch)` for runs, `[batch, 2 batch)` for
-/// a scheduled step (`schedule_step` and its `run_layer`s), so an eager run between a step's
-/// schedule and its layers does not replace the step's counts. Allocated once (outside any
-/// graph capture); sized by capacity, not by the live batch, so it can be reused as batches
-/// change.
+/// Scheduled steps a plan holds at once (its step slots: micro-batches whose steps are
+/// scheduled ahead of their layers, `DecodePlan::schedule_step_slot`).
+pub const STEP_SLOTS: usize = 4;
+
+/// Which split-count array of a workspace a launch reads or writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counts {
+    /// The runs' (`DecodePlan::run`: each run schedules, then reads).
+    Runs,
+    /// Scheduled step slot `k < STEP_SLOTS` (`schedule_step` writes, `run_layer` reads).
+    Step(usize),
+}
+
+/// Split-KV workspace of a decode: partial outputs and LSE for up to `capacity`, plus
+/// `1 + STEP_SLOTS` device arrays of per-sequence split counts ([`Counts`]): `[0, batch)`
+/// for runs, then one per scheduled step (`schedule_step` and its `run_layer`s), so an
+/// eager run between a step's schedule and its layers does not replace the step's counts,
+/// and steps of several batches can be scheduled ahead of their layers. Allocated once
+/// (outside any graph capture); sized by capacity, not by the live batch, so it can be
+/// reused as batches change.
 pub struct DecodeWorkspace {
-    _partial_o: CudaSlice<f32>,
-    _partial_lse: CudaSlice<f32>,
-    _num_splits: CudaSlice<i32>,
-    /// The checked mode's fault record (`mla_abi::fault`), zero until a checked decode
-    /// meets a fault.
-    _fault: CudaSlice<i32>,
-    /// The e4m3 TMA decode's promotion scratch ([`mla_abi::DecodeParams::acc`]), for
-    /// `acc_ctas` persistent CTAs (the device's SM count).
-    _acc: CudaSlice<f32>,
+    /// Freed only once the context has synchronized (see the `Drop` impl).
+    bufs: ManuallyDrop<WorkspaceBuffers>,
     acc_ctas: usize,
     /// Decodes on this workspace run in checked mode (they get the fault record).
     pub(crate) checked: bool,
@@ -58,6 +66,19 @@ pub struct DecodeWorkspace {
     grid_splits: usize,
     /// Entries written by the last `set_splits`.
     splits_len: usize,
+}
+
+/// The workspace's device buffers.
+struct WorkspaceBuffers {
+    partial_o: CudaSlice<f32>,
+    _partial_lse: CudaSlice<f32>,
+    num_splits: CudaSlice<i32>,
+    /// The checked mode's fault record (`mla_abi::fault`), zero until a checked decode
+    /// meets a fault.
+    _fault: CudaSlice<i32>,
+    /// The e4m3 TMA decode's promotion scratch ([`mla_abi::DecodeParams::acc`]), for
+    /// `acc_ctas` persistent CTAs (the device's SM count).
+    _acc: CudaSlice<f32>,
 }
 
 impl DecodeWorkspace {
@@ -93,8 +114,8 @@ impl DecodeWorkspace {
             .alloc_zeros(pl_len)
             .map_err(|e| alloc_err("workspace partial_lse", pl_len, e))?;
         let ns = stream
-            .alloc_zeros(2 * capacity.batch)
-            .map_err(|e| alloc_err("workspace num_splits", 2 * capacity.batch, e))?;
+            .alloc_zeros((1 + STEP_SLOTS) * capacity.batch)
+            .map_err(|e| alloc_err("workspace num_splits", (1 + STEP_SLOTS) * capacity.batch, e))?;
         let fault = stream
             .alloc_zeros::<i32>(mla_abi::fault::WORDS)
             .map_err(|e| alloc_err("workspace fault record", mla_abi::fault::WORDS, e))?;
@@ -112,18 +133,20 @@ impl DecodeWorkspace {
             partial_o: addr(&po, stream),
             partial_lse: addr(&pl, stream),
             num_splits: addr(&ns, stream),
-            step_splits: addr(&ns, stream) + 4 * capacity.batch as u64,
+            batch: capacity.batch as u64,
             fault: addr(&fault, stream),
             acc: addr(&acc, stream),
         };
         // The addresses are used without cudarc from here on: let the zero-fill land first.
         stream.synchronize()?;
         Ok(Self {
-            _partial_o: po,
-            _partial_lse: pl,
-            _num_splits: ns,
-            _fault: fault,
-            _acc: acc,
+            bufs: ManuallyDrop::new(WorkspaceBuffers {
+                partial_o: po,
+                _partial_lse: pl,
+                num_splits: ns,
+                _fault: fault,
+                _acc: acc,
+            }),
             acc_ctas,
             checked: false,
             shard: mla_abi::Shard::OFF,
@@ -158,7 +181,7 @@ impl DecodeWorkspace {
                 });
             }
         }
-        let mut dst = self._num_splits.slice_mut(0..splits.len());
+        let mut dst = self.bufs.num_splits.slice_mut(0..splits.len());
         stream.memcpy_htod(splits, &mut dst)?;
         self.grid_splits = splits.iter().copied().max().unwrap_or(1) as usize;
         self.splits_len = splits.len();
@@ -170,22 +193,27 @@ impl DecodeWorkspace {
 pub(crate) struct WorkspacePtrs {
     pub(crate) partial_o: u64,
     pub(crate) partial_lse: u64,
+    /// The runs' counts, then the step slots' (`batch` entries each).
     pub(crate) num_splits: u64,
-    /// The scheduled step's counts: `num_splits + 4 * batch` bytes.
-    pub(crate) step_splits: u64,
+    pub(crate) batch: u64,
     pub(crate) fault: u64,
     pub(crate) acc: u64,
 }
 
-impl WorkspacePtrs {
-    /// The split counts a launch reads or writes: the scheduled step's array (`step`) or
-    /// the runs'.
-    pub(crate) fn splits(&self, step: bool) -> u64 {
-        if step {
-            self.step_splits
-        } else {
-            self.num_splits
+impl Counts {
+    /// The array's index in the workspace (the runs' first).
+    fn index(self) -> usize {
+        match self {
+            Counts::Runs => 0,
+            Counts::Step(k) => 1 + k.min(STEP_SLOTS - 1),
         }
+    }
+}
+
+impl WorkspacePtrs {
+    /// The split counts a launch reads or writes.
+    pub(crate) fn splits(&self, counts: Counts) -> u64 {
+        self.num_splits + 4 * self.batch * counts.index() as u64
     }
 }
 
@@ -202,11 +230,18 @@ impl std::fmt::Debug for DecodeWorkspace {
 /// using the buffers when the workspace is dropped, and cudarc frees them in the order of
 /// its own stream only: wait for the whole context first. Dropping a plan is not on the
 /// per-step path. (Found on the H200: a Python caller dropped a plan right after launching
-/// on torch's stream; the freed pool memory was unmapped under the running decode.)
+/// on torch's stream; the freed pool memory was unmapped under the running decode.) Where
+/// the context cannot synchronize (a stream of it is capturing a graph, or a kernel
+/// faulted), the buffers are leaked rather than freed under work that may still use them.
 impl Drop for DecodeWorkspace {
     fn drop(&mut self) {
-        if let Err(e) = self._partial_o.context().synchronize() {
-            log::warn!("mla: synchronizing before freeing a decode workspace failed: {e:?}");
+        match self.bufs.partial_o.context().synchronize() {
+            // SAFETY: dropped once, here; nothing reads `bufs` after.
+            Ok(()) => unsafe { ManuallyDrop::drop(&mut self.bufs) },
+            Err(e) => log::warn!(
+                "mla: a decode workspace's buffers are leaked: the context could not \
+                 synchronize before freeing them ({e:?}; a graph capture in progress?)"
+            ),
         }
     }
 }
@@ -216,14 +251,18 @@ impl DecodeWorkspace {
         self.ptrs
     }
 
-    /// The first `n` split counts of the runs' array (`step` false) or the scheduled
-    /// step's (`step` true) as the device holds them now (waits for `stream`; for tests and
-    /// inspection, never in a serving step).
-    pub fn read_splits(&self, stream: &Arc<CudaStream>, n: usize, step: bool) -> Result<Vec<i32>> {
+    /// The first `n` split counts of an array as the device holds them now (waits for
+    /// `stream`; for tests and inspection, never in a serving step).
+    pub fn read_splits(
+        &self,
+        stream: &Arc<CudaStream>,
+        n: usize,
+        counts: Counts,
+    ) -> Result<Vec<i32>> {
         let n = n.min(self.capacity.batch);
-        let all: Vec<i32> = stream.clone_dtoh(&self._num_splits)?;
-        let base = if step { self.capacity.batch } else { 0 };
-        Ok(all[base..base + n].to_vec())
+        let all: Vec<i32> = stream.clone_dtoh(&self.bufs.num_splits)?;
+        let base = counts.index() * self.capacity.batch;
+        Ok(all.get(base..base + n).unwrap_or_default().to_vec())
     }
 }
 
@@ -232,7 +271,7 @@ impl DecodeWorkspace {
     pub fn device_bytes(&self) -> usize {
         4 * (self.capacity.partial_o_len()
             + self.capacity.partial_lse_len()
-            + 2 * self.capacity.batch
+            + (1 + STEP_SLOTS) * self.capacity.batch
             + mla_abi::fault::WORDS
             + self.acc_ctas * mla_abi::ACC_FLOATS_PER_CTA)
     }
@@ -596,7 +635,7 @@ impl Runtime {
                 &kernels,
                 tile,
                 mla_abi::SchedFold::default(),
-                false,
+                Counts::Runs,
                 stream.cu_stream(),
             )?
         };
@@ -604,8 +643,8 @@ impl Runtime {
     }
 
     /// The decode kernel (grid z = `kernels.grid_splits`) and, when that is above 1, the
-    /// combine; `fold` on: the decode computes the split counts itself. `step`: the split
-    /// counts are the scheduled step's array, else the runs' array.
+    /// combine; `fold` on: the decode computes the split counts itself. `counts`: the
+    /// array the split counts are in.
     ///
     /// # Safety
     /// `req` passed [`validate_decode`] giving `shape`, the workspace holds `shape`, and its
@@ -621,13 +660,13 @@ impl Runtime {
         kernels: &DecodeKernels,
         tile: Tile,
         fold: mla_abi::SchedFold,
-        step: bool,
+        counts: Counts,
         stream: CUstream,
     ) -> Result<()> {
         let rows = shape.rows();
         let mut p = decode_params(req, parts, shape, ws);
         p.fold = fold;
-        p.num_splits = dev(ws.ptrs().splits(step));
+        p.num_splits = dev(ws.ptrs().splits(counts));
         let kernel = kernels.decode_for_parts(req, parts, shape);
         // Split-major (the kernels read tile, sequence, split from x, y, z): the graph-safe
         // grid's CTAs past a sequence's split count (most of them at large batch) launch

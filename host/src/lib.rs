@@ -55,7 +55,7 @@ pub use cp::{ContextParallel, NcclId};
 pub use decoder::{DecodeConfig, DecodeFault, DecodePlan, PlanInfo};
 pub use error::{MlaError, Result};
 pub use gate::Backend;
-pub use launch::DecodeWorkspace;
+pub use launch::{DecodeWorkspace, STEP_SLOTS};
 pub use mla_abi::Shard;
 pub use module::{
     DeviceInfo, ImageForm, KernelImages, KernelResources, LoadOptions, Runtime, Variant,

@@ -201,10 +201,17 @@ impl Runtime {
     /// Loads with explicit choices. The env var `MLA_IMAGE=ptx` forces the PTX JIT.
     pub fn load_with(ordinal: usize, images: KernelImages, opts: LoadOptions) -> Result<Self> {
         let count = device_count()?;
-        if ordinal >= count {
+        if count == 0 {
             return Err(MlaError::NoDevice(format!(
-                "device {ordinal} requested, {count} device(s) visible"
+                "device {ordinal} requested, no device visible"
             )));
+        }
+        if ordinal >= count {
+            return Err(MlaError::shape(
+                "ordinal",
+                format!("0..{count} (the visible devices)"),
+                ordinal,
+            ));
         }
         let ctx = CudaContext::new(ordinal)?;
         let info = query_info(&ctx, ordinal)?;

@@ -89,7 +89,10 @@ const COMBINE_BLOCKS: usize = 2;
 /// costs `ceil(cells * s / sm_count)` rounds of `CELL_FIXED_BLOCKS + ceil(blocks / s)`
 /// blocks, plus `COMBINE_BLOCKS` once `s > 1`. Plans of one row tile keep `base`: their
 /// 16- and 32-row decodes run several CTAs per SM, or are memory-bound, and the model does
-/// not hold for them.
+/// not hold for them. So do plans whose hint is "unknown" (`max_len >= i32::MAX`, the
+/// clamp of `u32::MAX`): a raise priced for sequences of 2^31 tokens gives every batch of
+/// real lengths that many splits per sequence, and sized the partials for 128 splits of
+/// the whole bucket (16.5 GiB at H=64 S_q=8 `max_batch`=151).
 pub fn balanced_target(
     base: usize,
     sm_count: usize,
@@ -97,7 +100,7 @@ pub fn balanced_target(
     max_batch: usize,
     max_len: usize,
 ) -> usize {
-    if tiles < 2 {
+    if tiles < 2 || max_len >= i32::MAX as usize {
         return base;
     }
     let sms = sm_count.max(1);
@@ -227,6 +230,8 @@ mod tests {
             (2, 1, 131072),
             (6, 64, 4096),
             (2, 100, 4096),
+            (7, 151, i32::MAX as usize),
+            (2, 1, usize::MAX),
         ] {
             assert_eq!(
                 balanced_target(132, 132, tiles, batch, len),

@@ -160,7 +160,8 @@ impl DecodeShape {
 }
 
 /// Write `s_q` new tokens per sequence into the paged cache at positions
-/// `seq_lens[b] - s_q ..= seq_lens[b] - 1`.
+/// `seq_lens[b] - s_q ..= seq_lens[b] - 1`. A length `<= 0` is padding: nothing is written
+/// for it (with host copies, a length in `1..s_q` is an error).
 #[derive(Clone, Copy, Debug)]
 pub struct AppendRequest<'a> {
     /// `[batch, s_q, D_QK]`, last dim contiguous: the cache's type, bf16 for an fp8 cache.
@@ -176,7 +177,8 @@ pub struct AppendRequest<'a> {
     pub host: HostMirror<'a>,
 }
 
-/// Copy each sequence's rows out of the pages into `out[b, 0..seq_lens[b], :]`.
+/// Copy each sequence's rows out of the pages into `out[b, 0..seq_lens[b], :]` (a length
+/// `<= 0` is padding: nothing is copied).
 #[derive(Clone, Copy, Debug)]
 pub struct GatherRequest<'a> {
     /// `[num_pages, page_size, D_QK]`.

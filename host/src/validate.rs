@@ -174,7 +174,8 @@ pub fn validate_merge(req: &MergeRequest) -> Result<MergeShape> {
     }
     dtype_in(LSES.tensor, l.dtype, &[ElemType::F32])?;
     row_major_from(&LSES, l, 1)?;
-    decode_output_layout(&req.out, &req.lse, [batch, s_q, heads])?;
+    let source = [OUTS.shape[1], OUTS.shape[2], OUTS.shape[3]];
+    decode_output_layout(&req.out, &req.lse, [batch, s_q, heads], source)?;
     row_major(&OUT, &req.out)?;
     if req.out.dtype != o.dtype {
         return Err(MlaError::DtypeMismatch {
@@ -234,7 +235,8 @@ pub fn validate_decode_parts(
         // A rank's share of the last s_q tokens may be anything down to none.
         enough_pages(&paged, s_q)?;
     }
-    decode_output_layout(&req.out, &req.lse, [batch, s_q, heads])?;
+    let source = [Q.shape[0], Q.shape[1], Q.shape[2]];
+    decode_output_layout(&req.out, &req.lse, [batch, s_q, heads], source)?;
 
     let dtypes = decode_dtypes(req.q.dtype, req.kv_cache.dtype)?;
     dtype_in(OUT.tensor, req.out.dtype, &[dtypes.out()])?;
@@ -266,7 +268,7 @@ pub fn validate_decode_parts(
     } else {
         0..=capacity
     };
-    host_mirror(&req.host, &paged, lens, true, shard)?;
+    host_mirror(&req.host, &paged, lens, "the page table's capacity", shard)?;
 
     Ok(DecodeShape {
         batch,
@@ -321,7 +323,14 @@ pub fn validate_append_split(
     match kpe {
         Some(k) => {
             let rope = kpe_layout(k, &req.kv_cache)?;
-            no_aliasing(&[kv, rope], &[new_kv, page_table, seq_lens])?;
+            let inputs = [new_kv, page_table, seq_lens];
+            no_aliasing(&[kv], &inputs)?;
+            no_aliasing(&[rope], &inputs)?;
+            // Both are written: their spans may interleave (the two parts of one fused
+            // cache, as the decode takes them), their bytes may not.
+            if !rows_disjoint(&req.kv_cache, k) {
+                no_aliasing(&[kv, rope], &[])?;
+            }
         }
         None => no_aliasing(&[kv], &[new_kv, page_table, seq_lens])?,
     }
@@ -330,11 +339,12 @@ pub fn validate_append_split(
     unit_unless_fp8("kv_scale", req.kv_scale, KV.tensor, cache)?;
     // The kernel multiplies by 1 / kv_scale (inf for a subnormal scale: 0 * inf = NaN).
     positive("1 / kv_scale", 1.0 / req.kv_scale)?;
+    // Lengths <= 0 are padding (the kernel writes nothing for them), as in a decode.
     host_mirror(
         &req.host,
         &paged,
         s_q..=paged.capacity().min(I32_LIMIT),
-        false,
+        "s_q new rows, within the page table's capacity",
         &Shard::OFF,
     )?;
     append_slots_distinct(&req.host, &paged, s_q)?;
@@ -407,7 +417,9 @@ pub fn validate_gather_split(
     positive("kv_scale", req.kv_scale)?;
     unit_unless_fp8("kv_scale", req.kv_scale, KV.tensor, cache)?;
     let longest = max_len.min(paged.capacity()).min(I32_LIMIT);
-    host_mirror(&req.host, &paged, 0..=longest, false, &Shard::OFF)?;
+    // Negative lengths are padding, as in a decode (the kernel reads them as 0).
+    let bound = "the page table's capacity and out's rows";
+    host_mirror(&req.host, &paged, 0..=longest, bound, &Shard::OFF)?;
 
     Ok(PagedShape {
         batch,
@@ -496,14 +508,19 @@ fn query_layout(q: &TensorView<4>, width: usize) -> Result<(usize, usize, usize)
 
 /// `out` `[batch, s_q, heads, D_V]` with its last dim contiguous, `lse` `[batch, s_q, heads]`
 /// row-major (the kernels take strides for `out` only).
-fn decode_output_layout(out: &TensorView<4>, lse: &TensorView<3>, dims: [usize; 3]) -> Result<()> {
+fn decode_output_layout(
+    out: &TensorView<4>,
+    lse: &TensorView<3>,
+    dims: [usize; 3],
+    source: [&'static str; 3],
+) -> Result<()> {
     for (i, &want) in dims.iter().enumerate() {
-        dim_as(OUT.shape[i], out.shape[i], want, Q.shape[i])?;
+        dim_as(OUT.shape[i], out.shape[i], want, source[i])?;
     }
     dim_is(OUT.shape[3], out.shape[3], D_V)?;
     unit_last_stride(&OUT, out)?;
     for (i, &want) in dims.iter().enumerate() {
-        dim_as(LSE.shape[i], lse.shape[i], want, Q.shape[i])?;
+        dim_as(LSE.shape[i], lse.shape[i], want, source[i])?;
     }
     row_major(&LSE, lse)
 }
@@ -772,6 +789,38 @@ fn no_self_overlap<const R: usize>(names: &Names<R>, view: &TensorView<R>) -> Re
     Ok(())
 }
 
+/// Two caches' rows share no byte, by their addresses modulo the row period: with the
+/// same page and row strides, a page stride that is a multiple of the row stride (or one
+/// page), every row of either starts at the same residue modulo the row stride (the page
+/// stride for one-row pages), so rows whose residue intervals are disjoint never meet.
+/// False where that does not show it (the span check then decides).
+fn rows_disjoint(a: &TensorView<3>, b: &TensorView<3>) -> bool {
+    let elem = a.dtype.size() as u128;
+    if b.dtype != a.dtype || a.shape[..2] != b.shape[..2] || a.strides[..2] != b.strides[..2] {
+        return false;
+    }
+    let (page, row) = (a.strides[0] as u128 * elem, a.strides[1] as u128 * elem);
+    let period = if a.shape[1] > 1 {
+        if a.shape[0] > 1 && (row == 0 || !page.is_multiple_of(row)) {
+            return false;
+        }
+        row
+    } else if a.shape[0] > 1 {
+        page
+    } else {
+        // One row each: their spans are exact.
+        return false;
+    };
+    let (wa, wb) = (a.shape[2] as u128 * elem, b.shape[2] as u128 * elem);
+    if period == 0 || wa + wb > period {
+        return false;
+    }
+    // b's row start, relative to a's, modulo the period: b's bytes [d, d + wb) must lie in
+    // a's gap [wa, period).
+    let d = (u128::from(b.ptr) + period - u128::from(a.ptr) % period) % period;
+    d >= wa && d + wb <= period
+}
+
 /// Each output's span is disjoint from every earlier output's and from every input's.
 fn no_aliasing(outputs: &[Span], inputs: &[Span]) -> Result<()> {
     for (i, &(a, (a0, a1))) in outputs.iter().enumerate() {
@@ -838,7 +887,7 @@ fn decode_scales(scales: &Scales, dtypes: DecodeDtypes) -> Result<()> {
 
 // ---- host mirror ---------------------------------------------------------------------
 
-/// Lengths in `lens` (with `padding`, a length <= 0 is also valid and uses no page); each
+/// Lengths in `lens` (`bound` names its end in errors) or <= 0 (padding: no page); each
 /// known sequence's used page ids (entries `0..ceil(L / page_size)`
 /// of its row) name a page of the cache. Entries past them are never read and may hold
 /// anything. Without host lengths every entry of the table counts as used. With a shard on,
@@ -848,7 +897,7 @@ fn host_mirror(
     host: &HostMirror,
     paged: &Paged,
     lens: RangeInclusive<usize>,
-    padding: bool,
+    bound: &str,
     shard: &Shard,
 ) -> Result<()> {
     if let Some(seq_lens) = host.seq_lens {
@@ -860,19 +909,19 @@ fn host_mirror(
             ));
         }
         for (b, &len) in seq_lens.iter().enumerate() {
-            // A decode's padding (len <= 0) uses no page.
-            let len = if padding { len.max(0) } else { len };
+            // Padding (len <= 0) uses no page and writes nothing.
+            if len <= 0 {
+                continue;
+            }
             if !usize::try_from(len).is_ok_and(|l| lens.contains(&l)) {
+                let (lo, hi) = (*lens.start(), *lens.end());
                 return Err(MlaError::OutOfRange {
                     field: SEQ_LENS.tensor,
                     index: b,
-                    expected: if padding {
-                        format!(
-                            "a length <= {} (the page table's capacity; <= 0 is padding)",
-                            lens.end()
-                        )
+                    expected: if lo <= 1 {
+                        format!("a length <= {hi} ({bound}; <= 0 is padding)")
                     } else {
-                        format!("a length in {}..={}", lens.start(), lens.end())
+                        format!("a length in {lo}..={hi} ({bound}; <= 0 is padding)")
                     },
                     got: i64::from(len),
                 });
@@ -959,7 +1008,10 @@ fn append_slots_distinct(host: &HostMirror, paged: &Paged, s_q: usize) -> Result
     };
     let mut writer: HashMap<(i32, usize), usize> = HashMap::new();
     for (b, &len) in seq_lens.iter().enumerate() {
-        let len = len as usize;
+        // Padding (<= 0) writes nothing; other lengths are at least s_q (checked).
+        let Some(len) = usize::try_from(len).ok().filter(|&l| l >= s_q) else {
+            continue;
+        };
         for pos in len - s_q..len {
             let index = b * paged.row_stride + pos / paged.page_size;
             let slot = pos % paged.page_size;

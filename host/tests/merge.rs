@@ -70,3 +70,14 @@ fn each_broken_field_is_named() {
         assert_eq!(field_of(&e), want, "{e}");
     }
 }
+
+#[test]
+fn an_output_of_another_shape_names_the_inputs() {
+    let mut r = req();
+    r.out = TensorView::contiguous(r.out.ptr, ElemType::Bf16, [B + 1, S, H, D_V]);
+    let e = validate_merge(&r).expect_err("out batch");
+    let text = e.to_string();
+    assert_eq!(field_of(&e), "out.shape[0] (batch)", "{text}");
+    assert!(text.contains("outs.shape[1]"), "{text}");
+    assert!(!text.contains("q.shape"), "{text}");
+}

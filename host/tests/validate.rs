@@ -560,7 +560,59 @@ fn append_rejects_bad_rows_scale_and_aliasing() {
     let lens = [1, 17, 64];
     let mut r = append_req(ElemType::Bf16, ElemType::Bf16);
     r.host.seq_lens = Some(&lens);
-    out_of_range(validate_append(&r), "seq_lens", 0);
+    let (expected, got) = out_of_range(validate_append(&r), "seq_lens", 0);
+    assert!(expected.contains("<= 0 is padding"), "{expected}");
+    assert_eq!(got, 1);
+}
+
+#[test]
+fn append_into_the_two_parts_of_one_fused_cache() {
+    // The latent and rope views of one [PAGES, P, 576] cache interleave row by row: their
+    // spans overlap, their bytes do not (the decode takes the same pair).
+    for cache in [ElemType::Bf16, ElemType::Fp8E4m3] {
+        let new = if cache == ElemType::Fp8E4m3 {
+            ElemType::Bf16
+        } else {
+            cache
+        };
+        let base = append_req(cache, new);
+        let strides = base.kv_cache.strides;
+        let mut r = base;
+        r.kv_cache = TensorView::strided(region(1), cache, [PAGES, P, D_V], strides);
+        let rope_at = |bytes: u64| {
+            TensorView::strided(region(1) + bytes, cache, [PAGES, P, D_QK - D_V], strides)
+        };
+        let d_v = (D_V * cache.size()) as u64;
+        validate_append_split(&r, Some(&rope_at(d_v))).unwrap();
+        // Rope one 16-byte chunk into the latent part, or the views swapped over a row
+        // boundary: shared bytes.
+        aliasing(
+            validate_append_split(&r, Some(&rope_at(d_v - 16))),
+            "kpe_cache",
+            "kv_cache",
+        );
+        let row = (D_QK * cache.size()) as u64;
+        aliasing(
+            validate_append_split(&r, Some(&rope_at(row - 32))),
+            "kpe_cache",
+            "kv_cache",
+        );
+    }
+}
+
+#[test]
+fn append_and_gather_take_padding() {
+    // <= 0 writes (or copies) nothing, as in a decode, with or without host copies.
+    for lens in [[0, 17, 64], [-5, 17, i32::MIN]] {
+        let mut r = append_req(ElemType::Bf16, ElemType::Bf16);
+        r.host.seq_lens = Some(&lens);
+        validate_append(&r).unwrap();
+        assert_eq!(append_by_spec(&r), Ok(()), "{lens:?}");
+        let mut r = gather_req(ElemType::Bf16, ElemType::Bf16);
+        r.host.seq_lens = Some(&lens);
+        validate_gather(&r).unwrap();
+        assert_eq!(gather_by_spec(&r), Ok(()), "{lens:?}");
+    }
 }
 
 #[test]
@@ -622,7 +674,7 @@ fn gather_rejects_length_over_out_rows() {
     r.out.shape[1] = 32;
     r.out.strides[0] = 32 * D_QK;
     let (expected, got) = out_of_range(validate_gather(&r), "seq_lens", 2);
-    assert!(expected.contains("0..=32"), "{expected}");
+    assert!(expected.contains("<= 32"), "{expected}");
     assert_eq!(got, 64);
 }
 
@@ -753,9 +805,10 @@ fn host_by_spec(
     let (np, p, mp, rs) = (kv.shape[0], kv.shape[1], pt.shape[1], pt.strides[0]);
     if let Some(l) = host.seq_lens {
         rule!(l.len() == batch, "host lens length");
+        // Lengths <= 0 are padding everywhere.
         for &x in l {
             rule!(
-                lens.0 <= x as i64 && x as i64 <= lens.1,
+                x <= 0 || (lens.0 <= x as i64 && x as i64 <= lens.1),
                 "length {x} outside {lens:?}"
             );
         }
@@ -909,7 +962,7 @@ fn append_by_spec(r: &AppendRequest) -> Result<(), String> {
     if let (Some(l), Some(t)) = (r.host.seq_lens, r.host.page_table) {
         let p = kv.shape[1];
         let mut slots = Vec::new();
-        for (bi, &len) in l.iter().enumerate() {
+        for (bi, &len) in l.iter().enumerate().filter(|(_, l)| **l > 0) {
             for pos in len as usize - s_q..len as usize {
                 slots.push((t[bi * pt.strides[0] + pos / p], pos % p));
             }
