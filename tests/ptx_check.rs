@@ -242,13 +242,10 @@ macro_rules! e4m3_sites {
         )
     };
 }
-/// The e4m3 path under fp8 Q, and under bf16 Q (one more CTA barrier: a split cell's
-/// epilogue reads the row sums before the next cell's Q scales overwrite them).
+/// The e4m3 path (either Q).
 const E4M3_SITES: SyncSites = e4m3_sites!(7, 4);
-const E4M3_BF16Q_SITES: SyncSites = e4m3_sites!(8, 4);
-/// Their `cp.async` forms (see their rows).
+/// Its `cp.async` forms (see their rows).
 const E4M3_CP_SITES: SyncSites = e4m3_sites!(7, 2);
-const E4M3_CP_BF16Q_SITES: SyncSites = e4m3_sites!(8, 2);
 const SYNC_SITES: &[(&str, SyncSites)] = &[
     // CTA barriers: the one after the mbarriers' init, two around each marking of a
     // persistent CTA's cells, the prologue's, the epilogue's, two in the staged output store.
@@ -272,11 +269,11 @@ const SYNC_SITES: &[(&str, SyncSites)] = &[
     // it; in the prologue and each pair step) instead of `zero_tail`'s one; each pair step
     // waits before its transpose for the other warpgroup's P.V of the stage (7, 8), whose
     // arrivals sit after a P.V wait (warpgroup 0's in both branches of its S).
-    ("mla_decode_tma_fp8kv_bf16q", E4M3_BF16Q_SITES),
+    ("mla_decode_tma_fp8kv_bf16q", E4M3_SITES),
     ("mla_decode_tma_fp8", E4M3_SITES),
     // Their `cp.async` forms: the same sites but the tail zeroing's warpgroup barrier (the
     // copies land rows past the end as zeros).
-    ("mla_decode_tma_fp8kv_bf16q_cp", E4M3_CP_BF16Q_SITES),
+    ("mla_decode_tma_fp8kv_bf16q_cp", E4M3_CP_SITES),
     ("mla_decode_tma_fp8_cp", E4M3_CP_SITES),
     // The small-row TMA decodes: S^T's wait and P.V's four; the consumer's row exchange
     // (1: each block and the epilogue), P (2), Q and the output staging (3); three CTA

@@ -299,7 +299,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             wgmma::fence_proxy_async_shared();
             sync::bar_sync();
             if Self::SPLIT_Q {
-                let down = self.ld_rows(4);
+                let down = self.ld_rows(2);
                 self.scale_r = [self.scale_r[0] * down[0], self.scale_r[1] * down[1]];
             }
         }
@@ -616,12 +616,6 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             self.st_rows(4 + wg, l_own);
             sync::bar_sync();
             let l_other = self.ld_rows(5 - wg);
-            // bf16 Q with an fp8 cache: the next cell's prologue writes its Q scales to
-            // exchange entry 4 before its first CTA barrier, and a split's stores below have
-            // none, so every thread reads the row sums first.
-            if Self::SPLIT_Q && self.nsplit != 1 {
-                sync::bar_sync();
-            }
             let l_tot = [l_own[0] + l_other[0], l_own[1] + l_other[1]];
             if self.nsplit == 1 {
                 self.store_out(l_tot);

@@ -380,11 +380,15 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
 
     /// bf16 Q (with an fp8 cache) as two e4m3 tiles ([`split_q_row`]), `hi` at the Q tiles
     /// and `lo` at [`Q_LO`] past them (the same nine 64-byte-swizzled 4 KB tiles each), four
-    /// threads per row; the row's `1 / up` is stored to exchange entry 4, which the caller
-    /// reads after its CTA barrier into [`Cta::scale_r`].
+    /// threads per row; the row's `1 / up` is stored to exchange entry 2, which the caller
+    /// reads after its CTA barrier into [`Cta::scale_r`]. Entry 2 (warpgroup 1's max in the
+    /// pair loop) is read last in the previous cell's last pair, before its epilogue's CTA
+    /// barrier, and written next by warpgroup 1 after the named barrier `BAR_SCALE0`, which
+    /// warpgroup 0 reaches only after reading the scales; the row sums in entries 4 and 5,
+    /// which the previous cell's epilogue may still be reading, stay untouched.
     ///
     /// # Safety
-    /// Every thread of the CTA; the Q tiles and exchange entry 4 are free (the previous
+    /// Every thread of the CTA; the Q tiles and exchange entry 2 are free (the previous
     /// cell's epilogue barrier); a CTA barrier and a proxy fence follow before any read.
     #[inline(always)]
     pub(super) unsafe fn load_q_split(&self) {
@@ -400,7 +404,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         };
         // Predicated, not branched on the lane.
         // SAFETY: row r < 64 of the exchange.
-        unsafe { smem::st_shared_f32_if(self.red(4, r), down, (part == 0) as u32) };
+        unsafe { smem::st_shared_f32_if(self.red(2, r), down, (part == 0) as u32) };
     }
 
     /// V^T of the block in stage `st` (all 512 dims) from its raw slabs 0-7
