@@ -541,7 +541,8 @@ impl DecodePlan {
     }
 
     /// The split counts the last [`DecodePlan::schedule_step`] wrote for its first `n`
-    /// sequences (waits for `stream`; for tests and inspection).
+    /// sequences: step slot 0's, not the other slots of
+    /// [`DecodePlan::schedule_step_slot`] (waits for `stream`; for tests and inspection).
     pub fn read_step_splits(&self, stream: &Arc<CudaStream>, n: usize) -> Result<Vec<i32>> {
         self.ws.read_splits(stream, n, Counts::Step(0))
     }
