@@ -17,11 +17,19 @@ event. It prints the event-timed median under six settings of what comes before 
 then, from a torch profiler (CUPTI) trace of the `zero` setting, each kernel's median duration
 and the gaps between them: from the flush's end to the first kernel of the call, and between
 the call's kernels (negative: they overlap, as programmatic dependent launch allows).
+
+`--clocks S` adds, per peer and for the `zero`, `read` and `none` settings, S seconds of
+replays in that setting while `nvidia-smi` samples the GPU every 10 ms: the median SM clock,
+memory clock and power draw, and the clock-event reasons seen (power or thermal capping). A
+compute-bound kernel follows the SM clock, so a peer whose loop holds a higher clock in one
+setting than another (or than ours) shows it here.
 """
 import argparse
 import os
 import statistics
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,6 +86,61 @@ def l2_flushes(torch):
     return {"zero": zero, "read": read, "fill": fill, "bump": bump}
 
 
+# Older drivers name the reasons `clocks_throttle_reasons`; the first set nvidia-smi takes wins.
+SMI_FIELDS = ["clocks.sm,clocks.mem,power.draw,clocks_event_reasons.active",
+              "clocks.sm,clocks.mem,power.draw,clocks_throttle_reasons.active",
+              "clocks.sm,clocks.mem,power.draw"]
+
+
+def smi_fields():
+    """The first of `SMI_FIELDS` that this nvidia-smi accepts, or None."""
+    for fields in SMI_FIELDS:
+        try:
+            r = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if r.returncode == 0:
+            return fields
+    return None
+
+
+def sample_clocks(torch, g, before, seconds):
+    """Replays `g` after `before` for `seconds` while `nvidia-smi` samples the GPU every
+    10 ms; returns (median SM MHz, median memory MHz, median W, set of active clock-event
+    reason masks, samples), or None without `nvidia-smi`."""
+    dev = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
+    fields = smi_fields()
+    if fields is None:
+        return None
+    smi = subprocess.Popen(["nvidia-smi", "-i", dev, f"--query-gpu={fields}",
+                            "--format=csv,noheader,nounits", "-lms", "10"],
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    time.sleep(0.3)
+    end = time.time() + seconds
+    while time.time() < end:
+        for _ in range(50):
+            before()
+            g.replay()
+        torch.cuda.synchronize()
+    smi.terminate()
+    out, _ = smi.communicate()
+    rows = []
+    for line in out.splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        try:
+            rows.append((float(parts[0]), float(parts[1]), float(parts[2]),
+                         parts[3] if len(parts) > 3 else "-"))
+        except (ValueError, IndexError):
+            continue
+    # The first samples may predate the loop: keep the last 80% of them.
+    rows = rows[len(rows) // 5:]
+    if not rows:
+        return None
+    return (statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows),
+            statistics.median(r[2] for r in rows), sorted({r[3] for r in rows}), len(rows))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kit", default=str(ROOT / "stage" / "peers"))
@@ -85,6 +148,8 @@ def main():
     ap.add_argument("--shapes", default="16,2,128,256;16,2,128,1024;128,1,64,256;128,1,64,1024")
     ap.add_argument("--iters", type=int, default=40)
     ap.add_argument("--page", type=int, default=64)
+    ap.add_argument("--clocks", type=float, default=0.0,
+                    help="seconds of replays per peer and setting while sampling clocks (0: off)")
     args = ap.parse_args()
 
     sys.path.insert(0, args.kit)
@@ -149,6 +214,14 @@ def main():
             for k, before in settings.items():
                 line.append(f"{k} {timed(g, before, args.iters):7.1f}")
             print(f"  {name:14s} event-timed median us: " + "  ".join(line))
+            for k in ("zero", "read", "none") if args.clocks > 0 else ():
+                got = sample_clocks(torch, g, settings[k], args.clocks)
+                if got is None:
+                    print(f"  {'':14s} clocks ({k}): no nvidia-smi samples")
+                    continue
+                sm, mem, watts, reasons, n = got
+                print(f"  {'':14s} clocks ({k}): SM {sm:.0f} MHz, memory {mem:.0f} MHz, "
+                      f"{watts:.0f} W, clock-event reasons {reasons} ({n} samples)")
 
             acts = [torch.profiler.ProfilerActivity.CUDA]
             with torch.profiler.profile(activities=acts) as prof:
