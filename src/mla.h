@@ -19,6 +19,8 @@
  * - A sequence with seq_len <= 0 is padding: none of its out or lse rows are written.
  * - A query token that sees no position (seq_len < s_q, token t < s_q - seq_len) gets an
  *   out row of zeros and lse -inf.
+ * - A NaN in a cache row that a query row sees (or in the query row itself) makes that
+ *   row's out and lse NaN, whatever the split: it is never dropped; other rows keep theirs.
  * - Scales: logits are q.k * softmax_scale; with an fp8 cache also times
  *   q_scale * kv_scale, and values times kv_scale. q_scale must be 1 unless q is fp8 and
  *   kv_scale 1 unless the cache is fp8 (MLA_ERR_INVALID otherwise: a zeroed struct is not
@@ -92,7 +94,8 @@ typedef struct MlaPlanConfig {
 
 typedef struct MlaDecodeArgs {
   uint64_t q, kv_cache, page_table, seq_lens, out, lse; /* device pointers */
-  uint32_t batch, num_pages, max_pages, _pad;
+  uint32_t batch, num_pages, max_pages, _pad; /* batch 1..=the plan's max_batch; num_pages
+                                                 and max_pages >= 1 (MLA_ERR_INVALID) */
   uint64_t page_table_stride; /* elements; 0: max_pages */
   uint64_t kv_page_stride;    /* elements; 0: page_size * 576 */
   float softmax_scale, output_scale, q_scale, kv_scale;
@@ -117,7 +120,10 @@ typedef struct MlaFault {
 
 /* A rank merge (context-parallel decode): `ranks` results of the same query rows, each
  * over its own share of the KV, merged exactly by their LSE. A rank with lse -inf for a row
- * contributes nothing (its out row is not read); a row no rank saw gets zeros and -inf. */
+ * contributes nothing (its out row is not read); a row no rank saw gets zeros and -inf; a
+ * rank whose lse is NaN (or +inf) for a row makes that row NaN. Every row is written. s_q
+ * 1..=8, heads 1..=128, batch * s_q * heads <= 2^31 - 1; outs_rank_stride a multiple of 4
+ * elements (MLA_ERR_INVALID otherwise). */
 typedef struct MlaMergeArgs {
   uint64_t outs, lses, out, lse; /* device: outs [ranks][batch, s_q, heads, 512] of dtype,
                                     lses [ranks][batch, s_q, heads] float, out, lse */
@@ -217,6 +223,8 @@ int mla_cp_create(const MlaRuntime *rt, uint32_t rank, uint32_t ranks, const uin
 /* One step on this rank: the plan (mla_plan_set_shard to this rank of the group) decodes
  * args into args->out / args->lse, then every rank's are all-gathered and merged into
  * out ([batch, s_q, heads, 512], the plan's out dtype) and lse ([batch, s_q, heads] f32).
+ * As in mla_decode_run, the rows of a padding sequence (seq_len <= 0) are not written, in
+ * args->out / args->lse nor in out / lse.
  * A plan sharded for another group is MLA_ERR_INVALID before any launch. Capturable. The
  * group's combines share its gather buffers: keep them on one stream (as NCCL orders a
  * communicator's collectives), or wait between streams. */

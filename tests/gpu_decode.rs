@@ -132,17 +132,19 @@ fn case_label(h: &HostCase, sp: Splits, tile: Tile) -> String {
 
 /// Runs `specs` with every split mode of `splits` and returns the failures.
 fn run_cases(test: &str, specs: &[CaseSpec], splits: &[Splits], seed: u64) -> (usize, Vec<String>) {
-    run_cases_with(test, specs, splits, seed, None)
+    run_cases_with(test, specs, splits, seed, None, &|_| {})
 }
 
 /// [`run_cases`] with the cache uploaded strided: `pad` = (row, page) padding in elements
-/// ([`DeviceCase::upload_padded`]).
+/// ([`DeviceCase::upload_padded`]), and `edit` applied to each case's inputs before its
+/// references are computed.
 fn run_cases_with(
     test: &str,
     specs: &[CaseSpec],
     splits: &[Splits],
     seed: u64,
     pad: Option<(usize, usize)>,
+    edit: &(dyn Fn(&mut HostCase) + Sync),
 ) -> (usize, Vec<String>) {
     let Some((rt, stream)) = common::gpu(test) else {
         return (0, Vec::new());
@@ -154,7 +156,7 @@ fn run_cases_with(
     let chunks = specs.len().div_ceil(64);
     for (ci, chunk) in specs.chunks(64).enumerate() {
         let t0 = std::time::Instant::now();
-        let prepared = common::prepare(chunk, seed ^ (ci as u64) << 40);
+        let prepared = common::prepare_with(chunk, seed ^ (ci as u64) << 40, edit);
         let t1 = t0.elapsed().as_secs_f64();
         let first = &chunk[0];
         eprintln!(
@@ -339,6 +341,69 @@ fn padded_cache_strides() {
         &[Splits::Fixed(1), Splits::Fixed(3)],
         seed,
         Some((64, 64)),
+        &|_| {},
+    );
+    report(test, seed, runs, &failures);
+}
+
+/// The NaN-poisoning cases: every dtype, one and several row tiles, pages of 16 and 64, a
+/// sequence long enough for many splits; sequence 0's token 40 is NaN in one dim (a latent
+/// dim, which K and V share, or a rope dim, K's alone).
+fn nan_key_specs() -> Vec<CaseSpec> {
+    let mut specs = Vec::new();
+    for &d in &DecodeDtypes::ALL {
+        specs.push(CaseSpec::new(d, 64, 16, 1, vec![700, 97, 1500]));
+        specs.push(CaseSpec::new(d, 16, 16, 2, vec![1500, 300]));
+        specs.push(CaseSpec::new(d, 64, 128, 1, vec![97, 700]));
+        specs.push(CaseSpec::new(d, 64, 64, 2, vec![1031, 64, 5]));
+    }
+    specs
+}
+
+/// Token 40 of sequence 0: a latent dim at S_q = 1, a rope dim otherwise.
+fn poison_token_40(h: &mut HostCase) {
+    let dim = if h.spec.s_q == 1 { 7 } else { 530 };
+    h.poison_key(0, 40, dim);
+}
+
+/// The oracle side of the NaN test, on the CPU: every row of sequence 0 sees token 40 and
+/// is NaN (out and lse); the other sequences' rows are finite. Without this the GPU test
+/// below could pass against a reference that dropped the NaN too.
+#[test]
+fn oracle_poisons_the_rows_that_see_a_nan_key() {
+    let seed = common::seed("nan_key_oracle");
+    for (i, spec) in nan_key_specs().iter().enumerate().step_by(3) {
+        let mut rng = SplitMix64::new(seed ^ i as u64);
+        let mut h = HostCase::random(spec, &mut rng);
+        poison_token_40(&mut h);
+        let (exact, _) = h.references();
+        let rows = spec.s_q * spec.heads;
+        for (r, &l) in exact.lse.iter().enumerate() {
+            let poisoned = r < rows;
+            assert_eq!(l.is_nan(), poisoned, "{spec:?}: lse row {r} = {l}");
+            let o = &exact.out[r * mla::abi::D_V..(r + 1) * mla::abi::D_V];
+            assert!(
+                o.iter().all(|v| v.is_nan() == poisoned),
+                "{spec:?}: out row {r}"
+            );
+        }
+    }
+}
+
+/// A NaN among a row's visible keys makes that row's out and lse NaN on every tile, with one
+/// split, three and the most (the combine must not take a NaN chunk for an empty one, nor the
+/// decode write a NaN row's LSE as -inf), and leaves every other row as the oracle has it.
+#[test]
+fn nan_in_a_visible_key_poisons_its_rows() {
+    let test = "nan_key";
+    let seed = common::seed(test);
+    let (runs, failures) = run_cases_with(
+        test,
+        &nan_key_specs(),
+        &SPLITS,
+        seed,
+        None,
+        &poison_token_40,
     );
     report(test, seed, runs, &failures);
 }

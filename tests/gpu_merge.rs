@@ -3,7 +3,9 @@
 //! by no rank at all), each rank's `(out, lse)` computed by the f64 oracle over its share
 //! and rounded to the output dtype, rows that saw nothing poisoned with NaN; the merge
 //! must equal the f64 decode over the whole KV (the emulated reference merges the rounded
-//! shares and rounds the result to the output dtype), never NaN; through the Rust API and the C ABI, eager and in a captured graph.
+//! shares and rounds the result to the output dtype), never NaN there; one row whose part on
+//! rank 0 is NaN must come out NaN (a poisoned part is not dropped); through the Rust API and
+//! the C ABI, eager and in a captured graph.
 
 mod common;
 
@@ -74,6 +76,12 @@ fn make_case(
             }
         }
     }
+    // Row 0 (sequence 0) of rank 0 is NaN, lse and out: a poisoned part makes the merged row
+    // NaN, never zeros (the NaN-propagating oracle merge says the same).
+    lses[0] = f32::NAN;
+    outs[..D_V].fill(f32::NAN);
+    exact_parts[0].1[0] = f64::NAN;
+    exact_parts[0].0[..D_V].fill(f64::NAN);
     let outs = numeric::from_f32(dtype, &outs);
     let rounded = numeric::to_f32(dtype, &outs);
     let emulated_parts: Vec<(Vec<f64>, Vec<f64>)> = (0..ranks)
@@ -157,8 +165,10 @@ impl DeviceMerge {
         let got = numeric::to_f32(c.dtype, &bytes);
         let co = oracle::compare(&got, &c.exact.0, &c.emulated.0, OUT_ATOL);
         let cl = oracle::compare(&l, &c.exact.1, &c.emulated.1, LSE_ATOL);
-        let nan = got.iter().chain(&l).any(|v| v.is_nan());
-        (!co.ok || !cl.ok || nan).then(|| format!("{} {what}: NaN {nan}: {co} | {cl}", c.label))
+        // NaN exactly where the exact merge has it (`compare` fails on any other): row 0.
+        let nan_rows = l.iter().filter(|v| v.is_nan()).count();
+        let bad = !co.ok || !cl.ok || nan_rows != 1 || !l[0].is_nan();
+        bad.then(|| format!("{} {what}: NaN lse rows {nan_rows}: {co} | {cl}", c.label))
     }
 }
 

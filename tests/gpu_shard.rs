@@ -264,7 +264,7 @@ fn one_rank_group_over_nccl() {
     let mut out = stream
         .clone_htod(&vec![0xffffu16; rows * D_V])
         .expect("out");
-    let lse = stream.clone_htod(&vec![f32::NAN; rows]).expect("lse");
+    let mut lse = stream.clone_htod(&vec![f32::NAN; rows]).expect("lse");
     let out_v = TensorView::contiguous(ptr(&out, &stream), ElemType::Bf16, [2, 2, 16, D_V]);
     let lse_v = TensorView::contiguous(ptr(&lse, &stream), ElemType::F32, [2, 2, 16]);
     let req = d.request(&stream, &h);
@@ -306,6 +306,58 @@ fn one_rank_group_over_nccl() {
         again, o,
         "graph replays of the NCCL step differ from the eager step"
     );
+
+    // Sequence 1 as padding (device length 0): its rows of `out` and `lse` keep what they
+    // held, as a plain decode leaves them (the merge skips them; no rank wrote them), and
+    // sequence 0's rows are still the oracle's.
+    let per_seq = rows / 2;
+    stream
+        .memcpy_htod(&[h.seq_lens[0], 0], &mut d.lens)
+        .expect("lengths");
+    stream
+        .memcpy_htod(&vec![0x1234u16; rows * D_V], &mut out)
+        .expect("sentinel out");
+    stream
+        .memcpy_htod(&vec![7.5f32; rows], &mut lse)
+        .expect("sentinel lse");
+    // SAFETY: as above.
+    unsafe { cp.decode_raw(&rt, stream.cu_stream(), &plan, &req, &out_v, &lse_v) }
+        .expect("decode + combine with a padding sequence");
+    cp.wait(&stream).expect("wait");
+    let o_pad: Vec<u16> = stream.clone_dtoh(&out).expect("out");
+    let l_pad: Vec<f32> = stream.clone_dtoh(&lse).expect("lse");
+    assert!(
+        o_pad[per_seq * D_V..].iter().all(|&v| v == 0x1234),
+        "a padding sequence's out rows were written by the context-parallel step"
+    );
+    assert!(
+        l_pad[per_seq..].iter().all(|&v| v == 7.5),
+        "a padding sequence's lse rows were written by the context-parallel step"
+    );
+    let bytes: Vec<u8> = o_pad[..per_seq * D_V]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let got0 = numeric::to_f32(ElemType::Bf16, &bytes);
+    let co = oracle::compare(
+        &got0,
+        &refs.0.out[..per_seq * D_V],
+        &refs.1.out[..per_seq * D_V],
+        OUT_ATOL,
+    );
+    let cl = oracle::compare(
+        &l_pad[..per_seq],
+        &refs.0.lse[..per_seq],
+        &refs.1.lse[..per_seq],
+        LSE_ATOL,
+    );
+    assert!(
+        co.ok && cl.ok,
+        "sequence 0 beside a padding sequence: {co} | {cl}"
+    );
+    stream
+        .memcpy_htod(&h.seq_lens, &mut d.lens)
+        .expect("lengths back");
 
     // A local output of another dtype than the group's: typed, before any launch.
     let fp16_out = TensorView {

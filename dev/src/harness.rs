@@ -250,6 +250,25 @@ impl HostCase {
         }
     }
 
+    /// Stores NaN (the cache type's pattern) in dim `dim` of sequence `s`'s token `pos`
+    /// (`pos` below its length), in the stored bytes and the decoded values: the oracle then
+    /// gives NaN in every row that sees the token.
+    ///
+    /// # Panics
+    /// If `s`, `pos` or `dim` is out of range.
+    pub fn poison_key(&mut self, s: usize, pos: usize, dim: usize) {
+        assert!(
+            pos < self.spec.lens[s] && dim < D_QK,
+            "poison_key: outside the sequence"
+        );
+        let p = self.spec.page_size;
+        let page = self.page_table[s * self.max_pages + pos / p] as usize;
+        let at = (page * p + pos % p) * D_QK + dim;
+        let nan = nan_bits(self.spec.dtypes.kv());
+        self.kv_bytes[at * nan.len()..][..nan.len()].copy_from_slice(&nan);
+        self.kv_vals[at] = f32::NAN;
+    }
+
     /// The same logical inputs with the physical pages shuffled again.
     pub fn permute_pages(&self, rng: &mut SplitMix64) -> Self {
         let perm = rng.permutation(self.num_pages);

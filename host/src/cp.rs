@@ -249,14 +249,15 @@ impl ContextParallel {
     ) -> Result<()> {
         let merge = self.check_combine(local_out, local_lse, out, lse)?;
         // SAFETY: forwarded from the caller.
-        unsafe { self.enqueue(rt, stream, local_out, local_lse, &merge) }
+        unsafe { self.enqueue(rt, stream, local_out, local_lse, &merge, None) }
     }
 
     /// One context-parallel decode step on this rank: `plan` (set to this rank's shard of
     /// the group, [`crate::DecodePlan::set_shard`]) decodes `req` into `req.out` /
     /// `req.lse`, then [`ContextParallel::combine_raw`] merges every rank's into `out` /
     /// `lse`. A plan sharded for another rank count or rank is an error, before anything
-    /// is launched.
+    /// is launched. The rows of a padding sequence (length `<= 0`) are written neither in
+    /// `req.out` / `req.lse` nor in `out` / `lse`, as in a plain decode.
     ///
     /// # Safety
     /// As [`ContextParallel::combine_raw`] and [`crate::DecodePlan::run_raw`].
@@ -292,8 +293,19 @@ impl ContextParallel {
         let merge = self.check_combine(&req.out, &req.lse, out, lse)?;
         // SAFETY: forwarded from the caller.
         let shape = unsafe { plan.run_raw(rt, stream, req)? };
-        // SAFETY: forwarded from the caller.
-        unsafe { self.enqueue(rt, stream, &req.out, &req.lse, &merge)? };
+        // SAFETY: forwarded from the caller; the lengths were validated with the decode
+        // (`batch` of them, the local output's batch). The merge leaves the rows of padding
+        // sequences, which no rank wrote, as the caller's `out` / `lse` held them.
+        unsafe {
+            self.enqueue(
+                rt,
+                stream,
+                &req.out,
+                &req.lse,
+                &merge,
+                Some(req.seq_lens.ptr),
+            )?
+        };
         Ok(shape)
     }
 
@@ -392,11 +404,12 @@ impl ContextParallel {
         Ok((req, shape))
     }
 
-    /// The gather and the merge, on `stream`.
+    /// The gather and the merge, on `stream`; with `seq_lens` (the decode's device
+    /// lengths) the merge skips the rows of padding sequences.
     ///
     /// # Safety
     /// As [`ContextParallel::combine_raw`], with `merge` from [`Self::check_combine`] of
-    /// the same views.
+    /// the same views; `seq_lens` holds the local output's batch of lengths.
     unsafe fn enqueue(
         &mut self,
         rt: &Runtime,
@@ -404,6 +417,7 @@ impl ContextParallel {
         local_out: &TensorView<4>,
         local_lse: &TensorView<3>,
         merge: &(MergeRequest, MergeShape),
+        seq_lens: Option<u64>,
     ) -> Result<()> {
         let [b, s, h, _] = local_out.shape;
         let rows = b * s * h;
@@ -451,7 +465,7 @@ impl ContextParallel {
         self.settle("all_gather", None)?;
         // SAFETY: forwarded from the caller; the gathered views are inside the workspace,
         // and `merge` was validated by `check_combine`.
-        unsafe { rt.launch_merge(stream, &merge.0, &merge.1)? };
+        unsafe { rt.launch_merge(stream, &merge.0, &merge.1, seq_lens)? };
         if eager {
             // SAFETY: a live stream (the caller's) and event of this context.
             unsafe { self.done.record(stream)? };

@@ -859,19 +859,23 @@ impl Runtime {
     pub unsafe fn merge_raw(&self, stream: CUstream, req: &MergeRequest) -> Result<MergeShape> {
         let shape = validate_merge(req)?;
         // SAFETY: forwarded from the caller; `shape` is the request's, validated.
-        unsafe { self.launch_merge(stream, req, &shape)? };
+        unsafe { self.launch_merge(stream, req, &shape, None)? };
         Ok(shape)
     }
 
-    /// The merge kernel on a request `validate_merge` accepted with `shape`.
+    /// The merge kernel on a request `validate_merge` accepted with `shape`. With
+    /// `seq_lens` (the device address of `[batch]` i32 lengths, the context-parallel
+    /// decode's) the rows of padding sequences (length `<= 0`) are left as they are.
     ///
     /// # Safety
-    /// As [`Runtime::merge_raw`], and `shape == validate_merge(req)?`.
+    /// As [`Runtime::merge_raw`], and `shape == validate_merge(req)?`; `seq_lens`, if
+    /// given, holds `req.out.shape[0]` lengths, valid until the merge completes.
     pub(crate) unsafe fn launch_merge(
         &self,
         stream: CUstream,
         req: &MergeRequest,
         shape: &MergeShape,
+        seq_lens: Option<u64>,
     ) -> Result<()> {
         let kernel = spec(if shape.dtype == ElemType::Fp16 {
             names::MERGE_FP16
@@ -885,8 +889,12 @@ impl Runtime {
             lse: dev(req.lse.ptr),
             out_rank_stride: req.outs.strides[0] as u64,
             lse_rank_stride: req.lses.strides[0] as u64,
+            seq_lens: seq_lens.map_or(DevPtr::NULL, dev),
             rows: shape.rows as u32,
             ranks: shape.ranks as u32,
+            // s_q x heads (validated: at least 1 each).
+            rows_per_seq: (req.out.shape[1] * req.out.shape[2]).max(1) as u32,
+            _pad: 0,
         };
         // The combine's rows-per-CTA grid, over one "sequence" of every row.
         let grid = combine_launch_shape(kernel, shape.rows, 1);

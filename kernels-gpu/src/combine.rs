@@ -22,7 +22,8 @@
 //! - Reads [`CombineParams`]: `num_splits[b]` (sequences with one split are skipped: the
 //!   decode kernel wrote their output), `partial_lse`, `partial_o`; writes `out`, `lse`.
 //! - Chunks with `lse_i = -inf` (no visible keys) get weight exactly 0; a row whose chunks
-//!   are all empty gets `out = 0`, `lse = -inf`, never NaN.
+//!   are all empty gets `out = 0`, `lse = -inf`, never NaN. A chunk whose `lse_i` is NaN (or
+//!   `+inf`) makes the row's `out` and `lse` NaN: a poisoned part is never dropped.
 
 use crate::arch::{self, sync};
 use crate::elem::Half16;
@@ -194,10 +195,14 @@ unsafe fn combine_row<O: Half16, const UNROLL: usize>(
         }
         vs = load(i0);
     }
+    // A NaN part (its lse NaN: the decode met NaN in that chunk) makes the sum NaN, and the
+    // row NaN, never the empty row's zeros.
     let (scale, lse) = if sum > 0.0 {
         (p.output_scale / sum, m + sync::lg2(sum) * LN2)
-    } else {
+    } else if sum == 0.0 {
         (0.0, f32::NEG_INFINITY)
+    } else {
+        (f32::NAN, f32::NAN)
     };
 
     let tok = row / p.heads;

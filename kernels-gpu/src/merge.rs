@@ -7,9 +7,11 @@
 //!   `combine_tile::THREADS` (128) threads per row; thread `t` owns dims `4t .. 4t + 4`.
 //! - Each warp loads every rank's `lse` of its row at once (lane `j`: ranks `j`, `j + 32`)
 //!   and reduces them with the split-KV combine's `warp_lse_weights`.
+//! - With `seq_lens` (the context-parallel decode), the rows of a sequence of length `<= 0`
+//!   are skipped: no rank wrote them, and the caller's `out` and `lse` keep what they held.
 //! - A rank with `lse_r = -inf` (no key of the row in its share) weighs exactly 0 and its
 //!   `out_r` is never read, whatever it holds; a row no rank saw gets `out = 0` and
-//!   `lse = -inf`, never NaN.
+//!   `lse = -inf`, never NaN; a rank whose `lse_r` is NaN (or `+inf`) makes the row NaN.
 
 use crate::arch::{self, sync};
 use crate::combine::warp_lse_weights;
@@ -25,6 +27,14 @@ pub unsafe fn merge<O: Half16>(p: MergeParams) {
     let per_cta = combine_tile::ROWS_NARROW;
     let row = arch::block_idx_x() * per_cta + arch::thread_idx_x() / combine_tile::THREADS as u32;
     if row >= p.rows {
+        return;
+    }
+    // A padding sequence's rows keep what they held (a row's warps leave together: no CTA
+    // barrier below).
+    // SAFETY: row / rows_per_seq < rows / rows_per_seq entries of a non-null seq_lens.
+    if !p.seq_lens.is_null()
+        && unsafe { *p.seq_lens.ptr().add((row / p.rows_per_seq) as usize) } <= 0
+    {
         return;
     }
     const _: () = assert!(MAX_MERGE_RANKS <= 64);
@@ -67,10 +77,13 @@ pub unsafe fn merge<O: Half16>(p: MergeParams) {
             }
         }
     }
+    // A NaN rank (lse NaN, or +inf) makes the sum NaN and the row NaN, never zeros.
     let (scale, lse) = if sum > 0.0 {
         (1.0 / sum, m + sync::lg2(sum) * LN2)
-    } else {
+    } else if sum == 0.0 {
         (0.0, f32::NEG_INFINITY)
+    } else {
+        (f32::NAN, f32::NAN)
     };
     let packed = [
         O::pack2(acc[0] * scale, acc[1] * scale),

@@ -44,6 +44,15 @@ pub fn seed(test: &str) -> u64 {
 /// Builds every case's inputs and references on all cores. Case `i` draws its data from
 /// `SplitMix64::new(seed ^ i * K)` so that results do not depend on the thread count.
 pub fn prepare(specs: &[CaseSpec], seed: u64) -> Vec<(HostCase, (OracleOutput, OracleOutput))> {
+    prepare_with(specs, seed, &|_| {})
+}
+
+/// [`prepare`] with `edit` applied to each case's inputs before its references are computed.
+pub fn prepare_with(
+    specs: &[CaseSpec],
+    seed: u64,
+    edit: &(dyn Fn(&mut HostCase) + Sync),
+) -> Vec<(HostCase, (OracleOutput, OracleOutput))> {
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
@@ -61,7 +70,8 @@ pub fn prepare(specs: &[CaseSpec], seed: u64) -> Vec<(HostCase, (OracleOutput, O
                     }
                     let mut rng =
                         SplitMix64::new(seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-                    let h = HostCase::random(&specs[i], &mut rng);
+                    let mut h = HostCase::random(&specs[i], &mut rng);
+                    edit(&mut h);
                     let refs = h.references();
                     results.lock().unwrap()[i] = Some((h, refs));
                 }

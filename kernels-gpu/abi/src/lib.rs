@@ -1202,9 +1202,16 @@ pub struct MergeParams {
     pub lse: DevPtr<f32>,
     pub out_rank_stride: u64,
     pub lse_rank_stride: u64,
+    /// `[rows / rows_per_seq]` i32 lengths, or null: a row of a sequence whose length is
+    /// `<= 0` (padding) is left as it is, neither read nor written (the context-parallel
+    /// decode's merge, whose ranks wrote no row of a padding sequence). Null: every row.
+    pub seq_lens: DevPtr<i32>,
     pub rows: u32,
     /// `1..=MAX_MERGE_RANKS`.
     pub ranks: u32,
+    /// Rows per sequence (`s_q * heads`), `>= 1`.
+    pub rows_per_seq: u32,
+    pub _pad: u32,
 }
 
 /// Params of `mla_combine_*`. Grid: `(X, batch)`, `X` in `1..=ceil(s_q * heads / R)` (each CTA
@@ -1522,7 +1529,7 @@ const _: () = assert!(core::mem::size_of::<DevPtr<u8>>() == 8);
 const _: () = assert!(core::mem::size_of::<ScheduleParams>() == 2 * 8 + 6 * 4 + 16);
 const _: () = assert!(core::mem::size_of::<DecodeParams>() == 11 * 8 + 8 * 8 + 18 * 4 + 16 + 7 * 8);
 const _: () = assert!(core::mem::size_of::<TensorMap>() == 128);
-const _: () = assert!(core::mem::size_of::<MergeParams>() == 6 * 8 + 2 * 4);
+const _: () = assert!(core::mem::size_of::<MergeParams>() == 7 * 8 + 4 * 4);
 const _: () = assert!(core::mem::align_of::<TensorMap>() == 16);
 const _: () = assert!(core::mem::size_of::<CombineParams>() == 5 * 8 + 3 * 8 + 6 * 4);
 const _: () = assert!(core::mem::size_of::<AppendParams>() == 4 * 8 + 4 * 8 + 8 * 4 + 3 * 8);

@@ -210,10 +210,14 @@ unsafe fn store_row<K: DecodeKind>(
     l: f32,
     acc: [f32; 4],
 ) {
+    // A NaN sum (a NaN among the visible keys) makes the row NaN, its LSE too
+    // (`decode::row_norm`).
     let (inv, lse) = if l > 0.0 {
         (1.0 / l, (m + sync::lg2(l)) * LN2)
-    } else {
+    } else if l == 0.0 {
         (0.0, f32::NEG_INFINITY)
+    } else {
+        (f32::NAN, f32::NAN)
     };
     let scale = inv * p.value_scale * p.output_scale;
     let (b, t, h) = (r.b as u64, r.t as u64, r.h as u64);

@@ -101,13 +101,18 @@ pub(crate) unsafe fn red_sum_of(red: u32, splits: u32, rows: u32, r: u32) -> f32
 }
 
 /// A row's output factor and natural-log LSE from its exp-sum `l` and running max `m`
-/// (log2 units): `(1 / l, (m + log2 l) ln 2)`, or `(0, -inf)` for a row that saw nothing.
+/// (log2 units): `(1 / l, (m + log2 l) ln 2)`, `(0, -inf)` for a row that saw nothing, and
+/// `(NaN, NaN)` for a row whose sum is NaN (a NaN among its visible keys, or logits that
+/// overflowed): a split's partial then carries NaN to the combine, which must not take it
+/// for an empty chunk.
 #[inline(always)]
 pub(crate) fn row_norm(l: f32, m: f32) -> (f32, f32) {
     if l > 0.0 {
         (sync::rcp(l), (m + sync::lg2(l)) * LN2)
-    } else {
+    } else if l == 0.0 {
         (0.0, f32::NEG_INFINITY)
+    } else {
+        (f32::NAN, f32::NAN)
     }
 }
 
