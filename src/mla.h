@@ -184,7 +184,8 @@ typedef struct MlaSplitArgs {
                                   [batch, s_q, heads, 512] row-major. 0: q is fused (576) */
 } MlaSplitArgs;
 /* mla_decode_run / mla_decode_run_layer on split layouts; validated as the fused layout
- * (errors name kpe_cache or q_pe and the field). A split cache takes the cp.async decode. */
+ * (errors name kpe_cache or q_pe and the field). A split cache never takes the TMA decodes
+ * or their cp.async forms (they read fused rows): it runs the plan's own tile kernel. */
 int mla_decode_run_split(const MlaRuntime *rt, const MlaPlan *plan, const MlaDecodeArgs *args,
                          const MlaSplitArgs *split, void *stream);
 int mla_decode_run_layer_split(const MlaRuntime *rt, const MlaPlan *plan,
