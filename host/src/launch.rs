@@ -948,7 +948,7 @@ impl Runtime {
             page_shift: shape.page_size.trailing_zeros(),
             page_table_stride: req.page_table.strides[0] as u32,
             num_pages: shape.num_pages.min(u32::MAX as usize) as u32,
-            inv_kv_scale: 1.0 / req.kv_scale,
+            kv_scale: req.kv_scale,
             max_pages: shape.max_pages as u32,
             kpe: dev(rope.0),
             kpe_stride_page: rope.1[0] as u64,

@@ -1265,8 +1265,9 @@ pub struct AppendParams {
     pub page_shift: u32,
     pub page_table_stride: u32,
     pub num_pages: u32,
-    /// fp8 caches store `saturate(x / kv_scale)`; `inv_kv_scale = 1 / kv_scale`.
-    pub inv_kv_scale: f32,
+    /// fp8 caches store `saturate(x / kv_scale)` (an IEEE division, then one rounding to
+    /// e4m3: not `x * (1 / kv_scale)`, which rounds twice).
+    pub kv_scale: f32,
     /// Page-table columns in use per sequence (see [`DecodeParams::max_pages`]).
     pub max_pages: u32,
     /// The cache rows' rope part, as [`DecodeParams::kpe`] (`kv_cache + D_V` for a fused
