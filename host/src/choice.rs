@@ -414,13 +414,61 @@ impl DecodeKernels {
             out.push(t.symbol);
         }
         out.push(self.decode.symbol);
-        for batch in [1, max_batch] {
+        // The narrow or wide combine: the choice is not monotonic in the batch (its even
+        // splits and its rows both move), so every batch the plan admits is asked, until
+        // both builds are listed.
+        let mut combines = 0;
+        for batch in 1..=max_batch.max(1) {
             if let Some(c) = self.combine_for_batch(batch, rows, sm_count)
                 && !out.contains(&c.symbol)
             {
                 out.push(c.symbol);
+                combines += 1;
+                if combines == 2 {
+                    break;
+                }
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `all` lists the combine of every batch up to the plan's: with a grid of 16 splits, a
+    /// wave of 33 and 256 rows, batches 1 and 5 take one build and batch 4 the other (found
+    /// by a sweep; so do the other rows here).
+    #[test]
+    fn all_lists_the_combine_of_every_batch() {
+        for (grid, wave, rows, max_batch) in [
+            (16, 33, 256, 5),
+            (16, 66, 96, 12),
+            (16, 66, 128, 9),
+            (128, 4, 48, 23),
+            (64, 8, 100, 200),
+        ] {
+            let k = DecodeKernels::new(
+                Backend::Sm90a,
+                Variant::Sm90a,
+                Tile::Wg64N64,
+                Switches::ON,
+                DecodeDtypes::Bf16,
+                1,
+                grid,
+            )
+            .with_wave_splits(wave);
+            let all = k.all(max_batch, rows, 132);
+            for b in 1..=max_batch {
+                if let Some(c) = k.combine_for_batch(b, rows, 132) {
+                    assert!(
+                        all.contains(&c.symbol),
+                        "grid {grid} wave {wave} rows {rows}: batch {b} runs {} not in {all:?}",
+                        c.symbol
+                    );
+                }
+            }
+        }
     }
 }
