@@ -417,7 +417,8 @@ fn check_time(us: f64) -> Result<(), MlaError> {
 /// Tuning policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TuneMode {
-    /// Always [`Tactic::default`]; nothing is measured (deterministic runs, tests).
+    /// Always the default ([`Tactic::default_for_plan`] of the shape); nothing is measured
+    /// (deterministic runs, tests).
     Off,
     /// The cached winner, else measure the candidates.
     On,
@@ -534,7 +535,7 @@ impl Autotuner {
     }
 
     /// The cached winner when there is one, else [`Autotuner::tune`]; with the mode `Off`,
-    /// [`Tactic::default`].
+    /// [`Tactic::default_for_plan`] of the shape.
     pub fn choose_or_tune(
         &mut self,
         device: &DeviceKey,

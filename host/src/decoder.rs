@@ -18,7 +18,7 @@ use cudarc::driver::CudaStream;
 use cudarc::driver::sys::{CUstream, CUstreamCaptureStatus};
 use mla_abi::{ScheduleParams, Shard, names};
 
-use crate::autotune::{Autotuner, DeviceKey, ShapeKey};
+use crate::autotune::{Autotuner, DeviceKey, ShapeKey, TuneMode};
 use crate::choice::DecodeKernels;
 use crate::error::{MlaError, Result};
 use crate::gate::{Backend, Geometry, Registry, is_available, is_supported};
@@ -362,7 +362,8 @@ impl Runtime {
     }
 
     /// Picks the tactic for `config` with `tuner`: the cached winner, the default when
-    /// tuning is off, else every candidate planned and timed on real launches of `sample`
+    /// tuning is off ([`Runtime::default_tactic`] of `config`, as if not tuning), else every
+    /// candidate planned and timed on real launches of `sample`
     /// (CUDA events, median of `reps`) on `stream`. Refuses to run while `stream` is
     /// capturing a graph. `sample` must fit `config` (it is run, so its buffers are written).
     pub fn tune_decode(
@@ -382,6 +383,11 @@ impl Runtime {
             });
         }
         let shape = validate_decode(sample)?;
+        if tuner.mode == TuneMode::Off {
+            // The plan's own default, for its exact size: the tuner's key rounds the batch
+            // and length up to powers of two, and its default for that size may differ.
+            return Ok(self.default_tactic(&config));
+        }
         let device = DeviceKey::from(self.device());
         let key = ShapeKey::for_decode(&shape, config.max_seq_len);
         tuner.choose_or_tune(&device, &key, |tactic| {
