@@ -161,7 +161,9 @@ impl DecodeShape {
 
 /// Write `s_q` new tokens per sequence into the paged cache at positions
 /// `seq_lens[b] - s_q ..= seq_lens[b] - 1`. A length `<= 0` is padding: nothing is written
-/// for it (with host copies, a length in `1..s_q` is an error).
+/// for it (with host copies, a length in `1..s_q` is an error). Two new rows that the page
+/// table maps to the same cache slot (sequences sharing a page past their common prefix)
+/// are written in no defined order: the table must give each new token a slot of its own.
 #[derive(Clone, Copy, Debug)]
 pub struct AppendRequest<'a> {
     /// `[batch, s_q, D_QK]`, last dim contiguous: the cache's type, bf16 for an fp8 cache.
@@ -172,7 +174,8 @@ pub struct AppendRequest<'a> {
     pub page_table: TensorView<2>,
     /// `[batch]` i32, lengths including the new tokens.
     pub seq_lens: TensorView<1>,
-    /// fp8 caches store `saturate(x / kv_scale)`; must be 1 otherwise.
+    /// fp8 caches store `saturate(x / kv_scale)` (one IEEE division, then round to nearest
+    /// even); must be 1 otherwise.
     pub kv_scale: f32,
     pub host: HostMirror<'a>,
 }
