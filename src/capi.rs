@@ -13,8 +13,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use mla_abi::{D_QK, D_V, ElemType};
 
 use crate::{
-    DecodeConfig, DecodeDtypes, DecodeFault, DecodePlan, DecodeRequest, HostMirror, MergeRequest,
-    MlaError, Runtime, Scales, SplitParts, TensorView,
+    AppendRequest, DecodeConfig, DecodeDtypes, DecodeFault, DecodePlan, DecodeRequest,
+    GatherRequest, HostMirror, MergeRequest, MlaError, Runtime, Scales, SplitParts, TensorView,
 };
 
 /// The C header of this ABI (`src/mla.h`), as shipped.
@@ -799,6 +799,24 @@ pub unsafe extern "C" fn mla_decode_run_layer_slot(
     unsafe { decode_c(rt, plan, args, stream, Some(slot as usize)) }
 }
 
+/// The runtime of a live handle and a copy of the args, or the typed error of a null one.
+///
+/// # Safety
+/// Each pointer is null or valid.
+unsafe fn rt_and_args<'a, A: Copy>(
+    rt: *const MlaRuntime,
+    args: *const A,
+) -> Result<(&'a Runtime, A), MlaError> {
+    if rt.is_null() {
+        return Err(MlaError::NullHandle { field: "rt" });
+    }
+    if args.is_null() {
+        return Err(MlaError::NullArgument { field: "args" });
+    }
+    // SAFETY: checked non-null; the caller guarantees validity.
+    Ok(unsafe { (&(*rt).rt, *args) })
+}
+
 /// A rank merge (C layout; `MergeRequest`): `ranks` results of the same query rows.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -837,14 +855,8 @@ pub unsafe extern "C" fn mla_merge(
     stream: *mut c_void,
 ) -> c_int {
     guard(|| {
-        if rt.is_null() {
-            return Err(MlaError::NullHandle { field: "rt" });
-        }
-        if args.is_null() {
-            return Err(MlaError::NullArgument { field: "args" });
-        }
-        // SAFETY: checked non-null; the caller guarantees validity.
-        let (rt, a) = unsafe { (&(*rt).rt, *args) };
+        // SAFETY: forwarded from the caller.
+        let (rt, a) = unsafe { rt_and_args(rt, args)? };
         let dtype = match elem(a.dtype, "dtype")? {
             t @ (ElemType::Bf16 | ElemType::Fp16) => t,
             other => {
@@ -889,6 +901,157 @@ pub unsafe extern "C" fn mla_merge(
         unsafe { rt.merge_raw(stream as cudarc::driver::sys::CUstream, &req)? };
         Ok(())
     })
+}
+
+/// A paged cache and its page table (C layout), for `mla_append_kv` and `mla_gather_kv`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MlaPagedArgs {
+    /// Append: the new rows `[batch, s_q, 576]` (the cache's type; bf16 for an fp8 cache).
+    /// Gather: the output `[batch, rows, 576]` (the cache's type, or bf16 to dequantise an
+    /// fp8 cache). Device.
+    pub rows: u64,
+    /// `[num_pages, page_size, 576]` of `kv_dtype`, device.
+    pub kv_cache: u64,
+    /// `[batch, max_pages]` int32, device.
+    pub page_table: u64,
+    /// `[batch]` int32, device.
+    pub seq_lens: u64,
+    pub batch: u32,
+    /// Append: `s_q`, the new tokens per sequence. Gather: the output's rows per sequence.
+    pub n: u32,
+    pub num_pages: u32,
+    pub max_pages: u32,
+    pub page_size: u32,
+    /// `MLA_BF16`, `MLA_FP16` or `MLA_FP8_E4M3`.
+    pub kv_dtype: u32,
+    /// Gather only: the output's type (`kv_dtype`, or `MLA_BF16` under an fp8 cache).
+    pub rows_dtype: u32,
+    pub _pad: u32,
+    /// Elements (0: `max_pages`).
+    pub page_table_stride: u64,
+    /// Elements (0: `page_size * 576`).
+    pub kv_page_stride: u64,
+    /// fp8 caches: append stores `saturate(x / kv_scale)`, gather to bf16 multiplies by it;
+    /// 1 otherwise.
+    pub kv_scale: f32,
+    pub _pad2: u32,
+}
+
+/// The views of `a`'s cache, page table and lengths.
+fn paged_views(
+    a: &MlaPagedArgs,
+) -> Result<(TensorView<3>, TensorView<2>, TensorView<1>), MlaError> {
+    let kv = elem(a.kv_dtype, "kv_dtype")?;
+    let (b, page) = (a.batch as usize, a.page_size as usize);
+    let or = |v: u64, default: usize| if v == 0 { default } else { v as usize };
+    let kv_cache = TensorView::strided(
+        a.kv_cache,
+        kv,
+        [a.num_pages as usize, page, D_QK],
+        // Saturating: an absurd size is the validator's typed error, not an overflow here.
+        [or(a.kv_page_stride, page.saturating_mul(D_QK)), D_QK, 1],
+    );
+    let page_table = TensorView::strided(
+        a.page_table,
+        ElemType::I32,
+        [b, a.max_pages as usize],
+        [or(a.page_table_stride, a.max_pages as usize), 1],
+    );
+    let seq_lens = TensorView::contiguous(a.seq_lens, ElemType::I32, [b]);
+    Ok((kv_cache, page_table, seq_lens))
+}
+
+/// Which paged call.
+#[derive(Clone, Copy)]
+enum Paged {
+    Append,
+    Gather,
+}
+
+/// `mla_append_kv` or `mla_gather_kv`: the handles checked, the views built from the args,
+/// the Rust call on the raw stream, under [`guard`].
+///
+/// # Safety
+/// Each pointer is null or valid (its device pointers valid for the described shapes until
+/// the kernel completes); `stream` a stream of the runtime's context.
+unsafe fn paged_c(
+    rt: *const MlaRuntime,
+    args: *const MlaPagedArgs,
+    stream: *mut c_void,
+    call: Paged,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded from the caller.
+        let (rt, a) = unsafe { rt_and_args(rt, args)? };
+        let (kv_cache, page_table, seq_lens) = paged_views(&a)?;
+        let st = stream as cudarc::driver::sys::CUstream;
+        let rows = |t| TensorView::contiguous(a.rows, t, [a.batch as usize, a.n as usize, D_QK]);
+        let host = HostMirror::default();
+        match call {
+            Paged::Append => {
+                // The new rows: the cache's type, bf16 for an fp8 cache.
+                let new_t = match kv_cache.dtype {
+                    ElemType::Fp8E4m3 => ElemType::Bf16,
+                    t => t,
+                };
+                let req = AppendRequest {
+                    new_kv: rows(new_t),
+                    kv_cache,
+                    page_table,
+                    seq_lens,
+                    kv_scale: a.kv_scale,
+                    host,
+                };
+                // SAFETY: forwarded from the caller.
+                unsafe { rt.append_kv_raw(st, &req, None) }
+            }
+            Paged::Gather => {
+                let req = GatherRequest {
+                    out: rows(elem(a.rows_dtype, "rows_dtype")?),
+                    kv_cache,
+                    page_table,
+                    seq_lens,
+                    kv_scale: a.kv_scale,
+                    host,
+                };
+                // SAFETY: forwarded from the caller.
+                unsafe { rt.gather_kv_raw(st, &req, None) }
+            }
+        }
+    })
+}
+
+/// Writes each sequence's `n` (= `s_q`) new rows into its pages at positions
+/// `seq_lens[b] - n ..= seq_lens[b] - 1` (`Runtime::append_kv`) on `stream`; capturable.
+///
+/// # Safety
+/// `rt` is a live handle, `args` valid, its device pointers valid for the described shapes
+/// until the kernel completes, `stream` a stream of the runtime's context.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mla_append_kv(
+    rt: *const MlaRuntime,
+    args: *const MlaPagedArgs,
+    stream: *mut c_void,
+) -> c_int {
+    // SAFETY: forwarded from the caller.
+    unsafe { paged_c(rt, args, stream, Paged::Append) }
+}
+
+/// Copies each sequence's rows `0 .. min(seq_lens[b], n)` out of the pages into
+/// `rows[b, 0.., :]` (`Runtime::gather_kv`), dequantising an fp8 cache when `rows_dtype` is
+/// bf16, on `stream`; capturable.
+///
+/// # Safety
+/// As `mla_append_kv`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mla_gather_kv(
+    rt: *const MlaRuntime,
+    args: *const MlaPagedArgs,
+    stream: *mut c_void,
+) -> c_int {
+    // SAFETY: forwarded from the caller.
+    unsafe { paged_c(rt, args, stream, Paged::Gather) }
 }
 
 /// The library's version (the `mla` crate's), for a caller to check the ABI it loaded.

@@ -133,6 +133,24 @@ typedef struct MlaMergeArgs {
   uint64_t lses_rank_stride;         /* elements; 0: batch * s_q * heads */
 } MlaMergeArgs;
 
+/* A paged cache and its page table, for mla_append_kv and mla_gather_kv. */
+typedef struct MlaPagedArgs {
+  uint64_t rows;     /* device. append: the new rows [batch, n, 576] (the cache's type; bf16
+                        for an fp8 cache); gather: the output [batch, n, 576] */
+  uint64_t kv_cache; /* device: [num_pages, page_size, 576] of kv_dtype */
+  uint64_t page_table, seq_lens; /* device: [batch, max_pages] and [batch] int32 */
+  uint32_t batch, n;             /* append: n = s_q new tokens; gather: output rows */
+  uint32_t num_pages, max_pages, page_size;
+  uint32_t kv_dtype;   /* MLA_BF16, MLA_FP16 or MLA_FP8_E4M3 */
+  uint32_t rows_dtype; /* gather: kv_dtype, or MLA_BF16 to dequantise an fp8 cache */
+  uint32_t _pad;
+  uint64_t page_table_stride; /* elements; 0: max_pages */
+  uint64_t kv_page_stride;    /* elements; 0: page_size * 576 */
+  float kv_scale;             /* fp8 caches (append stores saturate(x / kv_scale) rounded to
+                                 nearest even; gather to bf16 multiplies); 1 otherwise */
+  uint32_t _pad2;
+} MlaPagedArgs;
+
 /* Loads the kernels on device `ordinal` (>= 0; its primary context). */
 int mla_runtime_create(int ordinal, MlaRuntime **out);
 void mla_runtime_destroy(MlaRuntime *rt); /* NULL is ignored; destroy its plans first */
@@ -245,6 +263,15 @@ int mla_plan_fault(const MlaRuntime *rt, const MlaPlan *plan, void *stream, MlaF
 int mla_plan_clear_fault(const MlaRuntime *rt, const MlaPlan *plan, void *stream);
 /* Merges the ranks' results on `stream` (capturable). */
 int mla_merge(const MlaRuntime *rt, const MlaMergeArgs *args, void *stream);
+/* Writes each sequence's n new rows at positions seq_len - n .. seq_len - 1 of its pages
+ * (capturable). A length <= 0 is padding (nothing written), as is a length below n; a page
+ * id outside [0, num_pages) is skipped. Two new rows the table maps to one slot are written
+ * in no defined order. */
+int mla_append_kv(const MlaRuntime *rt, const MlaPagedArgs *args, void *stream);
+/* Copies each sequence's rows 0 .. min(seq_len, n) - 1 out of its pages into rows[b]
+ * (capturable); rows past them are not written; a page id outside [0, num_pages) reads as
+ * zeros. */
+int mla_gather_kv(const MlaRuntime *rt, const MlaPagedArgs *args, void *stream);
 /* This thread's last error; empty after a call that succeeded (the destroy functions
  * leave it as it was, so it can be read after cleaning up). */
 const char *mla_last_error(void);

@@ -134,6 +134,14 @@ fn null_handles_and_arguments_are_named() {
         (s, last_error().as_str()),
         (MLA_ERR_INVALID, "rt is a null handle")
     );
+    for f in [mla_append_kv, mla_gather_kv] {
+        // SAFETY: as above.
+        let s = unsafe { f(std::ptr::null(), std::ptr::null(), std::ptr::null_mut()) };
+        assert_eq!(
+            (s, last_error().as_str()),
+            (MLA_ERR_INVALID, "rt is a null handle")
+        );
+    }
     // SAFETY: as above.
     let s = unsafe { mla_runtime_create(0, std::ptr::null_mut()) };
     assert_eq!(
@@ -323,6 +331,11 @@ fn header_matches_the_rust_structs() {
         "offsetof(MlaMergeArgs, lses_rank_stride)",
         "sizeof(MlaSplitArgs)",
         "offsetof(MlaSplitArgs, q_pe)",
+        "sizeof(MlaPagedArgs)",
+        "offsetof(MlaPagedArgs, batch)",
+        "offsetof(MlaPagedArgs, rows_dtype)",
+        "offsetof(MlaPagedArgs, page_table_stride)",
+        "offsetof(MlaPagedArgs, kv_scale)",
     ];
     let prints: String = probes
         .iter()
@@ -380,6 +393,11 @@ fn header_matches_the_rust_structs() {
         offset_of!(MlaMergeArgs, lses_rank_stride),
         size_of::<MlaSplitArgs>(),
         offset_of!(MlaSplitArgs, q_pe),
+        size_of::<MlaPagedArgs>(),
+        offset_of!(MlaPagedArgs, batch),
+        offset_of!(MlaPagedArgs, rows_dtype),
+        offset_of!(MlaPagedArgs, page_table_stride),
+        offset_of!(MlaPagedArgs, kv_scale),
     ];
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(got, want, "C sizes/offsets {probes:?} vs Rust");
@@ -590,6 +608,156 @@ mod gpu {
             failures.len()
         );
         assert!(failures.is_empty(), "{failures:#?}");
+    }
+
+    /// `mla_append_kv` and `mla_gather_kv` write and read the same bytes as the Rust API's
+    /// `append_kv` and `gather_kv` on the same inputs: a bf16 cache and an fp8 one (bf16 rows
+    /// in, quantised; gathered raw and dequantised), pages of 16, a padding sequence.
+    #[test]
+    fn paged_append_and_gather_match_the_rust_api() {
+        use mla::abi::{D_QK, ElemType};
+        use mla::{AppendRequest, GatherRequest, HostMirror, TensorView};
+        use mla_dev::harness::device_addr as ptr;
+        use mla_dev::numeric;
+        let test = "capi_paged";
+        let seed = crate::common::seed(test);
+        let mut rt: *mut MlaRuntime = std::ptr::null_mut();
+        // SAFETY: valid out pointer.
+        if unsafe { mla_runtime_create(0, &mut rt) } != MLA_OK {
+            crate::common::loud(&format!("SKIPPED GPU test {test}: {}", last_error()));
+            return;
+        }
+        let Some((rt_rust, stream)) = crate::common::gpu(test) else {
+            // SAFETY: a live handle.
+            unsafe { mla_runtime_destroy(rt) };
+            return;
+        };
+        let mut rng = SplitMix64::new(seed);
+        let st = stream.cu_stream() as *mut std::ffi::c_void;
+        for d in [DecodeDtypes::Bf16, DecodeDtypes::Fp8KvBf16Q] {
+            let (page, s_q) = (16usize, 2usize);
+            let lens = [37usize, 0, 300];
+            // Lengths of at least s_q for the host case; sequence 1 is padding on the device.
+            let spec = CaseSpec::new(d, page, 1, s_q, lens.iter().map(|&l| l.max(s_q)).collect());
+            let mut h = HostCase::random(&spec, &mut rng);
+            h.seq_lens[1] = 0;
+            let cache_t = d.kv();
+            let new_t = if cache_t == ElemType::Fp8E4m3 {
+                ElemType::Bf16
+            } else {
+                cache_t
+            };
+            let b = lens.len();
+            let new_vals: Vec<f32> = (0..b * s_q * D_QK).map(|_| rng.normal() as f32).collect();
+            let new_bytes = numeric::from_f32(new_t, &new_vals);
+            let d_new = stream.clone_htod(&new_bytes).unwrap();
+            let d_table = stream.clone_htod(&h.page_table).unwrap();
+            let d_lens = stream.clone_htod(&h.seq_lens).unwrap();
+            let caches = [
+                stream.clone_htod(&h.kv_bytes).unwrap(),
+                stream.clone_htod(&h.kv_bytes).unwrap(),
+            ];
+            let kv_view = |i: usize| {
+                TensorView::contiguous(ptr(&caches[i], &stream), cache_t, [h.num_pages, page, D_QK])
+            };
+            let table =
+                TensorView::contiguous(ptr(&d_table, &stream), ElemType::I32, [b, h.max_pages]);
+            let lens_v = TensorView::contiguous(ptr(&d_lens, &stream), ElemType::I32, [b]);
+            // Rust into cache 0.
+            rt_rust
+                .append_kv(
+                    &stream,
+                    &AppendRequest {
+                        new_kv: TensorView::contiguous(ptr(&d_new, &stream), new_t, [b, s_q, D_QK]),
+                        kv_cache: kv_view(0),
+                        page_table: table,
+                        seq_lens: lens_v,
+                        kv_scale: h.scales.kv_scale,
+                        host: HostMirror::default(),
+                    },
+                )
+                .unwrap();
+            // C into cache 1.
+            let mut a = MlaPagedArgs {
+                rows: ptr(&d_new, &stream),
+                kv_cache: kv_view(1).ptr,
+                page_table: table.ptr,
+                seq_lens: lens_v.ptr,
+                batch: b as u32,
+                n: s_q as u32,
+                num_pages: h.num_pages as u32,
+                max_pages: h.max_pages as u32,
+                page_size: page as u32,
+                kv_dtype: cache_t as u32,
+                rows_dtype: new_t as u32,
+                _pad: 0,
+                page_table_stride: 0,
+                kv_page_stride: 0,
+                kv_scale: h.scales.kv_scale,
+                _pad2: 0,
+            };
+            // SAFETY: live handle; the buffers outlive the synchronisation below.
+            let s = unsafe { mla_append_kv(rt, &a, st) };
+            assert_eq!(s, MLA_OK, "{}", last_error());
+            let c0: Vec<u8> = stream.clone_dtoh(&caches[0]).unwrap();
+            let c1: Vec<u8> = stream.clone_dtoh(&caches[1]).unwrap();
+            assert!(c0 != h.kv_bytes, "{}: the append wrote nothing", d.name());
+            assert!(
+                c0 == c1,
+                "{}: the C append differs from the Rust one",
+                d.name()
+            );
+            // Gather from cache 1, raw and (fp8) dequantised, both ways.
+            let outs = if cache_t == ElemType::Fp8E4m3 {
+                vec![ElemType::Fp8E4m3, ElemType::Bf16]
+            } else {
+                vec![cache_t]
+            };
+            let n = 310usize;
+            for out_t in outs {
+                let bytes = b * n * D_QK * out_t.size();
+                let g = [
+                    stream.clone_htod(&vec![0x5au8; bytes]).unwrap(),
+                    stream.clone_htod(&vec![0x5au8; bytes]).unwrap(),
+                ];
+                rt_rust
+                    .gather_kv(
+                        &stream,
+                        &GatherRequest {
+                            kv_cache: kv_view(1),
+                            page_table: table,
+                            seq_lens: lens_v,
+                            out: TensorView::contiguous(ptr(&g[0], &stream), out_t, [b, n, D_QK]),
+                            kv_scale: h.scales.kv_scale,
+                            host: HostMirror::default(),
+                        },
+                    )
+                    .unwrap();
+                a.rows = ptr(&g[1], &stream);
+                a.n = n as u32;
+                a.rows_dtype = out_t as u32;
+                // SAFETY: as above.
+                let s = unsafe { mla_gather_kv(rt, &a, st) };
+                assert_eq!(s, MLA_OK, "{}", last_error());
+                let (g0, g1): (Vec<u8>, Vec<u8>) = (
+                    stream.clone_dtoh(&g[0]).unwrap(),
+                    stream.clone_dtoh(&g[1]).unwrap(),
+                );
+                assert!(
+                    g0.iter().any(|&x| x != 0x5a),
+                    "{}: the gather wrote nothing",
+                    d.name()
+                );
+                assert!(
+                    g0 == g1,
+                    "{} to {}: the C gather differs",
+                    d.name(),
+                    out_t.name()
+                );
+            }
+        }
+        // SAFETY: all work synchronised (the copies above); a live handle.
+        unsafe { mla_runtime_destroy(rt) };
     }
 }
 

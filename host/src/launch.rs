@@ -904,7 +904,8 @@ impl Runtime {
 
     /// Writes each sequence's `s_q` new rows into its pages (quantising for fp8 caches).
     pub fn append_kv(&self, stream: &CudaStream, req: &AppendRequest) -> Result<()> {
-        self.append_kv_parts(stream, req, None)
+        // SAFETY: a live stream of this context.
+        unsafe { self.append_kv_raw(stream.cu_stream(), req, None) }
     }
 
     /// [`Runtime::append_kv`] into a split cache: `req.kv_cache` the latent part
@@ -916,12 +917,19 @@ impl Runtime {
         req: &AppendRequest,
         kpe_cache: &TensorView<3>,
     ) -> Result<()> {
-        self.append_kv_parts(stream, req, Some(kpe_cache))
+        // SAFETY: a live stream of this context.
+        unsafe { self.append_kv_raw(stream.cu_stream(), req, Some(kpe_cache)) }
     }
 
-    fn append_kv_parts(
+    /// [`Runtime::append_kv`] (with `kpe`: [`Runtime::append_kv_split`]) on a raw stream, for
+    /// the C ABI.
+    ///
+    /// # Safety
+    /// `stream` is a live stream (or null) of this runtime's context; the request's device
+    /// pointers stay valid until the kernel completes.
+    pub unsafe fn append_kv_raw(
         &self,
-        stream: &CudaStream,
+        stream: CUstream,
         req: &AppendRequest,
         kpe: Option<&TensorView<3>>,
     ) -> Result<()> {
@@ -954,13 +962,14 @@ impl Runtime {
             kpe_stride_page: rope.1[0] as u64,
             kpe_stride_token: rope.1[1] as u64,
         };
-        // SAFETY: validated request.
-        unsafe { launch(self, kernel, grid, stream.cu_stream(), &p) }
+        // SAFETY: validated request; the stream is the caller's.
+        unsafe { launch(self, kernel, grid, stream, &p) }
     }
 
     /// Copies each sequence's rows out of the pages (dequantising fp8 to bf16 on request).
     pub fn gather_kv(&self, stream: &CudaStream, req: &GatherRequest) -> Result<()> {
-        self.gather_kv_parts(stream, req, None)
+        // SAFETY: a live stream of this context.
+        unsafe { self.gather_kv_raw(stream.cu_stream(), req, None) }
     }
 
     /// [`Runtime::gather_kv`] from a split cache (`req.kv_cache` 512 wide, `kpe_cache` its
@@ -971,12 +980,18 @@ impl Runtime {
         req: &GatherRequest,
         kpe_cache: &TensorView<3>,
     ) -> Result<()> {
-        self.gather_kv_parts(stream, req, Some(kpe_cache))
+        // SAFETY: a live stream of this context.
+        unsafe { self.gather_kv_raw(stream.cu_stream(), req, Some(kpe_cache)) }
     }
 
-    fn gather_kv_parts(
+    /// [`Runtime::gather_kv`] (with `kpe`: [`Runtime::gather_kv_split`]) on a raw stream, for
+    /// the C ABI.
+    ///
+    /// # Safety
+    /// As [`Runtime::append_kv_raw`].
+    pub unsafe fn gather_kv_raw(
         &self,
-        stream: &CudaStream,
+        stream: CUstream,
         req: &GatherRequest,
         kpe: Option<&TensorView<3>>,
     ) -> Result<()> {
@@ -1009,8 +1024,8 @@ impl Runtime {
             kpe_stride_page: rope.1[0] as u64,
             kpe_stride_token: rope.1[1] as u64,
         };
-        // SAFETY: validated request.
-        unsafe { launch(self, kernel, grid, stream.cu_stream(), &p) }
+        // SAFETY: validated request; the stream is the caller's.
+        unsafe { launch(self, kernel, grid, stream, &p) }
     }
 }
 
