@@ -266,7 +266,7 @@ int mla_merge(const MlaRuntime *rt, const MlaMergeArgs *args, void *stream);
 /* Writes each sequence's n new rows at positions seq_len - n .. seq_len - 1 of its pages
  * (capturable). A length <= 0 is padding (nothing written), as is a length below n; a page
  * id outside [0, num_pages) is skipped. Two new rows the table maps to one slot are written
- * in no defined order. */
+ * in no defined order. Both paged calls take batch <= 65535 (MLA_ERR_UNSUPPORTED above). */
 int mla_append_kv(const MlaRuntime *rt, const MlaPagedArgs *args, void *stream);
 /* Copies each sequence's rows 0 .. min(seq_len, n) - 1 out of its pages into rows[b]
  * (capturable); rows past them are not written; a page id outside [0, num_pages) reads as

@@ -164,6 +164,7 @@ impl DecodeShape {
 /// for it (with host copies, a length in `1..s_q` is an error). Two new rows that the page
 /// table maps to the same cache slot (sequences sharing a page past their common prefix)
 /// are written in no defined order: the table must give each new token a slot of its own.
+/// At most 65535 sequences a call (append and gather: a typed `Unsupported` error above).
 #[derive(Clone, Copy, Debug)]
 pub struct AppendRequest<'a> {
     /// `[batch, s_q, D_QK]`, last dim contiguous: the cache's type, bf16 for an fp8 cache.
