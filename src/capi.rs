@@ -514,6 +514,44 @@ pub unsafe extern "C" fn mla_plan_clear_fault(
     })
 }
 
+/// A stride field of the C args: 0 stands for `default`.
+fn or_default(v: u64, default: usize) -> usize {
+    if v == 0 { default } else { v as usize }
+}
+
+/// A paged cache part `[num_pages, page_size, width]` of `dtype` at `ptr`: rows `token`
+/// elements apart, pages `page_stride` apart (0: `page_size * token`, saturating: an absurd
+/// stride is the validator's typed error, not an overflow here).
+fn paged_part(
+    ptr: u64,
+    dtype: ElemType,
+    (num_pages, page_size, width): (u32, usize, usize),
+    token: usize,
+    page_stride: u64,
+) -> TensorView<3> {
+    TensorView::strided(
+        ptr,
+        dtype,
+        [num_pages as usize, page_size, width],
+        [
+            or_default(page_stride, page_size.saturating_mul(token)),
+            token,
+            1,
+        ],
+    )
+}
+
+/// The `[batch, max_pages]` int32 page table at `ptr`, rows `stride` elements apart (0:
+/// `max_pages`).
+fn table_view(ptr: u64, batch: usize, max_pages: u32, stride: u64) -> TensorView<2> {
+    TensorView::strided(
+        ptr,
+        ElemType::I32,
+        [batch, max_pages as usize],
+        [or_default(stride, max_pages as usize), 1],
+    )
+}
+
 /// The request and split parts of the C args (fused where `sp`'s pointers are 0).
 fn request_split_of(
     plan: &DecodePlan,
@@ -524,44 +562,33 @@ fn request_split_of(
     let (b, s, h) = (a.batch as usize, c.s_q, c.heads);
     let d = c.dtypes;
     let page = c.page_size;
-    let or = |v: u64, default: usize| if v == 0 { default } else { v as usize };
-    let table_stride = or(a.page_table_stride, a.max_pages as usize);
     let kv_width = if sp.kpe_cache == 0 { D_QK } else { D_V };
     let q_width = if sp.q_pe == 0 { D_QK } else { D_V };
-    let kv_token = or(sp.kv_token_stride, kv_width);
-    // Saturating: an absurd stride is the validator's typed error, not an overflow here.
-    let kv_page_stride = or(a.kv_page_stride, page.saturating_mul(kv_token));
+    let kv_token = or_default(sp.kv_token_stride, kv_width);
     let rope = D_QK - D_V;
-    let kpe_token = or(sp.kpe_token_stride, rope);
+    let kpe_token = or_default(sp.kpe_token_stride, rope);
     let parts = SplitParts {
         kpe_cache: (sp.kpe_cache != 0).then(|| {
-            TensorView::strided(
+            paged_part(
                 sp.kpe_cache,
                 d.kv(),
-                [a.num_pages as usize, page, rope],
-                [
-                    or(sp.kpe_page_stride, page.saturating_mul(kpe_token)),
-                    kpe_token,
-                    1,
-                ],
+                (a.num_pages, page, rope),
+                kpe_token,
+                sp.kpe_page_stride,
             )
         }),
         q_pe: (sp.q_pe != 0).then(|| TensorView::contiguous(sp.q_pe, d.q(), [b, s, h, rope])),
     };
     let req = DecodeRequest {
         q: TensorView::contiguous(a.q, d.q(), [b, s, h, q_width]),
-        kv_cache: TensorView::strided(
+        kv_cache: paged_part(
             a.kv_cache,
             d.kv(),
-            [a.num_pages as usize, page, kv_width],
-            [kv_page_stride, kv_token, 1],
+            (a.num_pages, page, kv_width),
+            kv_token,
+            a.kv_page_stride,
         ),
-        page_table: TensorView::strided(
-            a.page_table,
-            ElemType::I32,
-            [b, a.max_pages as usize],
-            [table_stride, 1],
-        ),
+        page_table: table_view(a.page_table, b, a.max_pages, a.page_table_stride),
         seq_lens: TensorView::contiguous(a.seq_lens, ElemType::I32, [b]),
         out: TensorView::contiguous(a.out, d.out(), [b, s, h, D_V]),
         lse: TensorView::contiguous(a.lse, ElemType::F32, [b, s, h]),
@@ -876,16 +903,8 @@ pub unsafe extern "C" fn mla_merge(
         // Products of caller fields: an overflow is a typed error, not a panic (the merge's
         // validation checks every view built from them).
         let rows = crate::validate::addressable_rows(b, s, h, "batch * s_q * heads")?;
-        let or = if a.outs_rank_stride == 0 {
-            rows * D_V
-        } else {
-            a.outs_rank_stride as usize
-        };
-        let lr = if a.lses_rank_stride == 0 {
-            rows
-        } else {
-            a.lses_rank_stride as usize
-        };
+        let or = or_default(a.outs_rank_stride, rows * D_V);
+        let lr = or_default(a.lses_rank_stride, rows);
         let req = MergeRequest {
             outs: TensorView::strided(
                 a.outs,
@@ -943,21 +962,15 @@ fn paged_views(
     a: &MlaPagedArgs,
 ) -> Result<(TensorView<3>, TensorView<2>, TensorView<1>), MlaError> {
     let kv = elem(a.kv_dtype, "kv_dtype")?;
-    let (b, page) = (a.batch as usize, a.page_size as usize);
-    let or = |v: u64, default: usize| if v == 0 { default } else { v as usize };
-    let kv_cache = TensorView::strided(
+    let b = a.batch as usize;
+    let kv_cache = paged_part(
         a.kv_cache,
         kv,
-        [a.num_pages as usize, page, D_QK],
-        // Saturating: an absurd size is the validator's typed error, not an overflow here.
-        [or(a.kv_page_stride, page.saturating_mul(D_QK)), D_QK, 1],
+        (a.num_pages, a.page_size as usize, D_QK),
+        D_QK,
+        a.kv_page_stride,
     );
-    let page_table = TensorView::strided(
-        a.page_table,
-        ElemType::I32,
-        [b, a.max_pages as usize],
-        [or(a.page_table_stride, a.max_pages as usize), 1],
-    );
+    let page_table = table_view(a.page_table, b, a.max_pages, a.page_table_stride);
     let seq_lens = TensorView::contiguous(a.seq_lens, ElemType::I32, [b]);
     Ok((kv_cache, page_table, seq_lens))
 }
