@@ -70,6 +70,21 @@ pub(crate) unsafe fn warp_lse_weights<const N: usize>(l: [f32; N]) -> (f32, [f32
     (m, w, sum)
 }
 
+/// The merged row's output factor and natural-log LSE from [`warp_lse_weights`]' maximum
+/// `m` and weight sum `sum`: `(scale / sum, m + ln sum)`; `(0, -inf)` for a row no part saw
+/// (`sum` 0); `(NaN, NaN)` when a part's lse was NaN or `+inf` (`sum` NaN): a poisoned part
+/// makes the row NaN, never the empty row's zeros.
+#[inline(always)]
+pub(crate) fn merged_norm(m: f32, sum: f32, scale: f32) -> (f32, f32) {
+    if sum > 0.0 {
+        (scale / sum, m + sync::lg2(sum) * LN2)
+    } else if sum == 0.0 {
+        (0.0, f32::NEG_INFINITY)
+    } else {
+        (f32::NAN, f32::NAN)
+    }
+}
+
 /// # Safety
 /// Launched with the grid and block above on params that the host validated.
 #[inline(always)]
@@ -195,15 +210,8 @@ unsafe fn combine_row<O: Half16, const UNROLL: usize>(
         }
         vs = load(i0);
     }
-    // A NaN part (its lse NaN: the decode met NaN in that chunk) makes the sum NaN, and the
-    // row NaN, never the empty row's zeros.
-    let (scale, lse) = if sum > 0.0 {
-        (p.output_scale / sum, m + sync::lg2(sum) * LN2)
-    } else if sum == 0.0 {
-        (0.0, f32::NEG_INFINITY)
-    } else {
-        (f32::NAN, f32::NAN)
-    };
+    // A NaN part's lse (the decode met NaN in that chunk) makes the row NaN.
+    let (scale, lse) = merged_norm(m, sum, p.output_scale);
 
     let tok = row / p.heads;
     let head = row % p.heads;

@@ -14,11 +14,9 @@
 //!   `lse = -inf`, never NaN; a rank whose `lse_r` is NaN (or `+inf`) makes the row NaN.
 
 use crate::arch::{self, sync};
-use crate::combine::warp_lse_weights;
+use crate::combine::{merged_norm, warp_lse_weights};
 use crate::elem::Half16;
 use mla_abi::{D_V, MAX_MERGE_RANKS, MergeParams, combine_tile};
-
-const LN2: f32 = core::f32::consts::LN_2;
 
 /// # Safety
 /// Launched with the grid and block above on params that the host validated.
@@ -77,14 +75,7 @@ pub unsafe fn merge<O: Half16>(p: MergeParams) {
             }
         }
     }
-    // A NaN rank (lse NaN, or +inf) makes the sum NaN and the row NaN, never zeros.
-    let (scale, lse) = if sum > 0.0 {
-        (1.0 / sum, m + sync::lg2(sum) * LN2)
-    } else if sum == 0.0 {
-        (0.0, f32::NEG_INFINITY)
-    } else {
-        (f32::NAN, f32::NAN)
-    };
+    let (scale, lse) = merged_norm(m, sum, 1.0);
     let packed = [
         O::pack2(acc[0] * scale, acc[1] * scale),
         O::pack2(acc[2] * scale, acc[3] * scale),
