@@ -437,6 +437,23 @@ mod gpu {
         }
     }
 
+    /// A C runtime handle beside the Rust runtime and a stream, both on device 0; `None`
+    /// (skipped loudly, the handle freed) without a GPU.
+    fn runtimes(test: &str) -> Option<(*mut MlaRuntime, mla::Runtime, Arc<CudaStream>)> {
+        let mut rt: *mut MlaRuntime = std::ptr::null_mut();
+        // SAFETY: valid out pointer.
+        if unsafe { mla_runtime_create(0, &mut rt) } != MLA_OK {
+            crate::common::loud(&format!("SKIPPED GPU test {test}: {}", last_error()));
+            return None;
+        }
+        let Some((rt_rust, stream)) = crate::common::gpu(test) else {
+            // SAFETY: a live handle.
+            unsafe { mla_runtime_destroy(rt) };
+            return None;
+        };
+        Some((rt, rt_rust, stream))
+    }
+
     /// Through the C ABI, the pattern a serving stack runs: one plan (bf16, page 64,
     /// H=128: the TMA decode), two caches; eager runs on either mixed with replays of a
     /// graph captured on one of them; every step against the oracle. Then plan info, the
@@ -445,13 +462,7 @@ mod gpu {
     fn eager_runs_and_replays_mix_on_one_plan() {
         let test = "capi_interleave";
         let seed = crate::common::seed(test);
-        let mut rt: *mut MlaRuntime = std::ptr::null_mut();
-        // SAFETY: valid out pointer.
-        if unsafe { mla_runtime_create(0, &mut rt) } != MLA_OK {
-            crate::common::loud(&format!("SKIPPED GPU test {test}: {}", last_error()));
-            return;
-        }
-        let Some((_rt_rust, stream)) = crate::common::gpu(test) else {
+        let Some((rt, _rt_rust, stream)) = runtimes(test) else {
             return;
         };
         let mut rng = SplitMix64::new(seed);
@@ -621,15 +632,7 @@ mod gpu {
         use mla_dev::numeric;
         let test = "capi_paged";
         let seed = crate::common::seed(test);
-        let mut rt: *mut MlaRuntime = std::ptr::null_mut();
-        // SAFETY: valid out pointer.
-        if unsafe { mla_runtime_create(0, &mut rt) } != MLA_OK {
-            crate::common::loud(&format!("SKIPPED GPU test {test}: {}", last_error()));
-            return;
-        }
-        let Some((rt_rust, stream)) = crate::common::gpu(test) else {
-            // SAFETY: a live handle.
-            unsafe { mla_runtime_destroy(rt) };
+        let Some((rt, rt_rust, stream)) = runtimes(test) else {
             return;
         };
         let mut rng = SplitMix64::new(seed);
