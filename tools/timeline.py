@@ -25,6 +25,7 @@ compute-bound kernel follows the SM clock, so a peer whose loop holds a higher c
 setting than another (or than ours) shows it here.
 """
 import argparse
+import functools
 import os
 import statistics
 import subprocess
@@ -92,8 +93,9 @@ SMI_FIELDS = ["clocks.sm,clocks.mem,power.draw,clocks_event_reasons.active",
               "clocks.sm,clocks.mem,power.draw"]
 
 
+@functools.lru_cache(maxsize=None)
 def smi_fields():
-    """The first of `SMI_FIELDS` that this nvidia-smi accepts, or None."""
+    """The first of `SMI_FIELDS` that this nvidia-smi accepts, or None (asked once)."""
     for fields in SMI_FIELDS:
         try:
             r = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
