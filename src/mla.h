@@ -158,7 +158,8 @@ void mla_runtime_destroy(MlaRuntime *rt); /* NULL is ignored; destroy its plans 
 int mla_plan_create(const MlaRuntime *rt, const MlaPlanConfig *cfg, MlaPlan **out);
 /* NULL is ignored; waits for the plan's work (the whole context). Not during graph capture:
  * a context that cannot synchronize leaves the workspace allocated (leaked) rather than
- * freeing it under running work. */
+ * freeing it under running work. Graphs captured with the plan use its workspace: do not
+ * launch them after. */
 void mla_plan_destroy(MlaPlan *plan);
 int mla_plan_info(const MlaRuntime *rt, const MlaPlan *plan, MlaPlanInfo *out);
 /* One decode step on `stream` (a CUstream; NULL: the legacy default stream): launches
@@ -183,7 +184,10 @@ int mla_schedule_step_slot(const MlaRuntime *rt, const MlaPlan *plan, uint32_t s
  * counts; args->batch and the contents of args->seq_lens (that buffer or another) must be
  * the ones the slot's last mla_schedule_step read (MLA_ERR_INVALID when the slot has no
  * schedule yet or args->batch is not its batch, checked at each call on the host: a graph
- * replay checks nothing; the contents are not checked). Capturable. */
+ * replay checks nothing; the contents are not checked). A captured mla_schedule_step
+ * counts as made, but writes its counts only when its graph is launched; until then a live
+ * sequence whose count is 0 (a new plan's slots hold zeros) is decoded in one split, still
+ * exact. Capturable. */
 int mla_decode_run_layer(const MlaRuntime *rt, const MlaPlan *plan, const MlaDecodeArgs *args,
                          void *stream);
 /* mla_decode_run_layer with step slot `slot`'s counts (mla_schedule_step_slot). */

@@ -313,6 +313,64 @@ fn run_layer_needs_the_scheduled_batch() {
     eprintln!("[{test}] both misuses refused, the scheduled layer exact (seed {seed})");
 }
 
+/// A `schedule_step` that was only captured (its graph never launched) leaves the slot's
+/// counts as they were: zeros on a new plan. The host takes the slot as scheduled, so an
+/// eager `run_layer` of that batch runs; every live sequence must still be decoded (in one
+/// split) and match the oracle, never left unwritten.
+#[test]
+fn run_layer_after_a_captured_schedule_stays_exact() {
+    let test = "layer_captured_schedule";
+    let seed = common::seed(test);
+    let Some((rt, stream)) = common::gpu(test) else {
+        return;
+    };
+    let mut rng = SplitMix64::new(seed);
+    for (dtypes, heads) in [
+        (DecodeDtypes::Bf16, 16),
+        (DecodeDtypes::Bf16, 128),
+        (DecodeDtypes::Fp8KvBf16Q, 128),
+    ] {
+        let h = HostCase::random(
+            &CaseSpec::new(dtypes, 64, heads, 1, vec![4000, 70, 9000, 1]),
+            &mut rng,
+        );
+        let refs = h.references();
+        let plan = rt
+            .plan_decode(&stream, config(&h, 4), rt.default_tactic(&config(&h, 4)))
+            .unwrap();
+        let mut dc = DeviceCase::upload(&stream, &h).unwrap();
+        let req = dc.request(&stream, &h);
+        let cap = h.max_pages * h.spec.page_size;
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .unwrap();
+        plan.schedule_step(&rt, &stream, &req.seq_lens, cap)
+            .unwrap();
+        let graph = stream
+            .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
+            .unwrap();
+        drop(graph);
+        dc.poison_outputs(&stream).unwrap();
+        let req = dc.request(&stream, &h);
+        plan.run_layer(&rt, &stream, &req).unwrap();
+        stream.synchronize().unwrap();
+        let got = dc.download(&stream, dtypes.out()).unwrap();
+        let c = harness::check(&got, &refs);
+        assert!(
+            c.ok(),
+            "[{test}] {dtypes:?} H={heads}: {} | {} (seed {seed})",
+            c.out,
+            c.lse
+        );
+        assert_eq!(
+            plan.read_step_splits(&stream, 4).unwrap(),
+            vec![0; 4],
+            "[{test}] the captured schedule wrote counts"
+        );
+    }
+    eprintln!("[{test}] eager layers after a captured-only schedule exact (seed {seed})");
+}
+
 /// The fp8-cache 16- and 32-row decodes compute blocks in pairs, so the schedule cuts a
 /// sequence into splits of two blocks at least (`Tile::step_log2`): the fold (`run` at up
 /// to 8 sequences), the schedule kernel (`run` above 8) and `schedule_step` + `run_layer`

@@ -173,7 +173,8 @@ pub struct PlanInfo {
 }
 
 /// A decode planned for one batch-shape bucket. One plan per stream at a time: its
-/// workspace holds the partials of the run in flight.
+/// workspace holds the partials of the run in flight. Graphs captured with the plan use
+/// its workspace: do not launch them after the plan is dropped.
 pub struct DecodePlan {
     config: DecodeConfig,
     backend: Backend,
@@ -700,6 +701,10 @@ impl DecodePlan {
     /// The request's batch and `seq_lens` contents must be the ones scheduled: a slot with
     /// no `schedule_step` yet, or a request of another batch, is a typed error at the call
     /// (a graph replay checks nothing; the contents are on the device and are not checked).
+    /// A `schedule_step` captured in a graph counts as made, though its counts reach the
+    /// device only when the graph is launched: until then the slot's counts are the ones it
+    /// held (zeros on a new plan), and a live sequence whose count is 0 is decoded in one
+    /// split, still exact, rather than skipped.
     pub fn run_layer(
         &self,
         rt: &Runtime,

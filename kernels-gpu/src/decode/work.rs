@@ -103,14 +103,21 @@ pub(crate) unsafe fn split_count(
     (glen_raw, nsplit_raw)
 }
 
-/// The splits that run of a sequence whose raw split count ([`split_count`]) is
-/// `nsplit_raw`: none when it is `<= 0` (skipped), else at most `max_splits`.
+/// The splits that run of a sequence of raw length `glen_raw` whose raw split count
+/// ([`split_count`]) is `nsplit_raw`: at most `max_splits`; none when the count is `<= 0`
+/// and the sequence is padding (`glen_raw <= 0`: skipped). A count of `<= 0` beside a
+/// live length is one the schedule did not write for these lengths (a step slot whose
+/// `schedule_step` was captured and not yet replayed holds zeros): the sequence then runs
+/// in one split, which writes its rows directly (the combine leaves counts `<= 1` alone),
+/// rather than leaving them unwritten.
 #[inline(always)]
-fn live_splits(p: &DecodeParams, nsplit_raw: i32) -> u32 {
-    if nsplit_raw <= 0 {
-        0
-    } else {
+fn live_splits(p: &DecodeParams, glen_raw: i32, nsplit_raw: i32) -> u32 {
+    if nsplit_raw > 0 {
         (nsplit_raw as u32).min(p.max_splits)
+    } else if glen_raw > 0 {
+        1
+    } else {
+        0
     }
 }
 
@@ -135,8 +142,8 @@ pub(crate) unsafe fn cell_busy(
         return true;
     }
     // SAFETY: b < batch.
-    let (_, nsplit_raw) = unsafe { split_count(p, b, batch_blocks) };
-    split < live_splits(p, nsplit_raw)
+    let (glen_raw, nsplit_raw) = unsafe { split_count(p, b, batch_blocks) };
+    split < live_splits(p, glen_raw, nsplit_raw)
 }
 
 /// The work of cell `(tile, b, split)` of a decode grid, or `None` when it has none: `b`
@@ -161,7 +168,7 @@ pub(crate) fn cta_work(
         unsafe { *p.num_splits.ptr().add(b as usize) = nsplit_raw };
     }
     let len_raw = p.shard.local_len(glen_raw);
-    let nsplit = live_splits(p, nsplit_raw);
+    let nsplit = live_splits(p, glen_raw, nsplit_raw);
     if split >= nsplit {
         return None;
     }
