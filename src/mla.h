@@ -147,7 +147,8 @@ typedef struct MlaPagedArgs {
   uint64_t page_table_stride; /* elements; 0: max_pages */
   uint64_t kv_page_stride;    /* elements; 0: page_size * 576 */
   float kv_scale;             /* fp8 caches (append stores saturate(x / kv_scale) rounded to
-                                 nearest even; gather to bf16 multiplies); 1 otherwise */
+                                 nearest even; gather to bf16 multiplies): finite, > 0; 1
+                                 otherwise */
   uint32_t _pad2;
 } MlaPagedArgs;
 

@@ -176,7 +176,7 @@ pub struct AppendRequest<'a> {
     /// `[batch]` i32, lengths including the new tokens.
     pub seq_lens: TensorView<1>,
     /// fp8 caches store `saturate(x / kv_scale)` (one IEEE division, then round to nearest
-    /// even); must be 1 otherwise.
+    /// even); finite and > 0 (subnormals too); must be 1 otherwise.
     pub kv_scale: f32,
     pub host: HostMirror<'a>,
 }
