@@ -361,6 +361,13 @@ pub(crate) unsafe fn load_q_rows<K: DecodeKind, H: Half16>(
             k += BATCH * tpr;
         }
     } else {
+        // Evict-first in L2, as the KV boxes and FlashMLA's Q: a Q line taken with the
+        // normal policy evicts a normal line, which after a kernel that left L2 dirty (a
+        // producer, the harness's zeroing flush) is a write-back competing with the
+        // prologue's reads. The split CTAs of a row tile read its Q at about the same time,
+        // so they still meet it in L2. (The e4m3 decodes' Q paths keep the normal policy:
+        // there it measured 3-14% slower, bf16 Q split into parts reading its rows twice.)
+        let policy = cp_async::l2_evict_first();
         let mut k = k0;
         while k < ROW_CHUNKS {
             let (at, n) = match chunk(k) {
@@ -369,7 +376,7 @@ pub(crate) unsafe fn load_q_rows<K: DecodeKind, H: Half16>(
             };
             // SAFETY: the destination inside the tile; the source is a 16-byte aligned
             // chunk of a validated row when n == 16, unread when n == 0 (zero fill).
-            unsafe { cp_async::cp_async_cg_16(q_smem + tile_off(r, k), at, n) };
+            unsafe { cp_async::cp_async_cg_16_hint(q_smem + tile_off(r, k), at, n, policy) };
             k += tpr;
         }
     }
