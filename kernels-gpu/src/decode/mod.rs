@@ -366,7 +366,8 @@ pub(crate) unsafe fn load_q_rows<K: DecodeKind, H: Half16>(
         // producer, the harness's zeroing flush) is a write-back competing with the
         // prologue's reads. The split CTAs of a row tile read its Q at about the same time,
         // so they still meet it in L2. (The e4m3 decodes' Q paths keep the normal policy:
-        // there it measured 3-14% slower, bf16 Q split into parts reading its rows twice.)
+        // there it measured 0.86-1.00x the speed, bf16 Q split into parts reading its rows
+        // twice.)
         let policy = cp_async::l2_evict_first();
         let mut k = k0;
         while k < ROW_CHUNKS {
