@@ -1003,13 +1003,8 @@ unsafe fn paged_c(
         let host = HostMirror::default();
         match call {
             Paged::Append => {
-                // The new rows: the cache's type, bf16 for an fp8 cache.
-                let new_t = match kv_cache.dtype {
-                    ElemType::Fp8E4m3 => ElemType::Bf16,
-                    t => t,
-                };
                 let req = AppendRequest {
-                    new_kv: rows(new_t),
+                    new_kv: rows(kv_cache.dtype.append_rows()),
                     kv_cache,
                     page_table,
                     seq_lens,

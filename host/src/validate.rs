@@ -309,12 +309,7 @@ pub fn validate_append_split(
     enough_pages(&paged, s_q)?;
 
     let cache = paged_cache_dtype(req.kv_cache.dtype)?;
-    // The fp8 cache is written from bf16 rows (quantised on the way in), nothing else.
-    let source = match cache {
-        ElemType::Fp8E4m3 => ElemType::Bf16,
-        other => other,
-    };
-    dtype_in(NEW_KV.tensor, new.dtype, &[source])?;
+    dtype_in(NEW_KV.tensor, new.dtype, &[cache.append_rows()])?;
     index_dtypes(&req.page_table, &req.seq_lens)?;
 
     let new_kv = placed(&NEW_KV, new, CHUNK_ALIGN)?;

@@ -61,6 +61,15 @@ impl ElemType {
             ElemType::I32 => "i32",
         }
     }
+
+    /// The type of the rows appended to a paged cache of this type: bf16 for an fp8 cache
+    /// (quantised on the way in), the cache's own type otherwise.
+    pub const fn append_rows(self) -> ElemType {
+        match self {
+            ElemType::Fp8E4m3 => ElemType::Bf16,
+            other => other,
+        }
+    }
 }
 
 /// A device address of elements of `T`, as the kernels receive it: a transparent `u64`.
