@@ -115,6 +115,8 @@ pub struct MlaRuntime {
 /// Opaque plan handle.
 pub struct MlaPlan {
     plan: DecodePlan,
+    /// The context of the runtime that made it: a runtime of another device is refused.
+    ctx: std::sync::Arc<cudarc::driver::CudaContext>,
 }
 
 /// What a plan serves (C layout).
@@ -275,7 +277,15 @@ unsafe fn handles<'a>(
         return Err(MlaError::NullHandle { field: "plan" });
     }
     // SAFETY: checked non-null; the caller guarantees they are live.
-    Ok(unsafe { (&(*rt).rt, &(*plan).plan) })
+    let (rt, p) = unsafe { (&(*rt).rt, &*plan) };
+    if *p.ctx != **rt.context() {
+        return Err(MlaError::shape(
+            "plan",
+            "a plan made on this runtime's device",
+            "a plan of another device's context",
+        ));
+    }
+    Ok((rt, &p.plan))
 }
 
 /// Plans a decode (allocates its workspace; synchronises; never call it during capture).
@@ -294,15 +304,18 @@ pub unsafe extern "C" fn mla_plan_create(
         }
         // SAFETY: checked non-null; the caller guarantees validity.
         let cfg = unsafe { *cfg };
-        let config = DecodeConfig {
+        let mut config = DecodeConfig {
             max_batch: cfg.max_batch as usize,
             heads: cfg.heads as usize,
             s_q: cfg.s_q as usize,
-            dtypes: dtypes(cfg.q_dtype, cfg.kv_dtype)?,
+            dtypes: DecodeDtypes::Bf16,
             page_size: cfg.page_size as usize,
             max_seq_len: cfg.max_seq_len as usize,
         };
-        // The config is checked first (it needs no device), then the handles.
+        // The config is checked first (it needs no device), then the handles: every field
+        // range (MLA_ERR_INVALID) before the dtype pair (MLA_ERR_UNSUPPORTED, valid configs only).
+        elem(cfg.q_dtype, "q_dtype")?;
+        elem(cfg.kv_dtype, "kv_dtype")?;
         config.validate()?;
         let tile = match cfg.tile {
             0 => None,
@@ -321,6 +334,7 @@ pub unsafe extern "C" fn mla_plan_create(
         if !(0..=crate::tactic::MAX_WAVES).contains(&cfg.waves) {
             return Err(MlaError::shape("waves", "0 (default) or 1..=4", cfg.waves));
         }
+        config.dtypes = dtypes(cfg.q_dtype, cfg.kv_dtype)?;
         if rt.is_null() {
             return Err(MlaError::NullHandle { field: "rt" });
         }
@@ -341,7 +355,8 @@ pub unsafe extern "C" fn mla_plan_create(
         let plan = rt.plan_decode(&stream, config, tactic)?;
         stream.synchronize()?;
         // SAFETY: out is non-null and writable.
-        unsafe { *out = Box::into_raw(Box::new(MlaPlan { plan })) };
+        let ctx = rt.context().clone();
+        unsafe { *out = Box::into_raw(Box::new(MlaPlan { plan, ctx })) };
         Ok(())
     })
 }
@@ -771,6 +786,8 @@ pub unsafe extern "C" fn mla_schedule_step_slot(
         // SAFETY: forwarded from the caller.
         let (rt, plan) = unsafe { handles(rt, plan)? };
         let lens = TensorView::contiguous(seq_lens, ElemType::I32, [batch as usize]);
+        // The slot before the other arguments: a bad slot is named first.
+        DecodePlan::step_slot(slot as usize)?;
         if max_pages == 0 {
             return Err(MlaError::shape(
                 "max_pages",
@@ -903,6 +920,15 @@ pub unsafe extern "C" fn mla_merge(
         // Products of caller fields: an overflow is a typed error, not a panic (the merge's
         // validation checks every view built from them).
         let rows = crate::validate::addressable_rows(b, s, h, "batch * s_q * heads")?;
+        if a.outs_rank_stride % 4 != 0 {
+            // mla.h: a multiple of 4 elements, MLA_ERR_INVALID otherwise (also at ranks = 1,
+            // where the view's stride is never looked at).
+            return Err(MlaError::shape(
+                "outs_rank_stride",
+                "0 or a multiple of 4 elements",
+                a.outs_rank_stride,
+            ));
+        }
         let or = or_default(a.outs_rank_stride, rows * D_V);
         let lr = or_default(a.lses_rank_stride, rows);
         let req = MergeRequest {

@@ -13,6 +13,11 @@
  * int32 (lengths including this step's s_q tokens), out [batch, s_q, heads, 512] (bf16;
  * fp16 for fp16 q/kv), lse [batch, s_q, heads] float (natural log of the softmax
  * denominator, with the softmax scale applied to the logits).
+ * Alignment (MLA_ERR_INVALID otherwise): q, q_pe, kv_cache, kpe_cache, out and the gather /
+ * append rows 16-byte aligned, and so every stride of theirs in bytes (kv_page_stride,
+ * kv_token_stride, kpe_*_stride: for an fp8 cache a multiple of 16 elements); page_table,
+ * seq_lens and lse 4-byte aligned; merge outs and out 8-byte aligned. Outputs must not
+ * overlap any input or each other.
  *
  * Semantics:
  * - Causal rule for s_q > 1: query token t sees KV positions 0 .. seq_len - s_q + t.
@@ -139,7 +144,8 @@ typedef struct MlaPagedArgs {
                         for an fp8 cache); gather: the output [batch, n, 576] */
   uint64_t kv_cache; /* device: [num_pages, page_size, 576] of kv_dtype */
   uint64_t page_table, seq_lens; /* device: [batch, max_pages] and [batch] int32 */
-  uint32_t batch, n;             /* append: n = s_q new tokens; gather: output rows */
+  uint32_t batch, n;             /* append: n = s_q new tokens, 1..=8, and max_pages *
+                                    page_size >= n; gather: output rows, >= 1 */
   uint32_t num_pages, max_pages, page_size;
   uint32_t kv_dtype;   /* MLA_BF16, MLA_FP16 or MLA_FP8_E4M3 */
   uint32_t rows_dtype; /* gather: kv_dtype, or MLA_BF16 to dequantise an fp8 cache */

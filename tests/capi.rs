@@ -189,8 +189,14 @@ fn an_ordinal_past_the_visible_devices() {
 #[test]
 fn plan_config_errors_are_invalid_and_name_the_field() {
     type Edit = fn(&mut MlaPlanConfig);
-    let cases: [(&str, &str, Edit); 10] = [
+    let cases: [(&str, &str, Edit); 11] = [
         ("heads", "0", |c| c.heads = 0),
+        // A field out of range is named even beside a dtype pair no backend runs
+        // (MLA_ERR_UNSUPPORTED is for valid configs).
+        ("heads", "0", |c| {
+            c.heads = 0;
+            c.kv_dtype = MLA_FP16;
+        }),
         ("heads", "129", |c| c.heads = 129),
         ("s_q", "9", |c| c.s_q = 9),
         ("s_q", "0", |c| c.s_q = 0),
@@ -621,6 +627,85 @@ mod gpu {
         assert!(failures.is_empty(), "{failures:#?}");
     }
 
+    /// Where two arguments are bad, the documented one is named: a step slot past
+    /// `STEP_SLOTS` before `max_pages`; a merge's `outs_rank_stride` that is not a multiple
+    /// of 4 elements even at one rank (where it is never read). A plan runs with a second
+    /// runtime of its device (they share the primary context).
+    #[test]
+    fn the_first_bad_argument_is_named() {
+        use mla_dev::harness::device_addr as ptr;
+        let test = "capi_first_bad";
+        let Some((rt, _rt_rust, stream)) = runtimes(test) else {
+            return;
+        };
+        let mut plan: *mut MlaPlan = std::ptr::null_mut();
+        // SAFETY: live runtime, valid pointers.
+        assert_eq!(
+            unsafe { mla_plan_create(rt, &good_config(), &mut plan) },
+            MLA_OK,
+            "{}",
+            last_error()
+        );
+        let st = stream.cu_stream() as *mut std::ffi::c_void;
+        let lens = stream.clone_htod(&[100i32; 4]).unwrap();
+        // SAFETY: live handles; refused before the lengths are read.
+        let s = unsafe { mla_schedule_step_slot(rt, plan, 9, ptr(&lens, &stream), 4, 0, st) };
+        assert_eq!(s, MLA_ERR_INVALID);
+        let e = last_error();
+        assert!(
+            e.starts_with("invalid slot:") && e.ends_with("got 9"),
+            "{e}"
+        );
+        // The same plan through a second runtime of device 0: accepted.
+        let mut rt2: *mut MlaRuntime = std::ptr::null_mut();
+        // SAFETY: valid out pointer.
+        assert_eq!(unsafe { mla_runtime_create(0, &mut rt2) }, MLA_OK);
+        // SAFETY: live handles; the lengths outlive the synchronisation below.
+        let s = unsafe { mla_schedule_step_slot(rt2, plan, 1, ptr(&lens, &stream), 4, 2, st) };
+        assert_eq!(s, MLA_OK, "{}", last_error());
+        stream.synchronize().unwrap();
+
+        let rows = 2 * 16;
+        let outs = stream.alloc_zeros::<u16>(rows * 512).unwrap();
+        let lses = stream.alloc_zeros::<f32>(rows).unwrap();
+        let out = stream.alloc_zeros::<u16>(rows * 512).unwrap();
+        let lse = stream.alloc_zeros::<f32>(rows).unwrap();
+        let mut args = MlaMergeArgs {
+            outs: ptr(&outs, &stream),
+            lses: ptr(&lses, &stream),
+            out: ptr(&out, &stream),
+            lse: ptr(&lse, &stream),
+            ranks: 1,
+            batch: 2,
+            s_q: 1,
+            heads: 16,
+            dtype: MLA_BF16,
+            _pad: 0,
+            outs_rank_stride: 3,
+            lses_rank_stride: 0,
+        };
+        // SAFETY: live handle; refused before any pointer is read.
+        let s = unsafe { mla_merge(rt, &args, st) };
+        assert_eq!(s, MLA_ERR_INVALID);
+        let e = last_error();
+        assert!(
+            e.starts_with("invalid outs_rank_stride:") && e.ends_with("got 3"),
+            "{e}"
+        );
+        args.outs_rank_stride = 0;
+        // SAFETY: live handle; the buffers outlive the synchronisation below.
+        let s = unsafe { mla_merge(rt, &args, st) };
+        assert_eq!(s, MLA_OK, "{}", last_error());
+        stream.synchronize().unwrap();
+        // SAFETY: the plan's work completed (synchronised); plans before the runtimes.
+        unsafe {
+            mla_plan_destroy(plan);
+            mla_runtime_destroy(rt2);
+            mla_runtime_destroy(rt);
+        }
+        eprintln!("[{test}] passed");
+    }
+
     /// `mla_append_kv` and `mla_gather_kv` write and read the same bytes as the Rust API's
     /// `append_kv` and `gather_kv` on the same inputs: a bf16 cache and an fp8 one (bf16 rows
     /// in, quantised; gathered raw and dequantised), pages of 16, a padding sequence.
@@ -645,11 +730,7 @@ mod gpu {
             let mut h = HostCase::random(&spec, &mut rng);
             h.seq_lens[1] = 0;
             let cache_t = d.kv();
-            let new_t = if cache_t == ElemType::Fp8E4m3 {
-                ElemType::Bf16
-            } else {
-                cache_t
-            };
+            let new_t = cache_t.append_rows();
             let b = lens.len();
             let new_vals: Vec<f32> = (0..b * s_q * D_QK).map(|_| rng.normal() as f32).collect();
             let new_bytes = numeric::from_f32(new_t, &new_vals);

@@ -504,6 +504,9 @@ impl ContextParallel {
     /// device's context.
     pub unsafe fn wait_raw(&mut self, stream: CUstream) -> Result<()> {
         self.live()?;
+        // cuStreamQuery needs the group's context current (the legacy stream, null, is the
+        // current context's): a thread that never bound it must not abort the group.
+        self.ctx.bind_to_thread()?;
         self.settle("wait", Some(stream))
     }
 

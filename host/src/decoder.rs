@@ -554,8 +554,8 @@ impl DecodePlan {
         self.ws.read_splits(stream, n, Counts::Step(0))
     }
 
-    /// Step slot `slot`, or a typed error naming it.
-    fn step_slot(slot: usize) -> Result<usize> {
+    /// Step slot `slot` (`0..STEP_SLOTS`), or a typed error naming it.
+    pub fn step_slot(slot: usize) -> Result<usize> {
         if slot < STEP_SLOTS {
             Ok(slot)
         } else {
