@@ -23,7 +23,7 @@
  * - Causal rule for s_q > 1: query token t sees KV positions 0 .. seq_len - s_q + t.
  * - A sequence with seq_len <= 0 is padding: none of its out or lse rows are written.
  * - A query token that sees no position (seq_len < s_q, token t < s_q - seq_len) gets an
- *   out row of zeros and lse -inf.
+ *   out row of zeros and lse -inf (a NaN in its query row included).
  * - A NaN in a cache row that a query row sees (or in the query row itself) makes that
  *   row's out and lse NaN, whatever the split: it is never dropped. Rows of other
  *   sequences keep theirs, and so do the sequence's rows that do not see it, with one
@@ -131,7 +131,10 @@ typedef struct MlaFault {
 /* A rank merge (context-parallel decode): `ranks` results of the same query rows, each
  * over its own share of the KV, merged exactly by their LSE. A rank with lse -inf for a row
  * contributes nothing (its out row is not read); a row no rank saw gets zeros and -inf; a
- * rank whose lse is NaN (or +inf) for a row makes that row NaN. Every row is written. s_q
+ * rank whose lse is NaN (or +inf) for a row makes that row NaN. Every row is written. The
+ * ranks' out rows are 16-bit with output_scale applied: an fp16 rank value past the fp16
+ * range is already +-inf there (fp16 outputs overflow to infinity, not to 65504), so the
+ * merge of such rows can be inf or NaN where one unsharded decode was finite. s_q
  * 1..=8, heads 1..=128, batch * s_q * heads <= 2^31 - 1; outs_rank_stride a multiple of 4
  * elements (MLA_ERR_INVALID otherwise). */
 typedef struct MlaMergeArgs {
