@@ -5,7 +5,8 @@
  * expected and the received value for bad input); it is empty after a call that
  * succeeded, and the pointer is valid until this thread's next mla_* call. Bad input is refused before any device pointer is touched. Nothing unwinds
  * across this ABI: a panic inside the library is caught (MLA_ERR_INTERNAL; the destroy
- * functions catch and drop it).
+ * functions catch and drop it). A handle is freed by its destroy function: using it after,
+ * or destroying it twice, is undefined, as with free().
  *
  * Layouts: q [batch, s_q, heads, 576], kv_cache [num_pages, page_size, 576] (rows of 576
  * contiguous elements: 512 latent + 64 rope; pages kv_page_stride elements apart),
