@@ -313,6 +313,25 @@ fn run_layer_needs_the_scheduled_batch() {
     eprintln!("[{test}] both misuses refused, the scheduled layer exact (seed {seed})");
 }
 
+/// Captures `plan.schedule_step` of `lens` into a graph that is never launched: the host
+/// takes the slot as scheduled, its counts on the device stay as they were.
+fn capture_only_schedule(
+    rt: &Runtime,
+    stream: &Arc<cudarc::driver::CudaStream>,
+    plan: &DecodePlan,
+    lens: &mla::TensorView<1>,
+    cap: usize,
+) {
+    stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .unwrap();
+    plan.schedule_step(rt, stream, lens, cap).unwrap();
+    let graph = stream
+        .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
+        .unwrap();
+    drop(graph);
+}
+
 /// A `schedule_step` that was only captured (its graph never launched) leaves the slot's
 /// counts as they were: zeros on a new plan. The host takes the slot as scheduled, so an
 /// eager `run_layer` of that batch runs; every live sequence must still be decoded (in one
@@ -341,15 +360,7 @@ fn run_layer_after_a_captured_schedule_stays_exact() {
         let mut dc = DeviceCase::upload(&stream, &h).unwrap();
         let req = dc.request(&stream, &h);
         let cap = h.max_pages * h.spec.page_size;
-        stream
-            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .unwrap();
-        plan.schedule_step(&rt, &stream, &req.seq_lens, cap)
-            .unwrap();
-        let graph = stream
-            .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
-            .unwrap();
-        drop(graph);
+        capture_only_schedule(&rt, &stream, &plan, &req.seq_lens, cap);
         dc.poison_outputs(&stream).unwrap();
         let req = dc.request(&stream, &h);
         plan.run_layer(&rt, &stream, &req).unwrap();
@@ -410,15 +421,7 @@ fn stale_step_counts_leave_padding_unwritten() {
         stream.memcpy_htod(&[live, 0], &mut dc.lens).unwrap();
         let mut req = dc.request(&stream, &h);
         req.host = mla::HostMirror::default();
-        stream
-            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .unwrap();
-        plan.schedule_step(&rt, &stream, &req.seq_lens, cap)
-            .unwrap();
-        let graph = stream
-            .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
-            .unwrap();
-        drop(graph);
+        capture_only_schedule(&rt, &stream, &plan, &req.seq_lens, cap);
         dc.poison_outputs(&stream).unwrap();
         let mut req = dc.request(&stream, &h);
         req.host = mla::HostMirror::default();
