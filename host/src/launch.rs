@@ -736,6 +736,7 @@ impl Runtime {
             max_splits: p.max_splits,
             output_scale: p.output_scale,
             _pad: 0,
+            seq_lens: p.seq_lens,
         };
         let grid = combine_grid(combine, rows, shape.batch, self.wave(combine.symbol));
         // SAFETY: the combine reads what the decode wrote, in stream order.
@@ -828,6 +829,7 @@ impl Runtime {
             max_splits: max_splits as u32,
             output_scale,
             _pad: 0,
+            seq_lens: DevPtr::NULL,
         };
         // SAFETY: every buffer was checked to hold what the kernel indexes.
         unsafe {
