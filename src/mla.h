@@ -152,8 +152,9 @@ typedef struct MlaPagedArgs {
                         for an fp8 cache); gather: the output [batch, n, 576] */
   uint64_t kv_cache; /* device: [num_pages, page_size, 576] of kv_dtype */
   uint64_t page_table, seq_lens; /* device: [batch, max_pages] and [batch] int32 */
-  uint32_t batch, n;             /* append: n = s_q new tokens, 1..=8, and max_pages *
-                                    page_size >= n; gather: output rows, >= 1 */
+  uint32_t batch, n;             /* append: n >= 1 new tokens (a step's s_q, or a prefill
+                                    chunk), max_pages * page_size >= n; gather: output
+                                    rows, >= 1 */
   uint32_t num_pages, max_pages, page_size;
   uint32_t kv_dtype;   /* MLA_BF16, MLA_FP16 or MLA_FP8_E4M3 */
   uint32_t rows_dtype; /* gather: kv_dtype, or MLA_BF16 to dequantise an fp8 cache */
