@@ -408,6 +408,69 @@ fn nan_in_a_visible_key_poisons_its_rows() {
     report(test, seed, runs, &failures);
 }
 
+/// Cases for a NaN in a key only the step's last query token sees (sequence 0's last
+/// position, a latent dim): every dtype, the 16-, 32- and 64-row tiles, pages of 1, 16 and 64
+/// (the `cp.async` forms and the TMA ones), S_q up to 8, the window of unseen keys inside one
+/// block and across two (length 129 at S_q = 8: positions 122..128).
+fn unseen_nan_specs() -> Vec<CaseSpec> {
+    let mut specs = Vec::new();
+    for &d in &DecodeDtypes::ALL {
+        specs.push(CaseSpec::new(d, 64, 16, 2, vec![700, 97]));
+        specs.push(CaseSpec::new(d, 64, 8, 2, vec![1500, 64]));
+        specs.push(CaseSpec::new(d, 64, 4, 8, vec![129, 70]));
+        specs.push(CaseSpec::new(d, 16, 128, 2, vec![1500, 300]));
+        specs.push(CaseSpec::new(d, 1, 64, 4, vec![300, 65]));
+    }
+    specs
+}
+
+/// Sequence 0's last position, latent dim 7 (the value too).
+fn poison_last_key(h: &mut HostCase) {
+    let last = h.spec.lens[0] - 1;
+    h.poison_key(0, last, 7);
+}
+
+/// The oracle side: only sequence 0's last token sees the poisoned key, so its rows are NaN
+/// (out and lse) and every other row is finite.
+#[test]
+fn oracle_poisons_only_the_token_that_sees_an_unseen_nan() {
+    let seed = common::seed("unseen_nan_oracle");
+    for (i, spec) in unseen_nan_specs().iter().enumerate() {
+        let mut rng = SplitMix64::new(seed ^ i as u64);
+        let mut h = HostCase::random(spec, &mut rng);
+        poison_last_key(&mut h);
+        let (exact, _) = h.references();
+        let rows = spec.s_q * spec.heads;
+        for (r, &l) in exact.lse.iter().enumerate() {
+            let poisoned = r < rows && r >= (spec.s_q - 1) * spec.heads;
+            assert_eq!(l.is_nan(), poisoned, "{spec:?}: lse row {r} = {l}");
+            let o = &exact.out[r * mla::abi::D_V..(r + 1) * mla::abi::D_V];
+            assert!(
+                o.iter().all(|v| v.is_nan() == poisoned),
+                "{spec:?}: out row {r}"
+            );
+        }
+    }
+}
+
+/// A NaN in a key only the step's last token sees makes that token's rows NaN and leaves the
+/// earlier tokens' rows as the oracle has them (finite), with one split, three and the most:
+/// P.V must not multiply their zero weights by the NaN.
+#[test]
+fn nan_in_an_unseen_key_leaves_earlier_tokens_exact() {
+    let test = "unseen_nan";
+    let seed = common::seed(test);
+    let (runs, failures) = run_cases_with(
+        test,
+        &unseen_nan_specs(),
+        &SPLITS,
+        seed,
+        None,
+        &poison_last_key,
+    );
+    report(test, seed, runs, &failures);
+}
+
 /// The same inputs decoded many times give the same bits: every kernel reduces in a fixed
 /// order, so a run-to-run difference can only come from a race. Aimed at the kernels whose
 /// warps hand values over through shared memory (the TMA decode's two warpgroups, the ring
