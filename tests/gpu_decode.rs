@@ -371,19 +371,32 @@ fn poison_token_40(h: &mut HostCase) {
 /// below could pass against a reference that dropped the NaN too.
 #[test]
 fn oracle_poisons_the_rows_that_see_a_nan_key() {
-    let seed = common::seed("nan_key_oracle");
-    for (i, spec) in nan_key_specs().iter().enumerate().step_by(3) {
+    let specs: Vec<CaseSpec> = nan_key_specs().into_iter().step_by(3).collect();
+    assert_oracle_nan_rows("nan_key_oracle", &specs, &poison_token_40, &|spec, r| {
+        r < spec.s_q * spec.heads
+    });
+}
+
+/// For each spec, poisons a random case with `poison` and checks that the f64 oracle's rows
+/// (out and lse) are NaN exactly where `poisoned(spec, row)` says, over the whole batch.
+fn assert_oracle_nan_rows(
+    name: &str,
+    specs: &[CaseSpec],
+    poison: &dyn Fn(&mut HostCase),
+    poisoned: &dyn Fn(&CaseSpec, usize) -> bool,
+) {
+    let seed = common::seed(name);
+    for (i, spec) in specs.iter().enumerate() {
         let mut rng = SplitMix64::new(seed ^ i as u64);
         let mut h = HostCase::random(spec, &mut rng);
-        poison_token_40(&mut h);
+        poison(&mut h);
         let (exact, _) = h.references();
-        let rows = spec.s_q * spec.heads;
         for (r, &l) in exact.lse.iter().enumerate() {
-            let poisoned = r < rows;
-            assert_eq!(l.is_nan(), poisoned, "{spec:?}: lse row {r} = {l}");
+            let want = poisoned(spec, r);
+            assert_eq!(l.is_nan(), want, "{spec:?}: lse row {r} = {l}");
             let o = &exact.out[r * mla::abi::D_V..(r + 1) * mla::abi::D_V];
             assert!(
-                o.iter().all(|v| v.is_nan() == poisoned),
+                o.iter().all(|v| v.is_nan() == want),
                 "{spec:?}: out row {r}"
             );
         }
@@ -434,23 +447,12 @@ fn poison_last_key(h: &mut HostCase) {
 /// (out and lse) and every other row is finite.
 #[test]
 fn oracle_poisons_only_the_token_that_sees_an_unseen_nan() {
-    let seed = common::seed("unseen_nan_oracle");
-    for (i, spec) in unseen_nan_specs().iter().enumerate() {
-        let mut rng = SplitMix64::new(seed ^ i as u64);
-        let mut h = HostCase::random(spec, &mut rng);
-        poison_last_key(&mut h);
-        let (exact, _) = h.references();
-        let rows = spec.s_q * spec.heads;
-        for (r, &l) in exact.lse.iter().enumerate() {
-            let poisoned = r < rows && r >= (spec.s_q - 1) * spec.heads;
-            assert_eq!(l.is_nan(), poisoned, "{spec:?}: lse row {r} = {l}");
-            let o = &exact.out[r * mla::abi::D_V..(r + 1) * mla::abi::D_V];
-            assert!(
-                o.iter().all(|v| v.is_nan() == poisoned),
-                "{spec:?}: out row {r}"
-            );
-        }
-    }
+    assert_oracle_nan_rows(
+        "unseen_nan_oracle",
+        &unseen_nan_specs(),
+        &poison_last_key,
+        &|spec, r| r < spec.s_q * spec.heads && r >= (spec.s_q - 1) * spec.heads,
+    );
 }
 
 /// A NaN in a key only the step's last token sees makes that token's rows NaN and leaves the

@@ -64,16 +64,10 @@ pub(crate) unsafe fn clean_unseen_slab_rows(
     tid: u32,
     threads: u32,
 ) {
-    let mut i = tid;
-    while i < (end - first) * 64 {
-        let at = tile + slab_off(first + i / 64, i % 64);
-        // SAFETY: forwarded from the caller; row < 64, chunk < 64 (slabs 0-7).
-        unsafe {
-            arch::no_unroll();
-            smem::st_shared_v4(at, decode::nan_to_zero_16::<Bf16>(smem::ld_shared_v4(at)));
-        }
-        i += threads;
-    }
+    // SAFETY: forwarded from the caller; chunks < 64 are slabs 0-7.
+    unsafe {
+        decode::clean_rows_16::<Bf16>(first, end, tid, threads, |r, k| tile + slab_off(r, k))
+    };
 }
 
 /// Byte offset of byte `b` (`< 64`) of row `r` in a tile of 64-byte rows with the 64-byte
