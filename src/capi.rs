@@ -115,8 +115,6 @@ pub struct MlaRuntime {
 /// Opaque plan handle.
 pub struct MlaPlan {
     plan: DecodePlan,
-    /// The context of the runtime that made it: a runtime of another device is refused.
-    ctx: std::sync::Arc<cudarc::driver::CudaContext>,
 }
 
 /// What a plan serves (C layout).
@@ -277,15 +275,7 @@ unsafe fn handles<'a>(
         return Err(MlaError::NullHandle { field: "plan" });
     }
     // SAFETY: checked non-null; the caller guarantees they are live.
-    let (rt, p) = unsafe { (&(*rt).rt, &*plan) };
-    if *p.ctx != **rt.context() {
-        return Err(MlaError::shape(
-            "plan",
-            "a plan made on this runtime's device",
-            "a plan of another device's context",
-        ));
-    }
-    Ok((rt, &p.plan))
+    Ok(unsafe { (&(*rt).rt, &(*plan).plan) })
 }
 
 /// Plans a decode (allocates its workspace; synchronises; never call it during capture).
@@ -355,8 +345,7 @@ pub unsafe extern "C" fn mla_plan_create(
         let plan = rt.plan_decode(&stream, config, tactic)?;
         stream.synchronize()?;
         // SAFETY: out is non-null and writable.
-        let ctx = rt.context().clone();
-        unsafe { *out = Box::into_raw(Box::new(MlaPlan { plan, ctx })) };
+        unsafe { *out = Box::into_raw(Box::new(MlaPlan { plan })) };
         Ok(())
     })
 }

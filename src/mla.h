@@ -3,7 +3,7 @@
  * Status: every function but the destroy functions returns MLA_OK (0) or a negative
  * status. mla_last_error() gives the text of this thread's last error (the field, the
  * expected and the received value for bad input); it is empty after a call that
- * succeeded. Bad input is refused before any device pointer is touched. Nothing unwinds
+ * succeeded, and the pointer is valid until this thread's next mla_* call. Bad input is refused before any device pointer is touched. Nothing unwinds
  * across this ABI: a panic inside the library is caught (MLA_ERR_INTERNAL; the destroy
  * functions catch and drop it).
  *
@@ -168,12 +168,15 @@ typedef struct MlaPagedArgs {
 /* Loads the kernels on device `ordinal` (>= 0; its primary context). */
 int mla_runtime_create(int ordinal, MlaRuntime **out);
 void mla_runtime_destroy(MlaRuntime *rt); /* NULL is ignored; destroy its plans first */
-/* Allocates the plan's workspace and synchronises: not during graph capture. */
+/* Allocates the plan's workspace and synchronises: not while any stream of the device is
+ * capturing a graph. A plan runs with any runtime of its device (MLA_ERR_INVALID naming rt
+ * for another device's, before any launch). */
 int mla_plan_create(const MlaRuntime *rt, const MlaPlanConfig *cfg, MlaPlan **out);
-/* NULL is ignored; waits for the plan's work (the whole context). Not during graph capture:
- * a context that cannot synchronize leaves the workspace allocated (leaked) rather than
- * freeing it under running work. Graphs captured with the plan use its workspace: do not
- * launch them after. */
+/* NULL is ignored; waits for the plan's work (the whole context). Not while any stream of
+ * the device is capturing a graph (the context's synchronisation would invalidate that
+ * capture; a context that cannot synchronize leaves the workspace allocated, leaked, rather
+ * than freeing it under running work). Graphs captured with the plan use its workspace: do
+ * not launch them after. */
 void mla_plan_destroy(MlaPlan *plan);
 int mla_plan_info(const MlaRuntime *rt, const MlaPlan *plan, MlaPlanInfo *out);
 /* One decode step on `stream` (a CUstream; NULL: the legacy default stream): launches

@@ -174,7 +174,10 @@ pub struct PlanInfo {
 
 /// A decode planned for one batch-shape bucket. One plan per stream at a time: its
 /// workspace holds the partials of the run in flight. Graphs captured with the plan use
-/// its workspace: do not launch them after the plan is dropped.
+/// its workspace: do not launch them after the plan is dropped. Dropping it synchronises
+/// the device's context (its buffers may still be in use on any stream), so not while any
+/// stream of the device captures a graph. It runs with any runtime of its device (a typed
+/// error for another device's).
 pub struct DecodePlan {
     config: DecodeConfig,
     backend: Backend,
@@ -366,7 +369,9 @@ impl Runtime {
     /// tuning is off ([`Runtime::default_tactic`] of `config`, as if not tuning), else every
     /// candidate planned and timed on real launches of `sample`
     /// (CUDA events, median of `reps`) on `stream`. Refuses to run while `stream` is
-    /// capturing a graph. `sample` must fit `config` (it is run, so its buffers are written).
+    /// capturing a graph; not while any other stream of the device captures either (each
+    /// candidate's plan is dropped, which synchronises the context). `sample` must fit
+    /// `config` (it is run, so its buffers are written).
     pub fn tune_decode(
         &self,
         stream: &Arc<CudaStream>,
@@ -458,6 +463,7 @@ impl DecodePlan {
     /// # Safety
     /// `stream` is a live stream (or null, the legacy default stream) of `rt`'s context.
     pub unsafe fn fault_raw(&self, rt: &Runtime, stream: CUstream) -> Result<Option<DecodeFault>> {
+        self.check_runtime(rt)?;
         self.check_checked()?;
         rt.context().bind_to_thread()?;
         // SAFETY: a live stream of this context (forwarded).
@@ -487,9 +493,28 @@ impl DecodePlan {
     /// # Safety
     /// As [`DecodePlan::fault_raw`].
     pub unsafe fn clear_fault_raw(&self, rt: &Runtime, stream: CUstream) -> Result<()> {
+        self.check_runtime(rt)?;
         self.check_checked()?;
         // SAFETY: forwarded from the caller.
         unsafe { self.ws.clear_fault(rt, stream) }
+    }
+
+    /// `rt` is a runtime of the device the plan's workspace lives on (two runtimes of one
+    /// device share its primary context), or a typed error before any launch: another
+    /// device's kernels would write this workspace through addresses of no use to them.
+    fn check_runtime(&self, rt: &Runtime) -> Result<()> {
+        if **self.ws.context() == **rt.context() {
+            Ok(())
+        } else {
+            Err(MlaError::shape(
+                "rt",
+                format!(
+                    "a runtime of device {} (the plan's)",
+                    self.ws.context().ordinal()
+                ),
+                format!("device {}", rt.context().ordinal()),
+            ))
+        }
     }
 
     fn check_checked(&self) -> Result<()> {
@@ -658,6 +683,7 @@ impl DecodePlan {
         max_seq_len: usize,
     ) -> Result<()> {
         let slot = Self::step_slot(slot)?;
+        self.check_runtime(rt)?;
         let batch = crate::validate::validate_seq_lens(seq_lens)?;
         if batch > self.config.max_batch {
             return Err(MlaError::shape(
@@ -936,6 +962,7 @@ impl DecodePlan {
         req: &DecodeRequest,
         parts: &SplitParts,
     ) -> Result<DecodeShape> {
+        self.check_runtime(rt)?;
         let shape = crate::validate::validate_decode_parts(req, parts, &self.ws.shard)?;
         self.check_request(&shape)?;
         is_supported(self.backend, rt.device(), &shape).map_err(|d| MlaError::Unsupported {

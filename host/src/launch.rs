@@ -251,6 +251,11 @@ impl DecodeWorkspace {
         self.ptrs
     }
 
+    /// The context the buffers live in.
+    pub(crate) fn context(&self) -> &Arc<cudarc::driver::CudaContext> {
+        self.bufs.partial_o.context()
+    }
+
     /// The first `n` split counts of an array as the device holds them now (waits for
     /// `stream`; for tests and inspection, never in a serving step).
     pub fn read_splits(
