@@ -109,8 +109,45 @@ pub fn decode(
                 got: "a candle tensor".into(),
                 why: e.to_string(),
             })?;
+    same_device(rt, t)?;
     let stream = dev.cuda_stream();
     // SAFETY: candle's stream lives in the device's primary context, the runtime's; the
     // caller holds the tensors while the stream runs the launch.
     unsafe { plan.run_split_raw(rt, stream.cu_stream(), &req, &parts, scheduled) }
+}
+
+/// Every tensor of `t` on q's candle device (one device and its stream: the launch goes on
+/// q's stream, which waits for no other device's or stream's writes), and that device the
+/// runtime's: a typed error naming the first tensor that is not, before any launch.
+fn same_device(rt: &Runtime, t: &CandleDecode) -> Result<(), MlaError> {
+    let ordinal = rt.device().ordinal;
+    match t.q.device().location() {
+        candle_core::DeviceLocation::Cuda { gpu_id } if gpu_id == ordinal => {}
+        other => {
+            return Err(MlaError::shape(
+                "q",
+                format!("a tensor on CUDA device {ordinal} (the runtime's)"),
+                format!("{other:?}"),
+            ));
+        }
+    }
+    let named = [
+        ("kv_cache", Some(t.kv_cache)),
+        ("page_table", Some(t.page_table)),
+        ("seq_lens", Some(t.seq_lens)),
+        ("out", Some(t.out)),
+        ("lse", Some(t.lse)),
+        ("kpe_cache", t.kpe_cache),
+        ("q_pe", t.q_pe),
+    ];
+    for (field, x) in named.into_iter().filter_map(|(f, x)| x.map(|x| (f, x))) {
+        if !x.device().same_device(t.q.device()) {
+            return Err(MlaError::shape(
+                field,
+                "a tensor on q's candle device",
+                format!("{:?}", x.device().location()),
+            ));
+        }
+    }
+    Ok(())
 }
