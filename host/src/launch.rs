@@ -291,7 +291,7 @@ impl DecodeWorkspace {
         stream: CUstream,
     ) -> Result<[i32; mla_abi::fault::WORDS]> {
         use cudarc::driver::sys;
-        rt.context().bind_to_thread()?;
+        crate::module::make_current(rt.context())?;
         let mut words = [0i32; mla_abi::fault::WORDS];
         // SAFETY: the record holds WORDS i32; `words` is as large and outlives the
         // synchronisation that ends the copy.
@@ -314,7 +314,7 @@ impl DecodeWorkspace {
     /// As [`DecodeWorkspace::read_fault`].
     pub(crate) unsafe fn clear_fault(&self, rt: &Runtime, stream: CUstream) -> Result<()> {
         use cudarc::driver::sys;
-        rt.context().bind_to_thread()?;
+        crate::module::make_current(rt.context())?;
         // SAFETY: the record holds WORDS i32.
         unsafe {
             sys::cuMemsetD32Async(self.ptrs.fault, 0, mla_abi::fault::WORDS, stream).result()?
@@ -422,7 +422,7 @@ pub(crate) unsafe fn launch_args(
 ) -> Result<()> {
     use cudarc::driver::sys;
     let f = rt.function(kernel)?;
-    rt.context().bind_to_thread()?;
+    crate::module::make_current(rt.context())?;
     let launched = if pdl {
         // SAFETY: plain C structs; the attribute's union member is the one its id names.
         let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
