@@ -257,7 +257,9 @@ typedef struct MlaCp MlaCp;
 int mla_cp_unique_id(uint8_t id[128]);
 /* Join group `id` as rank `rank` of `ranks` for combines of up to max_rows query rows
  * (batch * s_q * heads) of `dtype` (MLA_BF16 / MLA_FP16) outputs; waits for every rank at
- * most timeout_ms and checks that all passed the same ranks, max_rows and dtype. */
+ * most timeout_ms (> 0) and checks that all passed the same ranks, max_rows and dtype.
+ * Each rank's plan must be sharded with the same interleave and its cache laid out by it
+ * (mla_plan_set_shard): the group does not compare interleaves. */
 int mla_cp_create(const MlaRuntime *rt, uint32_t rank, uint32_t ranks, const uint8_t id[128],
                   uint32_t max_rows, uint32_t dtype, uint32_t timeout_ms, MlaCp **out);
 /* One step on this rank: the plan (mla_plan_set_shard to this rank of the group) decodes
@@ -271,7 +273,8 @@ int mla_cp_create(const MlaRuntime *rt, uint32_t rank, uint32_t ranks, const uin
 int mla_cp_decode(const MlaRuntime *rt, MlaCp *cp, const MlaPlan *plan,
                   const MlaDecodeArgs *args, uint64_t out, uint64_t lse, void *stream);
 /* Waits for stream at most the group's timeout; an NCCL error or a lost peer aborts the
- * group (MLA_ERR_CUDA) instead of hanging. */
+ * group (MLA_ERR_CUDA) instead of hanging. Not during graph capture (MLA_ERR_UNSUPPORTED;
+ * the group stays usable). */
 int mla_cp_wait(MlaCp *cp, void *stream);
 /* NULL is ignored. Waits for the last eager combine (at most the group's timeout; past it
  * the group is aborted) before freeing its buffers; replays of a captured combine must be

@@ -146,6 +146,11 @@ impl ContextParallel {
         if max_rows == 0 || max_rows > u32::MAX as usize {
             return Err(MlaError::shape("max_rows", "1..=u32::MAX", max_rows));
         }
+        if timeout.is_zero() {
+            // Setup and every wait poll a non-blocking communicator: no time to wait would
+            // abort the group at its first poll.
+            return Err(MlaError::shape("timeout", "> 0", "0"));
+        }
         have_nccl()?;
         crate::module::make_current(rt.context())?;
         let stream = rt.context().default_stream();
@@ -507,6 +512,17 @@ impl ContextParallel {
         // cuStreamQuery needs the group's context current (the legacy stream, null, is the
         // current context's): a thread that never bound it must not abort the group.
         crate::module::make_current(&self.ctx)?;
+        // Polled during a capture the stream answers with an error, which would abort the
+        // group (and end the caller's capture): refused before it is touched.
+        // SAFETY: a live stream of this context (forwarded).
+        let status = unsafe { cudarc::driver::result::stream::is_capturing(stream)? };
+        if status != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            return Err(MlaError::Unsupported {
+                what: "waiting for a context-parallel group",
+                got: format!("{status:?}"),
+                why: "it polls the stream on the host; call it outside graph capture".into(),
+            });
+        }
         self.settle("wait", Some(stream))
     }
 
