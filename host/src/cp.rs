@@ -296,6 +296,8 @@ impl ContextParallel {
             ));
         }
         let merge = self.check_combine(&req.out, &req.lse, out, lse)?;
+        crate::validate::validate_decode_shard(req, &sh)?;
+        crate::validate::merged_outputs_apart(req, &crate::SplitParts::default(), out, lse)?;
         // SAFETY: forwarded from the caller.
         let shape = unsafe { plan.run_raw(rt, stream, req)? };
         // SAFETY: forwarded from the caller; the lengths were validated with the decode

@@ -200,6 +200,33 @@ pub fn validate_merge(req: &MergeRequest) -> Result<MergeShape> {
     })
 }
 
+/// The merged `out` and `lse` of a context-parallel step (written by the group's merge,
+/// which reads `req.seq_lens`) apart from every input of the rank's decode `req` (validated
+/// first), as a decode's own outputs are. Alignment as the merge's.
+pub fn merged_outputs_apart(
+    req: &DecodeRequest,
+    parts: &SplitParts,
+    out: &TensorView<4>,
+    lse: &TensorView<3>,
+) -> Result<()> {
+    let q = placed(&Q, &req.q, CHUNK_ALIGN)?;
+    let [kv, page_table, seq_lens] =
+        paged_placement(&req.kv_cache, &req.page_table, &req.seq_lens)?;
+    let q_pe = match &parts.q_pe {
+        Some(v) => q_pe_layout(v, &req.q)?,
+        None => q,
+    };
+    let kpe = match &parts.kpe_cache {
+        Some(v) => kpe_layout(v, &req.kv_cache)?,
+        None => kv,
+    };
+    let outputs = [
+        placed(&OUT, out, QUAD_ALIGN)?,
+        placed(&LSE, lse, WORD_ALIGN)?,
+    ];
+    no_aliasing(&outputs, &[q, kv, page_table, seq_lens, q_pe, kpe])
+}
+
 /// Checks one decode step and returns its shape.
 pub fn validate_decode(req: &DecodeRequest) -> Result<DecodeShape> {
     validate_decode_shard(req, &Shard::OFF)

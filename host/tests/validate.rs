@@ -153,6 +153,29 @@ fn dtype_mismatch<T: Debug>(r: Result<T, MlaError>, field: &str) -> (String, Str
 // ---- decode: one rule per test -----------------------------------------------------------
 
 #[test]
+fn merged_outputs_stay_apart_from_the_decode_inputs() {
+    // A context-parallel step's merged out / lse (their own regions) pass; laid over a
+    // decode input (the lengths, the cache) they are refused before any launch.
+    let req = decode_req(DecodeDtypes::Bf16);
+    let parts = SplitParts::default();
+    let out = TensorView::contiguous(region(6), ElemType::Bf16, [B, S_Q, H, D_V]);
+    let lse = TensorView::contiguous(region(7), ElemType::F32, [B, S_Q, H]);
+    merged_outputs_apart(&req, &parts, &out, &lse).unwrap();
+    let on_lens = TensorView::contiguous(region(3), ElemType::F32, [B, S_Q, H]);
+    aliasing(
+        merged_outputs_apart(&req, &parts, &out, &on_lens),
+        "lse",
+        "seq_lens",
+    );
+    let on_cache = TensorView::contiguous(region(1) + 64, ElemType::Bf16, [B, S_Q, H, D_V]);
+    aliasing(
+        merged_outputs_apart(&req, &parts, &on_cache, &lse),
+        "out",
+        "kv_cache",
+    );
+}
+
+#[test]
 fn decode_accepts_every_dtype() {
     for d in DecodeDtypes::ALL {
         let want = DecodeShape {
