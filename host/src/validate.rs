@@ -209,6 +209,17 @@ pub fn merged_outputs_apart(
     out: &TensorView<4>,
     lse: &TensorView<3>,
 ) -> Result<()> {
+    let inputs = decode_inputs(req, parts)?;
+    let outputs = [
+        placed(&OUT, out, QUAD_ALIGN)?,
+        placed(&LSE, lse, WORD_ALIGN)?,
+    ];
+    no_aliasing(&outputs, &inputs)
+}
+
+/// The spans of everything a decode reads: q, the cache, the page table, the lengths, and
+/// the split layouts' rope parts (the fused tensor's span where there is none).
+fn decode_inputs(req: &DecodeRequest, parts: &SplitParts) -> Result<[Span; 6]> {
     let q = placed(&Q, &req.q, CHUNK_ALIGN)?;
     let [kv, page_table, seq_lens] =
         paged_placement(&req.kv_cache, &req.page_table, &req.seq_lens)?;
@@ -220,11 +231,7 @@ pub fn merged_outputs_apart(
         Some(v) => kpe_layout(v, &req.kv_cache)?,
         None => kv,
     };
-    let outputs = [
-        placed(&OUT, out, QUAD_ALIGN)?,
-        placed(&LSE, lse, WORD_ALIGN)?,
-    ];
-    no_aliasing(&outputs, &[q, kv, page_table, seq_lens, q_pe, kpe])
+    Ok([q, kv, page_table, seq_lens, q_pe, kpe])
 }
 
 /// Checks one decode step and returns its shape.
@@ -270,21 +277,11 @@ pub fn validate_decode_parts(
     dtype_in(LSE.tensor, req.lse.dtype, &[ElemType::F32])?;
     index_dtypes(&req.page_table, &req.seq_lens)?;
 
-    let q = placed(&Q, &req.q, CHUNK_ALIGN)?;
-    let [kv, page_table, seq_lens] =
-        paged_placement(&req.kv_cache, &req.page_table, &req.seq_lens)?;
-    let q_pe = match &parts.q_pe {
-        Some(v) => q_pe_layout(v, &req.q)?,
-        None => q,
-    };
-    let kpe = match &parts.kpe_cache {
-        Some(v) => kpe_layout(v, &req.kv_cache)?,
-        None => kv,
-    };
+    let inputs = decode_inputs(req, parts)?;
     let out = placed(&OUT, &req.out, CHUNK_ALIGN)?;
     let lse = placed(&LSE, &req.lse, WORD_ALIGN)?;
     no_self_overlap(&OUT, &req.out)?;
-    no_aliasing(&[out, lse], &[q, kv, page_table, seq_lens, q_pe, kpe])?;
+    no_aliasing(&[out, lse], &inputs)?;
 
     decode_scales(&req.scales, dtypes)?;
     let capacity = paged.capacity().min(I32_LIMIT);
