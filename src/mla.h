@@ -26,12 +26,10 @@
  * - A query token that sees no position (seq_len < s_q, token t < s_q - seq_len) gets an
  *   out row of zeros and lse -inf (a NaN in its query row included).
  * - A NaN in a cache row that a query row sees (or in the query row itself) makes that
- *   row's out and lse NaN, whatever the split: it is never dropped. Rows of other
- *   sequences keep theirs, and so do the sequence's rows that do not see it, with one
- *   exception at s_q > 1: a NaN or infinity in the latent part (dims 0..511) of a row that
- *   only the step's later tokens see (positions seq_len - s_q + 1 .. seq_len - 1) also
- *   makes the out rows (not the lse) of the earlier tokens NaN, since the tensor cores
- *   multiply an unseen key's zero weight by its value.
+ *   row's out and lse NaN, whatever the split: it is never dropped; other rows keep theirs.
+ *   An infinity in the latent part (dims 0..511) of a row that only the step's later
+ *   tokens see (s_q > 1) makes the earlier tokens' out rows NaN (not their lse): the
+ *   tensor cores multiply an unseen key's zero weight by its value.
  * - Scales: logits are q.k * softmax_scale; with an fp8 cache also times
  *   q_scale * kv_scale, and values times kv_scale. q_scale must be 1 unless q is fp8 and
  *   kv_scale 1 unless the cache is fp8 (MLA_ERR_INVALID otherwise: a zeroed struct is not
@@ -153,8 +151,9 @@ typedef struct MlaPagedArgs {
                         for an fp8 cache); gather: the output [batch, n, 576] */
   uint64_t kv_cache; /* device: [num_pages, page_size, 576] of kv_dtype */
   uint64_t page_table, seq_lens; /* device: [batch, max_pages] and [batch] int32 */
-  uint32_t batch, n;             /* append: n = s_q new tokens, 1..=8, and max_pages *
-                                    page_size >= n; gather: output rows, >= 1 */
+  uint32_t batch, n;             /* append: n >= 1 new tokens (a step's s_q, or a prefill
+                                    chunk), max_pages * page_size >= n; gather: output
+                                    rows, >= 1 */
   uint32_t num_pages, max_pages, page_size;
   uint32_t kv_dtype;   /* MLA_BF16, MLA_FP16 or MLA_FP8_E4M3 */
   uint32_t rows_dtype; /* gather: kv_dtype, or MLA_BF16 to dequantise an fp8 cache */

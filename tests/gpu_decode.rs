@@ -371,19 +371,32 @@ fn poison_token_40(h: &mut HostCase) {
 /// below could pass against a reference that dropped the NaN too.
 #[test]
 fn oracle_poisons_the_rows_that_see_a_nan_key() {
-    let seed = common::seed("nan_key_oracle");
-    for (i, spec) in nan_key_specs().iter().enumerate().step_by(3) {
+    let specs: Vec<CaseSpec> = nan_key_specs().into_iter().step_by(3).collect();
+    assert_oracle_nan_rows("nan_key_oracle", &specs, &poison_token_40, &|spec, r| {
+        r < spec.s_q * spec.heads
+    });
+}
+
+/// For each spec, poisons a random case with `poison` and checks that the f64 oracle's rows
+/// (out and lse) are NaN exactly where `poisoned(spec, row)` says, over the whole batch.
+fn assert_oracle_nan_rows(
+    name: &str,
+    specs: &[CaseSpec],
+    poison: &dyn Fn(&mut HostCase),
+    poisoned: &dyn Fn(&CaseSpec, usize) -> bool,
+) {
+    let seed = common::seed(name);
+    for (i, spec) in specs.iter().enumerate() {
         let mut rng = SplitMix64::new(seed ^ i as u64);
         let mut h = HostCase::random(spec, &mut rng);
-        poison_token_40(&mut h);
+        poison(&mut h);
         let (exact, _) = h.references();
-        let rows = spec.s_q * spec.heads;
         for (r, &l) in exact.lse.iter().enumerate() {
-            let poisoned = r < rows;
-            assert_eq!(l.is_nan(), poisoned, "{spec:?}: lse row {r} = {l}");
+            let want = poisoned(spec, r);
+            assert_eq!(l.is_nan(), want, "{spec:?}: lse row {r} = {l}");
             let o = &exact.out[r * mla::abi::D_V..(r + 1) * mla::abi::D_V];
             assert!(
-                o.iter().all(|v| v.is_nan() == poisoned),
+                o.iter().all(|v| v.is_nan() == want),
                 "{spec:?}: out row {r}"
             );
         }
@@ -404,6 +417,58 @@ fn nan_in_a_visible_key_poisons_its_rows() {
         seed,
         None,
         &poison_token_40,
+    );
+    report(test, seed, runs, &failures);
+}
+
+/// Cases for a NaN in a key only the step's last query token sees (sequence 0's last
+/// position, a latent dim): every dtype, the 16-, 32- and 64-row tiles, pages of 1, 16 and 64
+/// (the `cp.async` forms and the TMA ones), S_q up to 8, the window of unseen keys inside one
+/// block and across two (length 129 at S_q = 8: positions 122..128).
+fn unseen_nan_specs() -> Vec<CaseSpec> {
+    let mut specs = Vec::new();
+    for &d in &DecodeDtypes::ALL {
+        specs.push(CaseSpec::new(d, 64, 16, 2, vec![700, 97]));
+        specs.push(CaseSpec::new(d, 64, 8, 2, vec![1500, 64]));
+        specs.push(CaseSpec::new(d, 64, 4, 8, vec![129, 70]));
+        specs.push(CaseSpec::new(d, 16, 128, 2, vec![1500, 300]));
+        specs.push(CaseSpec::new(d, 1, 64, 4, vec![300, 65]));
+    }
+    specs
+}
+
+/// Sequence 0's last position, latent dim 7 (the value too).
+fn poison_last_key(h: &mut HostCase) {
+    let last = h.spec.lens[0] - 1;
+    h.poison_key(0, last, 7);
+}
+
+/// The oracle side: only sequence 0's last token sees the poisoned key, so its rows are NaN
+/// (out and lse) and every other row is finite.
+#[test]
+fn oracle_poisons_only_the_token_that_sees_an_unseen_nan() {
+    assert_oracle_nan_rows(
+        "unseen_nan_oracle",
+        &unseen_nan_specs(),
+        &poison_last_key,
+        &|spec, r| r < spec.s_q * spec.heads && r >= (spec.s_q - 1) * spec.heads,
+    );
+}
+
+/// A NaN in a key only the step's last token sees makes that token's rows NaN and leaves the
+/// earlier tokens' rows as the oracle has them (finite), with one split, three and the most:
+/// P.V must not multiply their zero weights by the NaN.
+#[test]
+fn nan_in_an_unseen_key_leaves_earlier_tokens_exact() {
+    let test = "unseen_nan";
+    let seed = common::seed(test);
+    let (runs, failures) = run_cases_with(
+        test,
+        &unseen_nan_specs(),
+        &SPLITS,
+        seed,
+        None,
+        &poison_last_key,
     );
     report(test, seed, runs, &failures);
 }

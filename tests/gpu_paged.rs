@@ -15,6 +15,98 @@ const INDEX: ElemType = ElemType::I32;
 
 use mla_dev::harness::device_addr as ptr;
 
+/// The cache bytes an append of `n` new rows a sequence (`new_bytes`, `[batch, n, D_QK]` of
+/// `src_t`) leaves: `h`'s bytes with rows `L - n .. L - 1` of each sequence of length
+/// `L >= n` written (for an fp8 cache `x / kv_scale`, one IEEE division, then e4m3 rounded
+/// to nearest even), nothing else changed.
+fn appended(h: &HostCase, src_t: ElemType, new_bytes: &[u8], n: usize) -> Vec<u8> {
+    let cache_t = h.spec.dtypes.kv();
+    let page = h.spec.page_size;
+    let mut want = h.kv_bytes.clone();
+    let es = cache_t.size();
+    let src_dec = numeric::to_f32(src_t, new_bytes);
+    for (s, &len) in h.seq_lens.iter().enumerate() {
+        let len = len.max(0) as usize;
+        if len < n {
+            continue;
+        }
+        for t in 0..n {
+            let pos = len - n + t;
+            let pg = h.page_table[s * h.max_pages + pos / page] as usize;
+            let row = (pg * page + pos % page) * D_QK;
+            let vals = &src_dec[(s * n + t) * D_QK..][..D_QK];
+            let enc: Vec<u8> = if cache_t == ElemType::Fp8E4m3 {
+                vals.iter()
+                    .map(|v| numeric::e4m3_from_f32(v / h.scales.kv_scale))
+                    .collect()
+            } else {
+                numeric::from_f32(cache_t, vals)
+            };
+            want[row * es..(row + D_QK) * es].copy_from_slice(&enc);
+        }
+    }
+    want
+}
+
+/// A prefill chunk through the append: 300 new rows a sequence on pages of 16 (bf16 and an
+/// fp8 cache under kv_scale 3), a sequence shorter than the chunk (nothing written for it),
+/// every other byte of the cache unchanged.
+#[test]
+fn append_a_prefill_chunk() {
+    let test = "paged_prefill";
+    let seed = common::seed(test);
+    let Some((rt, stream)) = common::gpu(test) else {
+        return;
+    };
+    let mut rng = SplitMix64::new(seed);
+    let mut failures = Vec::new();
+    let (page, n) = (16usize, 300usize);
+    let lens = vec![300usize, 1000, 120, 4096];
+    for d in [DecodeDtypes::Bf16, DecodeDtypes::Fp8KvBf16Q] {
+        let mut h = HostCase::random(&CaseSpec::new(d, page, 1, 1, lens.clone()), &mut rng);
+        let cache_t = d.kv();
+        let src_t = cache_t.append_rows();
+        if cache_t == ElemType::Fp8E4m3 {
+            h.scales.kv_scale = 3.0;
+        }
+        let b = lens.len();
+        let new_vals: Vec<f32> = (0..b * n * D_QK).map(|_| rng.normal() as f32).collect();
+        let new_bytes = numeric::from_f32(src_t, &new_vals);
+        let d_cache = stream.clone_htod(&h.kv_bytes).unwrap();
+        let d_new = stream.clone_htod(&new_bytes).unwrap();
+        let d_table = stream.clone_htod(&h.page_table).unwrap();
+        let d_lens = stream.clone_htod(&h.seq_lens).unwrap();
+        rt.append_kv(
+            &stream,
+            &AppendRequest {
+                new_kv: TensorView::contiguous(ptr(&d_new, &stream), src_t, [b, n, D_QK]),
+                kv_cache: TensorView::contiguous(
+                    ptr(&d_cache, &stream),
+                    cache_t,
+                    [h.num_pages, page, D_QK],
+                ),
+                page_table: TensorView::contiguous(ptr(&d_table, &stream), INDEX, [b, h.max_pages]),
+                seq_lens: TensorView::contiguous(ptr(&d_lens, &stream), INDEX, [b]),
+                kv_scale: h.scales.kv_scale,
+                // No host copies: with them a length below the chunk is an error.
+                host: HostMirror::default(),
+            },
+        )
+        .unwrap();
+        let got: Vec<u8> = stream.clone_dtoh(&d_cache).unwrap();
+        let want = appended(&h, src_t, &new_bytes, n);
+        assert!(want != h.kv_bytes, "the expected cache has no new rows");
+        if let Some(i) = got.iter().zip(&want).position(|(a, b)| a != b) {
+            failures.push(format!("{}: first differing byte {i}", d.name()));
+        }
+    }
+    eprintln!(
+        "[{test}] 2 caches, {n} rows a sequence: {} failed",
+        failures.len()
+    );
+    common::assert_no_failures(test, seed, &failures);
+}
+
 #[test]
 fn append_then_gather_round_trip() {
     let test = "paged";
@@ -94,27 +186,8 @@ fn append_then_gather_round_trip() {
             )
             .unwrap();
             let got: Vec<u8> = stream.clone_dtoh(&d_cache).unwrap();
-            // Expected cache: the old bytes with the new rows written in.
-            let mut want = h.kv_bytes.clone();
+            let want = appended(&h, src_t, &new_bytes, s_q);
             let es = cache_t.size();
-            let src_dec = numeric::to_f32(src_t, &new_bytes);
-            for s in 0..b {
-                for t in 0..s_q {
-                    let pos = lens[s] - s_q + t;
-                    let pg = h.page_table[s * h.max_pages + pos / page] as usize;
-                    let row = (pg * page + pos % page) * D_QK;
-                    let vals = &src_dec[(s * s_q + t) * D_QK..][..D_QK];
-                    let enc: Vec<u8> = if cache_t == ElemType::Fp8E4m3 {
-                        // x / kv_scale, one IEEE division, then e4m3 (round to nearest even).
-                        vals.iter()
-                            .map(|v| numeric::e4m3_from_f32(v / h.scales.kv_scale))
-                            .collect()
-                    } else {
-                        numeric::from_f32(cache_t, vals)
-                    };
-                    want[row * es..(row + D_QK) * es].copy_from_slice(&enc);
-                }
-            }
             if let Some(i) = got.iter().zip(&want).position(|(a, b)| a != b) {
                 failures.push(format!(
                     "append {} P={page} S_q={s_q}: first differing byte {i}",

@@ -313,6 +313,25 @@ fn run_layer_needs_the_scheduled_batch() {
     eprintln!("[{test}] both misuses refused, the scheduled layer exact (seed {seed})");
 }
 
+/// Captures `plan.schedule_step` of `lens` into a graph that is never launched: the host
+/// takes the slot as scheduled, its counts on the device stay as they were.
+fn capture_only_schedule(
+    rt: &Runtime,
+    stream: &Arc<cudarc::driver::CudaStream>,
+    plan: &DecodePlan,
+    lens: &mla::TensorView<1>,
+    cap: usize,
+) {
+    stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .unwrap();
+    plan.schedule_step(rt, stream, lens, cap).unwrap();
+    let graph = stream
+        .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
+        .unwrap();
+    drop(graph);
+}
+
 /// A `schedule_step` that was only captured (its graph never launched) leaves the slot's
 /// counts as they were: zeros on a new plan. The host takes the slot as scheduled, so an
 /// eager `run_layer` of that batch runs; every live sequence must still be decoded (in one
@@ -341,15 +360,7 @@ fn run_layer_after_a_captured_schedule_stays_exact() {
         let mut dc = DeviceCase::upload(&stream, &h).unwrap();
         let req = dc.request(&stream, &h);
         let cap = h.max_pages * h.spec.page_size;
-        stream
-            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .unwrap();
-        plan.schedule_step(&rt, &stream, &req.seq_lens, cap)
-            .unwrap();
-        let graph = stream
-            .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
-            .unwrap();
-        drop(graph);
+        capture_only_schedule(&rt, &stream, &plan, &req.seq_lens, cap);
         dc.poison_outputs(&stream).unwrap();
         let req = dc.request(&stream, &h);
         plan.run_layer(&rt, &stream, &req).unwrap();
@@ -369,6 +380,74 @@ fn run_layer_after_a_captured_schedule_stays_exact() {
         );
     }
     eprintln!("[{test}] eager layers after a captured-only schedule exact (seed {seed})");
+}
+
+/// A captured-only `schedule_step` leaves the slot's counts of the step before; when a
+/// sequence of that step is padding now (length 0), an eager `run_layer` must still skip it
+/// (its rows unwritten, whatever the stale count: one split or several), and decode the live
+/// sequence exactly.
+#[test]
+fn stale_step_counts_leave_padding_unwritten() {
+    let test = "layer_stale_padding";
+    let seed = common::seed(test);
+    let Some((rt, stream)) = common::gpu(test) else {
+        return;
+    };
+    let mut rng = SplitMix64::new(seed);
+    let mut failures = Vec::new();
+    for (dtypes, heads, lens) in [
+        (DecodeDtypes::Bf16, 128, vec![3000, 2000]),
+        (DecodeDtypes::Bf16, 128, vec![9000, 70]),
+        (DecodeDtypes::Bf16, 16, vec![3000, 2000]),
+        (DecodeDtypes::Fp8KvBf16Q, 128, vec![3000, 2000]),
+    ] {
+        let what = format!("{dtypes:?} H={heads} lens {lens:?}");
+        let h = HostCase::random(&CaseSpec::new(dtypes, 64, heads, 1, lens), &mut rng);
+        let refs = h.references();
+        let plan = rt
+            .plan_decode(&stream, config(&h, 2), rt.default_tactic(&config(&h, 2)))
+            .unwrap();
+        let mut dc = DeviceCase::upload(&stream, &h).unwrap();
+        let cap = h.max_pages * h.spec.page_size;
+        // Step 1: both sequences live, scheduled and run.
+        let req = dc.request(&stream, &h);
+        plan.schedule_step(&rt, &stream, &req.seq_lens, cap)
+            .unwrap();
+        plan.run_layer(&rt, &stream, &req).unwrap();
+        stream.synchronize().unwrap();
+        let stale = plan.read_step_splits(&stream, 2).unwrap();
+        // Step 2: sequence 1 is padding; its schedule only captured.
+        let live = h.seq_lens[0];
+        stream.memcpy_htod(&[live, 0], &mut dc.lens).unwrap();
+        let mut req = dc.request(&stream, &h);
+        req.host = mla::HostMirror::default();
+        capture_only_schedule(&rt, &stream, &plan, &req.seq_lens, cap);
+        dc.poison_outputs(&stream).unwrap();
+        let mut req = dc.request(&stream, &h);
+        req.host = mla::HostMirror::default();
+        plan.run_layer(&rt, &stream, &req).unwrap();
+        stream.synchronize().unwrap();
+        let (out, lse) = dc.download(&stream, dtypes.out()).unwrap();
+        let rows = heads * mla::abi::D_V;
+        if !out[rows..2 * rows].iter().all(|v| v.is_nan())
+            || !lse[heads..2 * heads].iter().all(|v| v.is_nan())
+        {
+            failures.push(format!(
+                "{what}: the padding's rows were written (stale counts {stale:?})"
+            ));
+        }
+        let c = mla_dev::oracle::compare(
+            &out[..rows],
+            &refs.0.out[..rows],
+            &refs.1.out[..rows],
+            harness::OUT_ATOL,
+        );
+        if !c.ok {
+            failures.push(format!("{what}: sequence 0: {c}"));
+        }
+        eprintln!("[{test}] {what}: stale counts {stale:?}");
+    }
+    common::assert_no_failures(test, seed, &failures);
 }
 
 /// The fp8-cache 16- and 32-row decodes compute blocks in pairs, so the schedule cuts a

@@ -242,10 +242,12 @@ macro_rules! e4m3_sites {
         )
     };
 }
-/// The e4m3 path (either Q).
-const E4M3_SITES: SyncSites = e4m3_sites!(7, 4);
-/// Its `cp.async` forms (see their rows).
-const E4M3_CP_SITES: SyncSites = e4m3_sites!(7, 2);
+/// The e4m3 path (either Q): per S, the tail zeroing's warpgroup barrier, the V^T
+/// transpose's, and the one before the V^T cleaning of a block with keys only the step's
+/// later tokens see; in the prologue and each pair step.
+const E4M3_SITES: SyncSites = e4m3_sites!(7, 6);
+/// Its `cp.async` forms (see their rows): no tail zeroing.
+const E4M3_CP_SITES: SyncSites = e4m3_sites!(7, 4);
 const SYNC_SITES: &[(&str, SyncSites)] = &[
     // CTA barriers: the one after the mbarriers' init, two around each marking of a
     // persistent CTA's cells, the prologue's, the epilogue's, two in the staged output store.
@@ -264,9 +266,10 @@ const SYNC_SITES: &[(&str, SyncSites)] = &[
         "mla_decode_tma_bf16_cp",
         (3, &[(0, 6), (3, 1), (4, 1)], &[(3, 1), (4, 1)]),
     ),
-    // An fp8 cache under either Q (the e4m3 path): the bf16 sites, with two warpgroup
+    // An fp8 cache under either Q (the e4m3 path): the bf16 sites, with three warpgroup
     // barriers per S (the tail zeroing of the raw rows before it, the V^T transpose after
-    // it; in the prologue and each pair step) instead of `zero_tail`'s one; each pair step
+    // it, and the V^T cleaning's; in the prologue and each pair step) instead of
+    // `zero_tail`'s one; each pair step
     // waits before its transpose for the other warpgroup's P.V of the stage (7, 8), whose
     // arrivals sit after a P.V wait (warpgroup 0's in both branches of its S).
     ("mla_decode_tma_fp8kv_bf16q", E4M3_SITES),

@@ -152,7 +152,7 @@ impl ContextParallel {
             return Err(MlaError::shape("timeout", "> 0", "0"));
         }
         have_nccl()?;
-        rt.context().bind_to_thread()?;
+        crate::module::make_current(rt.context())?;
         let stream = rt.context().default_stream();
         let alloc = |what: &'static str, n: usize| MlaError::Alloc {
             what,
@@ -429,7 +429,7 @@ impl ContextParallel {
         let [b, s, h, _] = local_out.shape;
         let rows = b * s * h;
         let (po, pl) = (self.outs_ptr, self.lses_ptr);
-        rt.context().bind_to_thread()?;
+        crate::module::make_current(rt.context())?;
         let nccl_dtype = if local_out.dtype == ElemType::Fp16 {
             ncclsys::ncclDataType_t::ncclFloat16
         } else {
@@ -513,7 +513,7 @@ impl ContextParallel {
         self.live()?;
         // cuStreamQuery needs the group's context current (the legacy stream, null, is the
         // current context's): a thread that never bound it must not abort the group.
-        self.ctx.bind_to_thread()?;
+        crate::module::make_current(&self.ctx)?;
         // Polled during a capture the stream answers with an error, which would abort the
         // group (and end the caller's capture): refused before it is touched.
         // SAFETY: a live stream of this context (forwarded).

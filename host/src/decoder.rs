@@ -465,7 +465,7 @@ impl DecodePlan {
     pub unsafe fn fault_raw(&self, rt: &Runtime, stream: CUstream) -> Result<Option<DecodeFault>> {
         self.check_runtime(rt)?;
         self.check_checked()?;
-        rt.context().bind_to_thread()?;
+        crate::module::make_current(rt.context())?;
         // SAFETY: a live stream of this context (forwarded).
         let status = unsafe { cudarc::driver::result::stream::is_capturing(stream)? };
         if status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {

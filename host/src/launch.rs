@@ -291,7 +291,7 @@ impl DecodeWorkspace {
         stream: CUstream,
     ) -> Result<[i32; mla_abi::fault::WORDS]> {
         use cudarc::driver::sys;
-        rt.context().bind_to_thread()?;
+        crate::module::make_current(rt.context())?;
         let mut words = [0i32; mla_abi::fault::WORDS];
         // SAFETY: the record holds WORDS i32; `words` is as large and outlives the
         // synchronisation that ends the copy.
@@ -314,7 +314,7 @@ impl DecodeWorkspace {
     /// As [`DecodeWorkspace::read_fault`].
     pub(crate) unsafe fn clear_fault(&self, rt: &Runtime, stream: CUstream) -> Result<()> {
         use cudarc::driver::sys;
-        rt.context().bind_to_thread()?;
+        crate::module::make_current(rt.context())?;
         // SAFETY: the record holds WORDS i32.
         unsafe {
             sys::cuMemsetD32Async(self.ptrs.fault, 0, mla_abi::fault::WORDS, stream).result()?
@@ -422,7 +422,7 @@ pub(crate) unsafe fn launch_args(
 ) -> Result<()> {
     use cudarc::driver::sys;
     let f = rt.function(kernel)?;
-    rt.context().bind_to_thread()?;
+    crate::module::make_current(rt.context())?;
     let launched = if pdl {
         // SAFETY: plain C structs; the attribute's union member is the one its id names.
         let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
@@ -741,6 +741,7 @@ impl Runtime {
             max_splits: p.max_splits,
             output_scale: p.output_scale,
             _pad: 0,
+            seq_lens: p.seq_lens,
         };
         let grid = combine_grid(combine, rows, shape.batch, self.wave(combine.symbol));
         // SAFETY: the combine reads what the decode wrote, in stream order.
@@ -833,6 +834,7 @@ impl Runtime {
             max_splits: max_splits as u32,
             output_scale,
             _pad: 0,
+            seq_lens: DevPtr::NULL,
         };
         // SAFETY: every buffer was checked to hold what the kernel indexes.
         unsafe {

@@ -192,6 +192,19 @@ impl fmt::Debug for Runtime {
     }
 }
 
+/// Makes `ctx` the calling thread's current context, if it is not already. Not cudarc's
+/// `bind_to_thread`: that also takes the context's deferred error (set by cudarc's drops on
+/// any thread), so one thread's stale error failed another thread's next launch and was
+/// gone before its own thread could see it.
+pub(crate) fn make_current(ctx: &CudaContext) -> Result<()> {
+    let cu = ctx.cu_ctx();
+    if cudarc::driver::result::ctx::get_current()? != Some(cu) {
+        // SAFETY: a live context: `ctx` holds it (a retained primary context).
+        unsafe { cudarc::driver::result::ctx::set_current(cu)? };
+    }
+    Ok(())
+}
+
 impl Runtime {
     /// Loads the best image for device `ordinal`.
     pub fn load(ordinal: usize, images: KernelImages) -> Result<Self> {

@@ -159,7 +159,8 @@ impl DecodeShape {
     }
 }
 
-/// Write `s_q` new tokens per sequence into the paged cache at positions
+/// Write `s_q` new tokens per sequence (a decode step's tokens, or a prefill chunk: any
+/// count the page table holds) into the paged cache at positions
 /// `seq_lens[b] - s_q ..= seq_lens[b] - 1`. A length `<= 0` is padding: nothing is written
 /// for it (with host copies, a length in `1..s_q` is an error). Two new rows that the page
 /// table maps to the same cache slot (sequences sharing a page past their common prefix)

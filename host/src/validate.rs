@@ -319,7 +319,9 @@ pub fn validate_append_split(
 ) -> Result<PagedShape> {
     let new = &req.new_kv;
     let batch = dim_in(NEW_KV.shape[0], new.shape[0], 1..=U32_LIMIT)?;
-    let s_q = dim_in(NEW_KV.shape[1], new.shape[1], 1..=MAX_S_Q as usize)?;
+    // Any number of new rows (a prefill chunk too), as the page table holds them; the
+    // launch takes at most 2^31 - 1 (`Unsupported` above).
+    let s_q = dim_in(NEW_KV.shape[1], new.shape[1], 1..=U32_LIMIT)?;
     dim_is(NEW_KV.shape[2], new.shape[2], D_QK)?;
     unit_last_stride(&NEW_KV, new)?;
     let paged = paged_layout(

@@ -98,6 +98,11 @@ pub unsafe fn combine<O: Half16, const UNROLL: usize, const ROWS: u32>(p: Combin
     if splits <= 1 {
         return;
     }
+    // A padding sequence (length <= 0) is never written, whatever its count says.
+    // SAFETY: b < batch entries of a non-null seq_lens.
+    if !p.seq_lens.is_null() && unsafe { *p.seq_lens.ptr().add(b as usize) } <= 0 {
+        return;
+    }
     let splits = (splits as u32).min(p.max_splits).min(MAX_SPLITS);
     // ROWS query rows per step, `combine_tile::THREADS` threads each (whole warps: no CTA
     // barrier below, so a row's warps may leave early); the CTA strides over the

@@ -5,6 +5,8 @@ use crate::arch::{cvt, mma};
 
 /// A 16-bit type that the tensor cores multiply (operands of `mma.sync` and outputs).
 pub trait Half16 {
+    /// The bits of +infinity; a value whose bits without the sign exceed them is a NaN.
+    const INF_BITS: u32;
     /// Packs two f32 into one register of two 16-bit values, `lo` in the low half.
     fn pack2(lo: f32, hi: f32) -> u32;
     /// The 16-bit value's f32 (exact).
@@ -20,6 +22,7 @@ pub struct Bf16;
 pub struct Fp16;
 
 impl Half16 for Bf16 {
+    const INF_BITS: u32 = 0x7f80;
     #[inline(always)]
     fn pack2(lo: f32, hi: f32) -> u32 {
         cvt::pack_bf16x2(lo, hi)
@@ -36,6 +39,7 @@ impl Half16 for Bf16 {
 }
 
 impl Half16 for Fp16 {
+    const INF_BITS: u32 = 0x7c00;
     #[inline(always)]
     fn pack2(lo: f32, hi: f32) -> u32 {
         cvt::pack_f16x2(lo, hi)

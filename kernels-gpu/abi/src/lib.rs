@@ -1249,6 +1249,9 @@ pub struct CombineParams {
     pub max_splits: u32,
     pub output_scale: f32,
     pub _pad: u32,
+    /// `[batch]` i32 lengths, or null: a sequence of length `<= 0` (padding) is left alone
+    /// whatever its `num_splits` entry holds (a step slot's counts may be another step's).
+    pub seq_lens: DevPtr<i32>,
 }
 
 /// Params of `mla_append_*`. Grid: `(s_q, batch)`, block `paged_tile::THREADS`.
@@ -1541,6 +1544,6 @@ const _: () = assert!(core::mem::size_of::<DecodeParams>() == 11 * 8 + 8 * 8 + 1
 const _: () = assert!(core::mem::size_of::<TensorMap>() == 128);
 const _: () = assert!(core::mem::size_of::<MergeParams>() == 7 * 8 + 4 * 4);
 const _: () = assert!(core::mem::align_of::<TensorMap>() == 16);
-const _: () = assert!(core::mem::size_of::<CombineParams>() == 5 * 8 + 3 * 8 + 6 * 4);
+const _: () = assert!(core::mem::size_of::<CombineParams>() == 5 * 8 + 3 * 8 + 6 * 4 + 8);
 const _: () = assert!(core::mem::size_of::<AppendParams>() == 4 * 8 + 4 * 8 + 8 * 4 + 3 * 8);
 const _: () = assert!(core::mem::size_of::<GatherParams>() == 4 * 8 + 3 * 8 + 8 * 4 + 3 * 8);

@@ -264,10 +264,39 @@ impl<'a, K: DecodeKind, const RGS: usize> Cta<'a, K, RGS> {
             let mut s = qk2::<RGS>(self.q_s(), blk, self.ch, self.g, self.t);
             let m_loc = self.mask_scale(&mut s, i, has_b);
             let m_new = self.exchange_max(m_loc);
+            // Every warp's S of the pair is done (the exchange's barrier); the P.V reads
+            // the blocks after the barrier below.
+            self.clean_unseen(i, blk[0]);
+            if has_b {
+                self.clean_unseen(i + 1, blk[1]);
+            }
             self.softmax_to_p(&s, m_new);
             sync::bar_sync();
             let p_s = self.p_s();
             pv2::<RGS>(&mut self.o, p_s, blk, self.ch, self.lane);
+        }
+    }
+
+    /// The raw block `i` of the chunk (at `slot`) with each NaN value (latent bytes) of the
+    /// rows only the step's later tokens see replaced by zero ([`decode::unseen_rows`]).
+    /// Rolled: cold code beside the pair loop.
+    ///
+    /// # Safety
+    /// All threads of the CTA, after every read of the block as keys and before a barrier
+    /// that precedes its reads as values.
+    #[inline(always)]
+    unsafe fn clean_unseen(&self, i: u32, slot: u32) {
+        let (first, valid) = decode::unseen_rows(self.p, self.w.len, self.w.kb0 + i);
+        let mut c = arch::thread_idx_x();
+        while c < (valid - first) * (D_V as u32 / 16) {
+            let at = slot + (first + c / 32) * ROW + 16 * (c % 32);
+            // SAFETY: forwarded from the caller; row < 64 of the block, chunk < 32 (the
+            // latent bytes: the swizzle keeps aligned groups of four chunks).
+            unsafe {
+                arch::no_unroll();
+                smem::st_shared_v4(at, decode::nan_to_zero_e4m3(smem::ld_shared_v4(at)));
+            }
+            c += THREADS;
         }
     }
 

@@ -407,6 +407,18 @@ impl<'a, K: DecodeKind, L: Layout> Cta<'a, K, L> {
         unsafe {
             let (s, m_loc) = self.scores(kb, kv_lo, kv_hi);
             let m_new = self.exchange_max(m_loc);
+            // Every warp's S of the block is done (the exchange's barrier) and no P.V reads
+            // the block before the barrier below.
+            let unseen = super::unseen_rows(self.p, self.w.len, kb);
+            if unseen.0 < unseen.1 {
+                super::clean_unseen_rows::<K::Mma>(
+                    unseen,
+                    kv_lo,
+                    kv_hi,
+                    arch::thread_idx_x(),
+                    arch::block_dim_x(),
+                );
+            }
             let (m_ref, alpha) = rescale_rows(&mut self.m_run, &mut self.l_run, m_new);
             self.softmax_to_p(&s, m_ref);
             self.rescale_o(alpha);

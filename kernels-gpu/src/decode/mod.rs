@@ -133,6 +133,112 @@ pub trait DecodeKind {
     const KV_CP: bool = false;
 }
 
+/// The rows of KV block `kb` (tokens `64 kb ..`) that hold a key some query row of the step
+/// may not see although a later one does: `first..valid`, where `valid` is the block's
+/// rows below `len` and `first` the first at or past `len - (s_q - 1)` (empty at `s_q = 1`).
+/// Sharded, `len` is the rank's and the range covers its last `s_q - 1` keys, a superset.
+///
+/// Why: P.V multiplies a row's zero weights (keys it does not see) by the values, and a NaN
+/// value times zero is NaN. A NaN in a key's latent part is also in its value (V is K's
+/// first 512 dims), so every row that sees the key has a NaN logit and a NaN weight already:
+/// replacing those values with zeros between S and P.V leaves every result as exact, and
+/// the step's earlier tokens, which do not see the key, keep theirs.
+#[inline(always)]
+pub(crate) fn unseen_rows(p: &DecodeParams, len: u32, kb: u32) -> (u32, u32) {
+    let base = kb * BLOCK_N;
+    let valid = len.saturating_sub(base).min(BLOCK_N);
+    let first = len
+        .saturating_sub(p.s_q.saturating_sub(1))
+        .saturating_sub(base)
+        .min(valid);
+    (first, valid)
+}
+
+/// Eight 16-bit values with each NaN replaced by +0 (infinities kept).
+#[inline(always)]
+pub(crate) fn nan_to_zero_16<H: Half16>(v: [u32; 4]) -> [u32; 4] {
+    v.map(|w| {
+        let lo = if (w & 0x7fff) > H::INF_BITS {
+            0
+        } else {
+            0xffff
+        };
+        let hi = if ((w >> 16) & 0x7fff) > H::INF_BITS {
+            0
+        } else {
+            0xffff_0000
+        };
+        w & (lo | hi)
+    })
+}
+
+/// Sixteen e4m3 bytes with each NaN (`0x7f`, `0xff`) replaced by +0.
+#[inline(always)]
+pub(crate) fn nan_to_zero_e4m3(v: [u32; 4]) -> [u32; 4] {
+    v.map(|w| {
+        // Per byte: bit 7 of (low seven bits + 1) is set exactly when they are all ones; no
+        // carry crosses a byte.
+        let nan = ((w & 0x7f7f_7f7f) + 0x0101_0101) & 0x8080_8080;
+        w & !((nan >> 7) * 0xff)
+    })
+}
+
+/// Replaces the NaN values in rows `first..valid` of a swizzled tile of D_QK-wide 16-bit
+/// rows (the `mma.sync` kernels' layout, [`qk_off`]; tokens `0..32` at `lo`, `32..64` at
+/// `hi`) with zeros, latent dims only (the values); thread `tid` of `threads` takes every
+/// `threads`-th chunk. Rolled: cold code beside the block loop.
+///
+/// # Safety
+/// The rows are in the tile, no thread still reads them as keys, and none reads them as
+/// values before a barrier after this.
+#[inline(always)]
+pub(crate) unsafe fn clean_unseen_rows<H: Half16>(
+    (first, valid): (u32, u32),
+    lo: u32,
+    hi: u32,
+    tid: u32,
+    threads: u32,
+) {
+    let at = |r: u32, k: u32| {
+        if r < BLOCK_N / 2 {
+            lo + qk_off(r, k)
+        } else {
+            hi + qk_off(r - BLOCK_N / 2, k)
+        }
+    };
+    // SAFETY: forwarded from the caller; the latent chunks (the swizzle keeps chunk groups
+    // of 8) of rows < 64.
+    unsafe { clean_rows_16::<H>(first, valid, tid, threads, at) };
+}
+
+/// Rows `first..end` of a tile of 16-bit rows whose 16-byte chunk `k < 64` (the latent
+/// dims) of row `r` sits at `at(r, k)`: each NaN replaced by zero; thread `tid` of `threads`
+/// takes every `threads`-th chunk. Rolled: cold code beside the block loops.
+///
+/// # Safety
+/// `at` addresses shared memory of the tile for rows `< 64`; no thread still reads the rows
+/// as keys, and none reads them as values before a barrier (and, for `wgmma`, the writers'
+/// `fence.proxy.async`) after this.
+#[inline(always)]
+pub(crate) unsafe fn clean_rows_16<H: Half16>(
+    first: u32,
+    end: u32,
+    tid: u32,
+    threads: u32,
+    at: impl Fn(u32, u32) -> u32,
+) {
+    let mut i = tid;
+    while i < (end - first) * 64 {
+        let a = at(first + i / 64, i % 64);
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            arch::no_unroll();
+            smem::st_shared_v4(a, nan_to_zero_16::<H>(smem::ld_shared_v4(a)));
+        }
+        i += threads;
+    }
+}
+
 /// Byte offset of 16-byte chunk `k` of row `r` in a swizzled tile of D_QK-wide rows.
 #[inline(always)]
 fn qk_off(r: u32, k: u32) -> u32 {

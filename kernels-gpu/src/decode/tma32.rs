@@ -724,25 +724,39 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
             unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
                 bulk::mbarrier_arrive_if(free + 8 * j as u32, first);
             });
+            // Every part of the V^T is written (the barrier); the softmax's proxy fence and
+            // P barrier order these writes before the P.V too.
+            let (lo, hi) = decode::unseen_rows(self.p, self.len, blk);
+            if lo < hi {
+                e4m3::clean_vt(vt, self.tid, CONSUMERS);
+            }
         }
     }
 
-    /// V rows of block `blk` (slabs 0-7 at `at`) past the sequence end become zeros.
+    /// V rows of block `blk` (slabs 0-7 at `at`) past the sequence end become zeros, and so
+    /// do the NaN values of the rows only the step's later tokens see
+    /// ([`decode::unseen_rows`]).
     #[inline(always)]
     fn zero_tail(&self, blk: u32, at: Pos) {
-        let valid = self.len.saturating_sub(blk * BLOCK_N);
-        // With an fp8 cache the V^T transpose wrote those tokens as zeros.
-        if valid < BLOCK_N && !K::KV_FP8 {
+        let (first, valid) = decode::unseen_rows(self.p, self.len, blk);
+        // With an fp8 cache the V^T transpose wrote those tokens as zeros, and `qk_e4m3`
+        // cleans its V^T.
+        if first < BLOCK_N && !K::KV_FP8 {
             let mut i = self.tid;
-            while i < (BLOCK_N - valid) * 64 {
-                let (r, ch) = (valid + i / 64, i % 64);
+            while i < (BLOCK_N - first) * 64 {
+                let (r, ch) = (first + i / 64, i % 64);
                 let dst = self.sm.slab(Self::pos(at, ch / 8).slot)
                     + r * 128
                     + (((ch % 8) ^ (r % 8)) << 4);
                 // SAFETY: row r < 64, chunk < 8 of a slab of this block (landed; S^T done).
                 unsafe {
                     arch::no_unroll();
-                    smem::st_shared_v4(dst, [0; 4]);
+                    let v = if r < valid {
+                        decode::nan_to_zero_16::<Bf16>(smem::ld_shared_v4(dst))
+                    } else {
+                        [0; 4]
+                    };
+                    smem::st_shared_v4(dst, v);
                 }
                 i += CONSUMERS;
             }

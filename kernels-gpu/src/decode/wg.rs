@@ -48,6 +48,28 @@ pub(crate) fn slab_off(r: u32, k: u32) -> u32 {
     (k / 8) * SLAB + r * 128 + (((k % 8) ^ (r % 8)) << 4)
 }
 
+/// Rows `first..end` of a 16-bit slab tile ([`slab_off`]) with each NaN of their latent
+/// dims (slabs 0-7, the values) replaced by zeros ([`decode::unseen_rows`] says why);
+/// thread `tid` of `threads` takes every `threads`-th chunk. Rolled: cold code beside the
+/// block loop.
+///
+/// # Safety
+/// The rows are in the tile, no thread still reads them as keys, and none reads them as
+/// values before the writers' `fence.proxy.async` and a barrier after this.
+#[inline(always)]
+pub(crate) unsafe fn clean_unseen_slab_rows(
+    tile: u32,
+    first: u32,
+    end: u32,
+    tid: u32,
+    threads: u32,
+) {
+    // SAFETY: forwarded from the caller; chunks < 64 are slabs 0-7.
+    unsafe {
+        decode::clean_rows_16::<Bf16>(first, end, tid, threads, |r, k| tile + slab_off(r, k))
+    };
+}
+
 /// Byte offset of byte `b` (`< 64`) of row `r` in a tile of 64-byte rows with the 64-byte
 /// swizzle: 16-byte chunk `b / 16` of row `r` sits at chunk `(b / 16) ^ ((r / 2) % 4)`. Eight
 /// rows make one 512-byte atom; the tile must be 512-byte aligned.
@@ -377,6 +399,14 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                 self.issue_next(kb);
             }
             wgmma::wgmma_wait_group::<0>();
+            // This warpgroup's S has read its 32 token rows as keys; no P.V reads them as
+            // values before both warpgroups pass BAR_MAX (in `softmax`).
+            let (first, valid) = decode::unseen_rows(self.p, self.w.len, kb);
+            let (lo, hi) = (first.max(32 * wg), valid.min(32 * wg + 32));
+            if lo < hi {
+                clean_unseen_slab_rows(kv, lo, hi, arch::thread_idx_x() % 128, 128);
+                wgmma::fence_proxy_async_shared();
+            }
         }
         s
     }

@@ -104,20 +104,21 @@ pub(crate) unsafe fn split_count(
 }
 
 /// The splits that run of a sequence of raw length `glen_raw` whose raw split count
-/// ([`split_count`]) is `nsplit_raw`: at most `max_splits`; none when the count is `<= 0`
-/// and the sequence is padding (`glen_raw <= 0`: skipped). A count of `<= 0` beside a
+/// ([`split_count`]) is `nsplit_raw`: at most `max_splits`; none when the sequence is
+/// padding (`glen_raw <= 0`: skipped, whatever a stale count says). A count of `<= 0` beside a
 /// live length is one the schedule did not write for these lengths (a step slot whose
 /// `schedule_step` was captured and not yet replayed holds zeros): the sequence then runs
 /// in one split, which writes its rows directly (the combine leaves counts `<= 1` alone),
 /// rather than leaving them unwritten.
 #[inline(always)]
 fn live_splits(p: &DecodeParams, glen_raw: i32, nsplit_raw: i32) -> u32 {
-    if nsplit_raw > 0 {
-        (nsplit_raw as u32).min(p.max_splits)
-    } else if glen_raw > 0 {
-        1
-    } else {
+    if glen_raw <= 0 {
+        // Padding: never computed or written, whatever a stale count says.
         0
+    } else if nsplit_raw > 0 {
+        (nsplit_raw as u32).min(p.max_splits)
+    } else {
+        1
     }
 }
 

@@ -135,6 +135,14 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         unsafe {
             self.qk(s, st, self.parity_cp(phase, blk), blk, &|| {}, &|| {});
             wgmma::wgmma_wait_group::<0>();
+            // S has read the block's keys; both P.Vs read its values after BAR_P, which
+            // this warpgroup passes below.
+            let (first, valid) = decode::unseen_rows(self.p, self.len, blk);
+            if first < valid {
+                let t = arch::thread_idx_x() % 128;
+                crate::decode::wg::clean_unseen_slab_rows(self.kv_s(st), first, valid, t, 128);
+                wgmma::fence_proxy_async_shared();
+            }
             let m_b = self.mask_max(s, blk);
             let m_run = self.m_run;
             let m = [sync::fmax(m_run[0], m_b[0]), sync::fmax(m_run[1], m_b[1])];

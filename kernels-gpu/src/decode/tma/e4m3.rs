@@ -89,6 +89,28 @@ pub(super) fn scaled_e4m3(a: &[[u32; 4]; 4], f: [f32; 2]) -> [[u32; 4]; 4] {
     out
 }
 
+/// The V^T tiles of a block (512 dims x 64 tokens of e4m3 at `vt`) with each NaN replaced
+/// by zero, for a block holding keys only the step's later tokens see
+/// ([`decode::unseen_rows`] says why the whole tile may be cleaned); thread `tid` of
+/// `threads` takes every `threads`-th 16-byte chunk. Rolled: cold code beside the block loop.
+///
+/// # Safety
+/// Every part of the V^T is written, and nothing reads it before the writers'
+/// `fence.proxy.async` and a barrier after this.
+#[inline(always)]
+pub(crate) unsafe fn clean_vt(vt: u32, tid: u32, threads: u32) {
+    let mut i = tid;
+    while i < 512 * 64 / 16 {
+        let at = vt + 16 * i;
+        // SAFETY: forwarded from the caller; chunk i of the 32 KB V^T.
+        unsafe {
+            arch::no_unroll();
+            smem::st_shared_v4(at, decode::nan_to_zero_e4m3(smem::ld_shared_v4(at)));
+        }
+        i += threads;
+    }
+}
+
 /// Part `w` (`< 4`) of a block's V^T, by one warp (lane `l`): from raw slabs 0-7 at `raw`
 /// (64 tokens x 64 bytes each, 64-byte swizzle, [`T::TMA_E4_SLAB`] apart) into V^T tiles
 /// 0-7 at `vt` (tile `s`: slab `s`'s 64 dims as rows of 64 tokens, same swizzle and
@@ -417,12 +439,20 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     /// past the sequence end zeroed, [`Cta::zero_raw_tail`]); no `wgmma` still reads the
     /// stage's V^T (its last P.V completed before the slabs were reissued).
     #[inline(always)]
-    pub(super) unsafe fn transpose_vt(&self, st: u32) {
+    pub(super) unsafe fn transpose_vt(&self, st: u32, blk: u32) {
         // Opaque: computed where used, not held through the pair loop.
         let t = arch::opaque(arch::thread_idx_x() % 128);
         let raw = arch::opaque(self.raw_s(st, 0));
         // SAFETY: forwarded from the caller; the stage's raw slabs and V^T.
         unsafe { transpose_vt_part::<false>(raw, raw + E4_VT, t / 32, t % 32, BLOCK_N) };
+        let (first, valid) = decode::unseen_rows(self.p, self.len, blk);
+        if first < valid {
+            // SAFETY: the whole warpgroup (forwarded); every part is written (the barrier).
+            unsafe {
+                self.wg_sync();
+                clean_vt(raw + E4_VT, t, 128);
+            }
+        }
         wgmma::fence_proxy_async_shared();
         // SAFETY: the whole warpgroup (forwarded).
         unsafe { self.wg_sync() };

@@ -162,23 +162,33 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     }
 
     /// After S of block `blk` (stage `st`) landed in this warpgroup: V rows past the
-    /// sequence end (inside a page that was read) become zeros, before any P.V reads them.
+    /// sequence end (inside a page that was read) become zeros, and so do the NaN values of
+    /// the rows only the step's later tokens see ([`decode::unseen_rows`]), before any P.V
+    /// reads them.
     ///
     /// # Safety
     /// The whole warpgroup calls it (a warpgroup barrier inside, behind a uniform branch).
     #[inline(always)]
     pub(super) unsafe fn zero_tail(&self, st: u32, blk: u32) {
-        let valid = self.len.saturating_sub(blk * BLOCK_N);
-        // The e4m3 path zeroed its raw rows before the transpose ([`Cta::zero_raw_tail`]).
-        if valid < BLOCK_N && !Self::E4 {
+        let (first, valid) = decode::unseen_rows(self.p, self.len, blk);
+        // The e4m3 path zeroed its raw rows before the transpose ([`Cta::zero_raw_tail`])
+        // and cleans its V^T ([`Cta::transpose_vt`]).
+        if first < BLOCK_N && !Self::E4 {
             let mut i = arch::thread_idx_x() % 128;
-            while i < (BLOCK_N - valid) * 64 {
-                // SAFETY: first in the loop body; row valid + i / 64 < 64, chunk i % 64 < 64:
-                // inside slabs 0-7. Rolled: this cold loop sits in the pair loop's path,
-                // where ptxas's four unrolled copies cost instruction fetch around it.
+            while i < (BLOCK_N - first) * 64 {
+                let r = first + i / 64;
+                let at = self.kv_s(st) + slab_off(r, i % 64);
+                // SAFETY: first in the loop body; row r < 64, chunk i % 64 < 64: inside
+                // slabs 0-7. Rolled: this cold loop sits in the pair loop's path, where
+                // ptxas's four unrolled copies cost instruction fetch around it.
                 unsafe {
                     arch::no_unroll();
-                    smem::st_shared_v4(self.kv_s(st) + slab_off(valid + i / 64, i % 64), [0; 4])
+                    let v = if r < valid {
+                        decode::nan_to_zero_16::<Bf16>(smem::ld_shared_v4(at))
+                    } else {
+                        [0; 4]
+                    };
+                    smem::st_shared_v4(at, v);
                 };
                 i += 128;
             }

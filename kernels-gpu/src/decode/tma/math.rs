@@ -100,7 +100,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             // The e4m3 path: the block's V^T, while S runs.
             if Self::E4 {
                 pre_vt();
-                self.transpose_vt(st);
+                self.transpose_vt(st, blk);
             }
         }
     }
