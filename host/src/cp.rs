@@ -516,15 +516,14 @@ impl ContextParallel {
         crate::module::make_current(&self.ctx)?;
         // Polled during a capture the stream answers with an error, which would abort the
         // group (and end the caller's capture): refused before it is touched.
-        // SAFETY: a live stream of this context (forwarded).
-        let status = unsafe { cudarc::driver::result::stream::is_capturing(stream)? };
-        if status != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-            return Err(MlaError::Unsupported {
-                what: "waiting for a context-parallel group",
-                got: format!("{status:?}"),
-                why: "it polls the stream on the host; call it outside graph capture".into(),
-            });
-        }
+        // SAFETY: a live stream of this context, now current (forwarded).
+        unsafe {
+            crate::module::refuse_capture(
+                stream,
+                "waiting for a context-parallel group",
+                "it polls the stream on the host; call it outside graph capture",
+            )?
+        };
         self.settle("wait", Some(stream))
     }
 

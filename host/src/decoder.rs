@@ -466,17 +466,15 @@ impl DecodePlan {
         self.check_runtime(rt)?;
         self.check_checked()?;
         crate::module::make_current(rt.context())?;
-        // SAFETY: a live stream of this context (forwarded).
-        let status = unsafe { cudarc::driver::result::stream::is_capturing(stream)? };
-        if status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-            // The read copies to the host and synchronises: under capture it would end the
-            // caller's capture with a CUDA error.
-            return Err(MlaError::Unsupported {
-                what: "reading the fault record",
-                got: format!("{status:?}"),
-                why: "it copies to the host and synchronises; call it outside graph capture".into(),
-            });
-        }
+        // The read copies to the host and synchronises.
+        // SAFETY: a live stream of this context, now current (forwarded).
+        unsafe {
+            crate::module::refuse_capture(
+                stream,
+                "reading the fault record",
+                "it copies to the host and synchronises; call it outside graph capture",
+            )?
+        };
         // SAFETY: forwarded from the caller.
         let words = unsafe { self.ws.read_fault(rt, stream)? };
         Ok(DecodeFault::from_record(words))

@@ -205,6 +205,30 @@ pub(crate) fn make_current(ctx: &CudaContext) -> Result<()> {
     Ok(())
 }
 
+/// `Ok` while `stream` captures no graph; else `Unsupported` naming `what`, with `why`,
+/// before anything is issued on it: a host read or wait on a capturing stream would end the
+/// caller's capture with a CUDA error.
+///
+/// # Safety
+/// `stream` is a live stream (or null, the legacy default stream) of the current context.
+pub(crate) unsafe fn refuse_capture(
+    stream: cudarc::driver::sys::CUstream,
+    what: &'static str,
+    why: &str,
+) -> Result<()> {
+    // SAFETY: forwarded from the caller.
+    let status = unsafe { cudarc::driver::result::stream::is_capturing(stream)? };
+    if status == cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        Ok(())
+    } else {
+        Err(MlaError::Unsupported {
+            what,
+            got: format!("{status:?}"),
+            why: why.into(),
+        })
+    }
+}
+
 impl Runtime {
     /// Loads the best image for device `ordinal`.
     pub fn load(ordinal: usize, images: KernelImages) -> Result<Self> {
