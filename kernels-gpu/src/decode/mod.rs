@@ -208,32 +208,39 @@ pub(crate) unsafe fn clean_unseen_rows<H: Half16>(
     };
     // SAFETY: forwarded from the caller; the latent chunks (the swizzle keeps chunk groups
     // of 8) of rows < 64.
-    unsafe { clean_rows_16::<H>(first, valid, tid, threads, at) };
+    unsafe { clean_rows_16::<H>((first, valid, valid), tid, threads, at) };
 }
 
 /// Rows `first..end` of a tile of 16-bit rows whose 16-byte chunk `k < 64` (the latent
-/// dims) of row `r` sits at `at(r, k)`: each NaN replaced by zero; thread `tid` of `threads`
-/// takes every `threads`-th chunk. Rolled: cold code beside the block loops.
+/// dims) of row `r` sits at `at(r, k)`: in rows below `valid` each NaN replaced by zero,
+/// rows from `valid` on (past the sequence end) all zeros; thread `tid` of `threads` takes
+/// every `threads`-th chunk. Rolled: cold code beside the block loops (four unrolled copies
+/// inside a pair loop cost instruction fetch around it).
 ///
 /// # Safety
-/// `at` addresses shared memory of the tile for rows `< 64`; no thread still reads the rows
-/// as keys, and none reads them as values before a barrier (and, for `wgmma`, the writers'
-/// `fence.proxy.async`) after this.
+/// `first <= valid` and `first <= end <= 64`; `at` addresses shared memory of the tile for
+/// rows `< 64`; no thread still reads the rows as keys, and none reads them as values
+/// before a barrier (and, for `wgmma`, the writers' `fence.proxy.async`) after this.
 #[inline(always)]
 pub(crate) unsafe fn clean_rows_16<H: Half16>(
-    first: u32,
-    end: u32,
+    (first, valid, end): (u32, u32, u32),
     tid: u32,
     threads: u32,
     at: impl Fn(u32, u32) -> u32,
 ) {
     let mut i = tid;
     while i < (end - first) * 64 {
-        let a = at(first + i / 64, i % 64);
+        let r = first + i / 64;
+        let a = at(r, i % 64);
         // SAFETY: forwarded from the caller.
         unsafe {
             arch::no_unroll();
-            smem::st_shared_v4(a, nan_to_zero_16::<H>(smem::ld_shared_v4(a)));
+            let v = if r < valid {
+                nan_to_zero_16::<H>(smem::ld_shared_v4(a))
+            } else {
+                [0; 4]
+            };
+            smem::st_shared_v4(a, v);
         }
         i += threads;
     }

@@ -742,24 +742,13 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
         // With an fp8 cache the V^T transpose wrote those tokens as zeros, and `qk_e4m3`
         // cleans its V^T.
         if first < BLOCK_N && !K::KV_FP8 {
-            let mut i = self.tid;
-            while i < (BLOCK_N - first) * 64 {
-                let (r, ch) = (first + i / 64, i % 64);
-                let dst = self.sm.slab(Self::pos(at, ch / 8).slot)
-                    + r * 128
-                    + (((ch % 8) ^ (r % 8)) << 4);
-                // SAFETY: row r < 64, chunk < 8 of a slab of this block (landed; S^T done).
-                unsafe {
-                    arch::no_unroll();
-                    let v = if r < valid {
-                        decode::nan_to_zero_16::<Bf16>(smem::ld_shared_v4(dst))
-                    } else {
-                        [0; 4]
-                    };
-                    smem::st_shared_v4(dst, v);
-                }
-                i += CONSUMERS;
-            }
+            let dst = |r: u32, ch: u32| {
+                self.sm.slab(Self::pos(at, ch / 8).slot) + r * 128 + (((ch % 8) ^ (r % 8)) << 4)
+            };
+            // SAFETY: rows < 64, chunk < 8 of a slab of this block (landed; S^T done).
+            unsafe {
+                decode::clean_rows_16::<Bf16>((first, valid, BLOCK_N), self.tid, CONSUMERS, dst)
+            };
         }
     }
 

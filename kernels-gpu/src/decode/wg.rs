@@ -66,7 +66,9 @@ pub(crate) unsafe fn clean_unseen_slab_rows(
 ) {
     // SAFETY: forwarded from the caller; chunks < 64 are slabs 0-7.
     unsafe {
-        decode::clean_rows_16::<Bf16>(first, end, tid, threads, |r, k| tile + slab_off(r, k))
+        decode::clean_rows_16::<Bf16>((first, end, end), tid, threads, |r, k| {
+            tile + slab_off(r, k)
+        })
     };
 }
 

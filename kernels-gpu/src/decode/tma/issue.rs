@@ -174,24 +174,17 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         // The e4m3 path zeroed its raw rows before the transpose ([`Cta::zero_raw_tail`])
         // and cleans its V^T ([`Cta::transpose_vt`]).
         if first < BLOCK_N && !Self::E4 {
-            let mut i = arch::thread_idx_x() % 128;
-            while i < (BLOCK_N - first) * 64 {
-                let r = first + i / 64;
-                let at = self.kv_s(st) + slab_off(r, i % 64);
-                // SAFETY: first in the loop body; row r < 64, chunk i % 64 < 64: inside
-                // slabs 0-7. Rolled: this cold loop sits in the pair loop's path, where
-                // ptxas's four unrolled copies cost instruction fetch around it.
-                unsafe {
-                    arch::no_unroll();
-                    let v = if r < valid {
-                        decode::nan_to_zero_16::<Bf16>(smem::ld_shared_v4(at))
-                    } else {
-                        [0; 4]
-                    };
-                    smem::st_shared_v4(at, v);
-                };
-                i += 128;
-            }
+            let tile = self.kv_s(st);
+            // SAFETY: rows < 64 and chunks < 64 of the stage: slabs 0-7; S of the block is
+            // done, and its P.Vs wait for the barrier below.
+            unsafe {
+                decode::clean_rows_16::<Bf16>(
+                    (first, valid, BLOCK_N),
+                    arch::thread_idx_x() % 128,
+                    128,
+                    |r, k| tile + slab_off(r, k),
+                )
+            };
             wgmma::fence_proxy_async_shared();
             // SAFETY: the whole warpgroup takes this branch (uniform condition).
             unsafe { self.wg_sync() };
