@@ -21,6 +21,9 @@
 //!   sm_100a builds too. The default there is the hardware `cvt.rn.f16x2.e4m3x2` (verified
 //!   on the H200: bit-identical results, fp8 KV 1.2x faster; docs/PERF.md); sm_80 always
 //!   uses the software decode.
+//! - `MLA_TRACE=1`: a measurement build, not for serving: the sm_90a TMA decode (bf16 caches)
+//!   stamps its phases into the workspace's scratch (`kernels-gpu/src/decode/trace.rs`;
+//!   `MLA_TRACE_PRINT=1 mla bench` prints them).
 
 use std::env;
 use std::fs;
@@ -100,6 +103,7 @@ fn main() {
         "MLA_REQUIRE_PTXAS",
         "CUDA_HOME",
         "MLA_HW_FP8",
+        "MLA_TRACE",
     ] {
         println!("cargo:rerun-if-env-changed={v}");
     }
@@ -253,6 +257,10 @@ fn compile_kernels(root: &Path, out: &Path, img: &Image, ptx_path: &Path) {
     } else {
         // sm_90+: programmatic dependent launch (`griddepcontrol`).
         flags.push("--cfg=mla_pdl".into());
+    }
+    if img.wgmma && env::var("MLA_TRACE").as_deref() == Ok("1") {
+        // A measurement build: the TMA decode's phase stamps (kernels-gpu decode::trace).
+        flags.push("--cfg=mla_trace".into());
     }
     if img.wgmma {
         flags.push("--cfg=mla_wgmma".into());

@@ -263,6 +263,14 @@ pub fn time_shape(
         .collect::<Result<Vec<f64>, _>>()?;
     times.sort_by(f64::total_cmp);
     let us = times[times.len() / 2];
+    // MLA_TRACE_PRINT=1 with a trace build (`MLA_TRACE=1`): the last run's phase stamps.
+    if std::env::var("MLA_TRACE_PRINT").as_deref() == Ok("1") && case.plan.is_none() {
+        let words = case.ws.scratch_words(stream)?;
+        println!(
+            "{}",
+            trace_summary(&words, mla::abi::ACC_FLOATS_PER_CTA / 2)
+        );
+    }
     Ok(BenchRow {
         shape: s,
         us,
@@ -270,6 +278,64 @@ pub fn time_shape(
         tflops: flops(&s) / us * 1e-6,
         max_splits: case.max_splits,
     })
+}
+
+/// Phase times of a trace build's bf16 TMA decode (the kernels' `decode::trace` record, one
+/// per CTA every `stride` words): medians and maxima over the CTAs, in us, of the first
+/// cell's start after the kernel's first entry, each cell's prologue (Q and the first pair
+/// landed, first S done), its pair loop per block, its epilogue, the gap between cells, and
+/// the span from the first entry to the last epilogue's end.
+pub fn trace_summary(words: &[u64], stride: usize) -> String {
+    const MAGIC: u64 = 0x6d6c_615f_7472_6163;
+    let recs: Vec<&[u64]> = words
+        .chunks(stride)
+        .filter(|r| r.len() >= 43 && r[0] == MAGIC)
+        .collect();
+    let Some(t0) = recs.iter().map(|r| r[1]).min() else {
+        return "trace: no record (not a trace build, or not the bf16 TMA decode)".into();
+    };
+    let us = |ns: u64| ns as f64 * 1e-3;
+    let (mut start, mut pro, mut per_block, mut epi, mut gap, mut ends) =
+        (vec![], vec![], vec![], vec![], vec![], vec![]);
+    let mut entry = vec![];
+    for r in &recs {
+        entry.push(us(r[1] - t0));
+        let cells = (r[2] as usize).min(8);
+        for c in 0..cells {
+            let w = &r[3 + 5 * c..8 + 5 * c];
+            let blocks = (w[0] & 0xffff_ffff).max(1) as f64;
+            if c == 0 {
+                start.push(us(w[1].saturating_sub(r[1])));
+            } else {
+                gap.push(us(w[1].saturating_sub(r[3 + 5 * (c - 1) + 4])));
+            }
+            pro.push(us(w[2].saturating_sub(w[1])));
+            per_block.push(us(w[3].saturating_sub(w[2])) / blocks);
+            epi.push(us(w[4].saturating_sub(w[3])));
+        }
+        if cells > 0 {
+            ends.push(us(r[3 + 5 * (cells - 1) + 4] - t0));
+        }
+    }
+    let stat = |v: &mut Vec<f64>| {
+        if v.is_empty() {
+            return "-".to_string();
+        }
+        v.sort_by(f64::total_cmp);
+        format!("{:.2}/{:.2}", v[v.len() / 2], v[v.len() - 1])
+    };
+    format!(
+        "trace ({} CTAs, median/max us): entry {}  first cell start {}  prologue {}  \
+         loop per block {}  epilogue {}  between cells {}  end {}",
+        recs.len(),
+        stat(&mut entry),
+        stat(&mut start),
+        stat(&mut pro),
+        stat(&mut per_block),
+        stat(&mut epi),
+        stat(&mut gap),
+        stat(&mut ends),
+    )
 }
 
 /// Device-to-device copy bandwidth (bytes read + written per second, GB/s) over 2 GiB.

@@ -78,7 +78,7 @@ struct WorkspaceBuffers {
     _fault: CudaSlice<i32>,
     /// The e4m3 TMA decode's promotion scratch ([`mla_abi::DecodeParams::acc`]), for
     /// `acc_ctas` persistent CTAs (the device's SM count).
-    _acc: CudaSlice<f32>,
+    acc: CudaSlice<f32>,
 }
 
 impl DecodeWorkspace {
@@ -145,7 +145,7 @@ impl DecodeWorkspace {
                 _partial_lse: pl,
                 num_splits: ns,
                 _fault: fault,
-                _acc: acc,
+                acc,
             }),
             acc_ctas,
             checked: false,
@@ -159,6 +159,18 @@ impl DecodeWorkspace {
 
     pub fn capacity(&self) -> WorkspaceCapacity {
         self.capacity
+    }
+
+    /// The promotion scratch read back as 64-bit words, `ACC_FLOATS_PER_CTA / 2` per CTA of
+    /// the device: where a trace build's bf16 TMA decode leaves its phase stamps (the
+    /// kernels' `decode::trace`, `MLA_TRACE=1`). Synchronises `stream`. For measurements.
+    #[doc(hidden)]
+    pub fn scratch_words(&self, stream: &Arc<CudaStream>) -> Result<Vec<u64>> {
+        let words: Vec<f32> = stream.clone_dtoh(&self.bufs.acc)?;
+        Ok(words
+            .chunks_exact(2)
+            .map(|w| u64::from(w[0].to_bits()) | (u64::from(w[1].to_bits()) << 32))
+            .collect())
     }
 
     /// Uploads the split count of each sequence (`0..=max_splits`; 0 skips the sequence:

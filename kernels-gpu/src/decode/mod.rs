@@ -53,6 +53,7 @@ mod rows;
 pub mod tma;
 #[cfg(mla_wgmma)]
 pub mod tma32;
+pub(crate) mod trace;
 #[cfg(mla_wgmma)]
 pub mod wg;
 mod work;

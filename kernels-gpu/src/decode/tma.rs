@@ -51,7 +51,7 @@
 
 use crate::arch::{self, bulk, cp_async, ldmatrix, smem, sync, wgmma};
 use crate::decode::wg::{SLAB, SLAB_TILE, aligned_base, slab_off};
-use crate::decode::{self, DecodeKind, M64};
+use crate::decode::{self, DecodeKind, M64, trace};
 use crate::elem::{Bf16, Half16};
 use core::marker::PhantomData;
 use mla_abi::DecodeParams;
@@ -810,6 +810,14 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *cons
     }
     // Bit `st`: the parity of stage `st`'s next mbarrier phase; bit 2: initialised.
     let mut phase = 0u32;
+    // Trace builds only (`decode::trace`): the bf16 kernels' phase stamps.
+    let traced = cfg!(mla_trace) && !Cta::<K>::E4;
+    let mut cell_no = 0u32;
+    if traced {
+        trace::put(&p, 0, trace::MAGIC);
+        trace::put(&p, 1, trace::now());
+        trace::put(&p, 2, 0);
+    }
     // SAFETY: every thread runs every phase (the marks come from shared memory after a
     // CTA barrier, loop bounds and has_b / next flags are CTA-uniform), so both
     // warpgroups reach the named barriers in the order the module docs give; each
@@ -821,6 +829,11 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *cons
             arch::opaque(aligned_base()) + T::TMA_SMEM_CELLS as u32,
             sync::bar_sync,
             |tile, b, split, work| {
+                if traced && cell_no < trace::CELLS {
+                    let blocks = (work.kb1 - work.kb0) as u64;
+                    trace::put(&p, 3 + 5 * cell_no, ((b as u64) << 32) | blocks);
+                    trace::cell_stamp(&p, cell_no, 0);
+                }
                 let mut cta = Cta::<K>::new(&p, tmap, work, tile, b, split);
                 // Declared per cell: S is dead between cells (its first wgmma overwrites it).
                 let mut s = [0.0f32; 32];
@@ -829,6 +842,9 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *cons
                     phase |= 4;
                 }
                 cta.prologue(&mut s, phase);
+                if traced {
+                    trace::cell_stamp(&p, cell_no, 1);
+                }
                 let mut pair = 0u32;
                 let mut blk_a = cta.kb0;
                 while blk_a < cta.kb1 {
@@ -850,7 +866,15 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *cons
                 // Stage 0 took ceil(blocks / 2) phases, stage 1 floor(blocks / 2).
                 let blocks = cta.kb1 - cta.kb0;
                 phase ^= (blocks.div_ceil(2) & 1) | (((blocks / 2) & 1) << 1);
+                if traced {
+                    trace::cell_stamp(&p, cell_no, 2);
+                }
                 cta.epilogue();
+                if traced {
+                    trace::cell_stamp(&p, cell_no, 3);
+                    cell_no += 1;
+                    trace::put(&p, 2, cell_no.min(trace::CELLS) as u64);
+                }
             }
         );
     }

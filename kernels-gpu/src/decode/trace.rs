@@ -1,0 +1,56 @@
+//! Phase stamps of the 64-row TMA decode, in builds with `--cfg mla_trace` (`MLA_TRACE=1`
+//! at build time; a measurement build, never the product's): thread 0 of each CTA writes
+//! `%globaltimer` (ns) at its entry and at each cell's start, prologue end (the first S
+//! done), pair-loop end and epilogue end into the CTA's slots of the promotion scratch
+//! (`DecodeParams::acc`, which the bf16 kernels leave unused otherwise). Word layout per
+//! CTA (u64): [`MAGIC`], the entry stamp, the cells recorded, then per cell (at most
+//! [`CELLS`]) `(b << 32) | blocks` and its four stamps. The dev CLI reads them back
+//! (`MLA_TRACE_PRINT=1 mla bench`). Without the cfg every call is empty.
+
+use mla_abi::DecodeParams;
+
+/// The first word of a CTA's record.
+pub const MAGIC: u64 = 0x6d6c_615f_7472_6163;
+/// Cells recorded per CTA.
+pub const CELLS: u32 = 8;
+
+/// Word `w` of this CTA's record, written by thread 0 only.
+#[inline(always)]
+#[allow(unused_variables)]
+pub(crate) fn put(p: &DecodeParams, w: u32, v: u64) {
+    #[cfg(mla_trace)]
+    if crate::arch::thread_idx_x() == 0 {
+        let cta = crate::arch::block_idx_x() as usize;
+        let at = p.acc.addr() as usize + cta * mla_abi::ACC_FLOATS_PER_CTA * 4 + 8 * w as usize;
+        // SAFETY: the scratch holds ACC_FLOATS_PER_CTA floats for every launched CTA, and
+        // the record's words (3 + 5 CELLS) fit one CTA's share.
+        unsafe {
+            core::arch::asm!("st.volatile.global.u64 [{a}], {v};", a = in(reg64) at as u64,
+                v = in(reg64) v, options(nostack))
+        }
+    }
+}
+
+/// `%globaltimer` (ns) in trace builds; 0 otherwise.
+#[inline(always)]
+pub(crate) fn now() -> u64 {
+    #[cfg(mla_trace)]
+    {
+        let t: u64;
+        // SAFETY: a special-register read.
+        unsafe {
+            core::arch::asm!("mov.u64 {t}, %globaltimer;", t = out(reg64) t, options(nomem, nostack))
+        };
+        t
+    }
+    #[cfg(not(mla_trace))]
+    0
+}
+
+/// Stamp `k` (0..4) of recorded cell `cell` (cells past [`CELLS`] are not recorded).
+#[inline(always)]
+pub(crate) fn cell_stamp(p: &DecodeParams, cell: u32, k: u32) {
+    if cfg!(mla_trace) && cell < CELLS {
+        put(p, 3 + 5 * cell + 1 + k, now());
+    }
+}
