@@ -480,3 +480,57 @@ fn default_tile_shapes(
     }
     v
 }
+
+#[cfg(test)]
+mod tests {
+    use super::trace_summary;
+
+    /// One CTA's record as the trace build writes it: the magic, the entry stamp, the cell
+    /// count, then per cell `(b << 32) | blocks` and its four stamps (ns).
+    fn record(stride: usize, entry: u64, cells: &[(u64, [u64; 4])]) -> Vec<u64> {
+        let mut r = vec![0u64; stride];
+        r[0] = 0x6d6c_615f_7472_6163;
+        r[1] = entry;
+        r[2] = cells.len() as u64;
+        for (c, (blocks, st)) in cells.iter().enumerate() {
+            r[3 + 5 * c] = (7 << 32) | blocks;
+            r[4 + 5 * c..8 + 5 * c].copy_from_slice(st);
+        }
+        r
+    }
+
+    #[test]
+    fn trace_summary_reads_the_phases_of_each_cta() {
+        let stride = 64;
+        let mut words = record(stride, 1_000, &[(16, [3_000, 11_000, 43_000, 45_000])]);
+        words.extend(record(
+            stride,
+            1_200,
+            &[
+                (4, [3_200, 10_200, 18_200, 20_200]),
+                (4, [21_200, 28_200, 36_200, 38_200]),
+            ],
+        ));
+        // A CTA without the magic (not a trace build's record) is left out.
+        words.extend(vec![5u64; stride]);
+        let s = trace_summary(&words, stride);
+        assert!(s.starts_with("trace (2 CTAs"), "{s}");
+        // Entries 0 and 0.2 us after the first; first cells 2.0 us after each entry.
+        assert!(s.contains("entry 0.20/0.20"), "{s}");
+        assert!(s.contains("first cell start 2.00/2.00"), "{s}");
+        // Prologues 8, 7, 7 us; loops 32 / 16, 8 / 4, 8 / 4 us per block; epilogues 2 us.
+        assert!(s.contains("prologue 7.00/8.00"), "{s}");
+        assert!(s.contains("loop per block 2.00/2.00"), "{s}");
+        assert!(s.contains("epilogue 2.00/2.00"), "{s}");
+        // The second CTA's second cell starts 1 us after its first ended.
+        assert!(s.contains("between cells 1.00/1.00"), "{s}");
+        // Last ends 44.0 and 37.0 us after the earliest entry.
+        assert!(s.contains("end 44.00/44.00"), "{s}");
+    }
+
+    #[test]
+    fn trace_summary_says_when_there_is_no_record() {
+        let s = trace_summary(&[0u64; 128], 64);
+        assert!(s.contains("no record"), "{s}");
+    }
+}
