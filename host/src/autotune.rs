@@ -466,7 +466,8 @@ impl Autotuner {
     }
 
     /// The tactic to use without measuring: the cached winner when the mode is `On` and one
-    /// is cached, else [`Tactic::default_on`] the shape's rows, this backend and dtypes.
+    /// is cached that this backend can run, else [`Tactic::default_on`] the shape's rows,
+    /// this backend and dtypes.
     pub fn choose(&self, device: &DeviceKey, shape: &ShapeKey) -> Tactic {
         let default = Tactic::default_for_plan(
             shape.heads * shape.s_q,
@@ -476,7 +477,23 @@ impl Autotuner {
         );
         match self.mode {
             TuneMode::Off => default,
-            TuneMode::On => self.cache.get(device, shape).map_or(default, |(t, _)| t),
+            TuneMode::On => self.cached(device, shape).unwrap_or(default),
+        }
+    }
+
+    /// The cached winner for `(device, shape)` when this backend runs its tile. The cache
+    /// keys name the device, not the backend: a file written where the `sm_90a` image loaded
+    /// may hold a `wgmma` tile that a process on the portable image cannot plan (the same GPU
+    /// with `MLA_IMAGE=ptx`, say); such an entry is passed over (and retuned by
+    /// [`Autotuner::choose_or_tune`]), never handed to the planner to fail there.
+    fn cached(&self, device: &DeviceKey, shape: &ShapeKey) -> Option<Tactic> {
+        let (tactic, _) = self.cache.get(device, shape)?;
+        match tactic.tile.check(self.backend, shape.dtypes) {
+            Ok(()) => Some(tactic),
+            Err(e) => {
+                log::warn!("mla autotune: {device} {shape}: cached {tactic} passed over: {e}");
+                None
+            }
         }
     }
 
@@ -534,7 +551,8 @@ impl Autotuner {
         }
     }
 
-    /// The cached winner when there is one, else [`Autotuner::tune`]; with the mode `Off`,
+    /// The cached winner when there is one this backend runs, else [`Autotuner::tune`]
+    /// (which replaces the entry); with the mode `Off`,
     /// [`Tactic::default_for_plan`] of the shape.
     pub fn choose_or_tune(
         &mut self,
@@ -542,8 +560,8 @@ impl Autotuner {
         shape: &ShapeKey,
         time_us: impl FnMut(&Tactic) -> Result<f64, MlaError>,
     ) -> Result<Tactic, MlaError> {
-        match (self.mode, self.cache.get(device, shape)) {
-            (TuneMode::On, Some((tactic, _))) => Ok(tactic),
+        match (self.mode, self.cached(device, shape)) {
+            (TuneMode::On, Some(tactic)) => Ok(tactic),
             _ => self.tune(device, shape, time_us),
         }
     }

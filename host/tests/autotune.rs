@@ -681,6 +681,49 @@ fn on_picks_the_fastest_and_caches_it() {
 }
 
 #[test]
+fn a_cached_tile_this_backend_cannot_run_is_retuned() {
+    use mla_host::gate::Backend;
+    // A winner tuned where the sm_90a image loaded: the wgmma tile.
+    let wg = Tactic {
+        tile: Tile::Wg64N64,
+        ..shape_default()
+    };
+    wg.tile.check(Backend::Sm90a, DecodeDtypes::Bf16).unwrap();
+    assert!(
+        wg.tile
+            .check(Backend::Portable, DecodeDtypes::Bf16)
+            .is_err()
+    );
+    let mut tuner = Autotuner::for_backend(TuneMode::On, Backend::Portable);
+    tuner.cache.insert(&h200(), &shape(), wg, 5.0).unwrap();
+    // The same device on the portable image: the entry is passed over, not planned.
+    assert_eq!(tuner.choose(&h200(), &shape()), shape_default());
+    let times = table(&[
+        (tactic(1, D), 50.0),
+        (tactic(1, 16), 45.0),
+        (tactic(2, D), 30.5),
+        (tactic(2, 16), 31.0),
+        (tactic(1, 1), 90.0),
+    ]);
+    let calls = Cell::new(0);
+    let t = tuner
+        .choose_or_tune(&h200(), &shape(), timer(&times, &calls))
+        .unwrap();
+    assert_eq!(t, tactic(2, D));
+    assert_eq!(calls.get(), shape_candidates().len(), "retuned");
+    // The portable winner replaced the entry, and is used from then on.
+    assert_eq!(
+        tuner.cache.get(&h200(), &shape()),
+        Some((tactic(2, D), 30.5))
+    );
+    assert_eq!(tuner.choose(&h200(), &shape()), tactic(2, D));
+    // Where the sm_90a image loads, the wgmma winner is taken as cached.
+    let mut sm90 = Autotuner::for_backend(TuneMode::On, Backend::Sm90a);
+    sm90.cache.insert(&h200(), &shape(), wg, 5.0).unwrap();
+    assert_eq!(sm90.choose(&h200(), &shape()), wg);
+}
+
+#[test]
 fn ties_keep_the_earlier_candidate() {
     let calls = Cell::new(0);
     let flat = table(
