@@ -48,28 +48,19 @@ pub(crate) fn slab_off(r: u32, k: u32) -> u32 {
     (k / 8) * SLAB + r * 128 + (((k % 8) ^ (r % 8)) << 4)
 }
 
-/// Rows `first..end` of a 16-bit slab tile ([`slab_off`]) with each NaN of their latent
-/// dims (slabs 0-7, the values) replaced by zeros ([`decode::unseen_rows`] says why);
-/// thread `tid` of `threads` takes every `threads`-th chunk. Rolled: cold code beside the
-/// block loop.
+/// [`decode::clean_rows_16`] on a 16-bit slab tile ([`slab_off`]): rows `first..end` of
+/// its latent dims (slabs 0-7, the values), each NaN of rows below `valid` replaced by zero
+/// ([`decode::unseen_rows`] says why), rows from `valid` on zeroed; thread `tid` of
+/// `threads` takes every `threads`-th chunk.
 ///
 /// # Safety
-/// The rows are in the tile, no thread still reads them as keys, and none reads them as
-/// values before the writers' `fence.proxy.async` and a barrier after this.
+/// As [`decode::clean_rows_16`]'s: the rows are in the tile, no thread still reads them as
+/// keys, and none reads them as values before the writers' `fence.proxy.async` and a
+/// barrier after this.
 #[inline(always)]
-pub(crate) unsafe fn clean_unseen_slab_rows(
-    tile: u32,
-    first: u32,
-    end: u32,
-    tid: u32,
-    threads: u32,
-) {
+pub(crate) unsafe fn clean_slab_rows(tile: u32, rows: (u32, u32, u32), tid: u32, threads: u32) {
     // SAFETY: forwarded from the caller; chunks < 64 are slabs 0-7.
-    unsafe {
-        decode::clean_rows_16::<Bf16>((first, end, end), tid, threads, |r, k| {
-            tile + slab_off(r, k)
-        })
-    };
+    unsafe { decode::clean_rows_16::<Bf16>(rows, tid, threads, |r, k| tile + slab_off(r, k)) };
 }
 
 /// Byte offset of byte `b` (`< 64`) of row `r` in a tile of 64-byte rows with the 64-byte
@@ -406,7 +397,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             let (first, valid) = decode::unseen_rows(self.p, self.w.len, kb);
             let (lo, hi) = (first.max(32 * wg), valid.min(32 * wg + 32));
             if lo < hi {
-                clean_unseen_slab_rows(kv, lo, hi, arch::thread_idx_x() % 128, 128);
+                clean_slab_rows(kv, (lo, hi, hi), arch::thread_idx_x() % 128, 128);
                 wgmma::fence_proxy_async_shared();
             }
         }

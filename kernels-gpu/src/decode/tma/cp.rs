@@ -140,7 +140,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             let (first, valid) = decode::unseen_rows(self.p, self.len, blk);
             if first < valid {
                 let t = arch::thread_idx_x() % 128;
-                crate::decode::wg::clean_unseen_slab_rows(self.kv_s(st), first, valid, t, 128);
+                crate::decode::wg::clean_slab_rows(self.kv_s(st), (first, valid, valid), t, 128);
                 wgmma::fence_proxy_async_shared();
             }
             let m_b = self.mask_max(s, blk);

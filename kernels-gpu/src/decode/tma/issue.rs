@@ -5,7 +5,7 @@
 
 use super::{BAR_WG, BLOCK_N, Cta};
 use crate::arch::{self, bulk, cp_async, smem, sync, wgmma};
-use crate::decode::wg::{SLAB, slab_off};
+use crate::decode::wg::SLAB;
 use crate::decode::{self, DecodeKind};
 use crate::elem::Bf16;
 use mla_abi::DecodeParams;
@@ -174,15 +174,14 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         // The e4m3 path zeroed its raw rows before the transpose ([`Cta::zero_raw_tail`])
         // and cleans its V^T ([`Cta::transpose_vt`]).
         if first < BLOCK_N && !Self::E4 {
-            let tile = self.kv_s(st);
-            // SAFETY: rows < 64 and chunks < 64 of the stage: slabs 0-7; S of the block is
-            // done, and its P.Vs wait for the barrier below.
+            // SAFETY: rows < 64 of the stage's slabs 0-7; S of the block is done, and its
+            // P.Vs wait for the barrier below.
             unsafe {
-                decode::clean_rows_16::<Bf16>(
+                crate::decode::wg::clean_slab_rows(
+                    self.kv_s(st),
                     (first, valid, BLOCK_N),
                     arch::thread_idx_x() % 128,
                     128,
-                    |r, k| tile + slab_off(r, k),
                 )
             };
             wgmma::fence_proxy_async_shared();
