@@ -286,10 +286,10 @@ pub fn time_shape(
 /// landed, first S done), its pair loop per block, its epilogue, the gap between cells, and
 /// the span from the first entry to the last epilogue's end.
 pub fn trace_summary(words: &[u64], stride: usize) -> String {
-    const MAGIC: u64 = 0x6d6c_615f_7472_6163;
+    use mla::abi::trace::{CELLS, MAGIC, WORDS};
     let recs: Vec<&[u64]> = words
         .chunks(stride)
-        .filter(|r| r.len() >= 43 && r[0] == MAGIC)
+        .filter(|r| r.len() >= WORDS && r[0] == MAGIC)
         .collect();
     let Some(t0) = recs.iter().map(|r| r[1]).min() else {
         return "trace: no record (not a trace build, or not the bf16 TMA decode)".into();
@@ -300,7 +300,7 @@ pub fn trace_summary(words: &[u64], stride: usize) -> String {
     let mut entry = vec![];
     for r in &recs {
         entry.push(us(r[1] - t0));
-        let cells = (r[2] as usize).min(8);
+        let cells = (r[2] as usize).min(CELLS as usize);
         for c in 0..cells {
             let w = &r[3 + 5 * c..8 + 5 * c];
             let blocks = (w[0] & 0xffff_ffff).max(1) as f64;
@@ -489,7 +489,7 @@ mod tests {
     /// count, then per cell `(b << 32) | blocks` and its four stamps (ns).
     fn record(stride: usize, entry: u64, cells: &[(u64, [u64; 4])]) -> Vec<u64> {
         let mut r = vec![0u64; stride];
-        r[0] = 0x6d6c_615f_7472_6163;
+        r[0] = mla::abi::trace::MAGIC;
         r[1] = entry;
         r[2] = cells.len() as u64;
         for (c, (blocks, st)) in cells.iter().enumerate() {

@@ -1131,6 +1131,20 @@ impl DecodeParams {
 /// values and 8 row maxima per thread each).
 pub const ACC_FLOATS_PER_CTA: usize = decode_tile::THREADS * 136;
 
+/// The record a trace build's (`MLA_TRACE=1`) bf16 TMA decode leaves in each CTA's share of
+/// [`DecodeParams::acc`], as u64 words: [`trace::MAGIC`], the entry stamp (`%globaltimer`,
+/// ns), the cells recorded, then per cell (at most [`trace::CELLS`]) `(b << 32) | blocks`
+/// and its four stamps: start, prologue end, pair-loop end, epilogue end.
+pub mod trace {
+    /// The first word of a CTA's record.
+    pub const MAGIC: u64 = 0x6d6c_615f_7472_6163;
+    /// Cells recorded per CTA.
+    pub const CELLS: u32 = 8;
+    /// Words of a whole record.
+    pub const WORDS: usize = 3 + 5 * CELLS as usize;
+    const _: () = assert!(2 * WORDS <= super::ACC_FLOATS_PER_CTA);
+}
+
 /// The schedule kernel's rule run by every decode CTA instead (batches up to
 /// [`SCHED_FOLD_MAX_BATCH`]): each warp sums the batch's KV blocks from `seq_lens` (lengths
 /// clamped to `max_len`), the CTA takes its sequence's count from [`schedule_splits`] with

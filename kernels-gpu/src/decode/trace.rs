@@ -2,17 +2,12 @@
 //! at build time; a measurement build, never the product's): thread 0 of each CTA writes
 //! `%globaltimer` (ns) at its entry and at each cell's start, prologue end (the first S
 //! done), pair-loop end and epilogue end into the CTA's slots of the promotion scratch
-//! (`DecodeParams::acc`, which the bf16 kernels leave unused otherwise). Word layout per
-//! CTA (u64): [`MAGIC`], the entry stamp, the cells recorded, then per cell (at most
-//! [`CELLS`]) `(b << 32) | blocks` and its four stamps. The dev CLI reads them back
-//! (`MLA_TRACE_PRINT=1 mla bench`). Without the cfg every call is empty.
+//! (`DecodeParams::acc`, which the bf16 kernels leave unused otherwise), in the layout of
+//! [`mla_abi::trace`]. The dev CLI reads them back (`MLA_TRACE_PRINT=1 mla bench`). Without
+//! the cfg every call is empty.
 
 use mla_abi::DecodeParams;
-
-/// The first word of a CTA's record.
-pub const MAGIC: u64 = 0x6d6c_615f_7472_6163;
-/// Cells recorded per CTA.
-pub const CELLS: u32 = 8;
+pub(crate) use mla_abi::trace::{CELLS, MAGIC};
 
 /// Word `w` of this CTA's record, written by thread 0 only.
 #[inline(always)]
@@ -23,7 +18,7 @@ pub(crate) fn put(p: &DecodeParams, w: u32, v: u64) {
         let cta = crate::arch::block_idx_x() as usize;
         let at = p.acc.addr() as usize + cta * mla_abi::ACC_FLOATS_PER_CTA * 4 + 8 * w as usize;
         // SAFETY: the scratch holds ACC_FLOATS_PER_CTA floats for every launched CTA, and
-        // the record's words (3 + 5 CELLS) fit one CTA's share.
+        // the record's words (`mla_abi::trace::WORDS`) fit one CTA's share.
         unsafe {
             core::arch::asm!("st.volatile.global.u64 [{a}], {v};", a = in(reg64) at as u64,
                 v = in(reg64) v, options(nostack))
