@@ -608,6 +608,17 @@ fn timer<'a>(
     }
 }
 
+/// Fake times of `shape()`'s candidates: `tactic(2, D)` the fastest, at 30.5 us.
+fn shape_times() -> HashMap<String, f64> {
+    table(&[
+        (tactic(1, D), 50.0),
+        (tactic(1, 16), 45.0),
+        (tactic(2, D), 30.5),
+        (tactic(2, 16), 31.0),
+        (tactic(1, 1), 90.0),
+    ])
+}
+
 #[test]
 fn off_never_times_and_returns_the_default() {
     let mut tuner = Autotuner::new(TuneMode::Off);
@@ -639,13 +650,7 @@ fn off_never_times_and_returns_the_default() {
 
 #[test]
 fn on_picks_the_fastest_and_caches_it() {
-    let times = table(&[
-        (tactic(1, D), 50.0),
-        (tactic(1, 16), 45.0),
-        (tactic(2, D), 30.5),
-        (tactic(2, 16), 31.0),
-        (tactic(1, 1), 90.0),
-    ]);
+    let times = shape_times();
     let calls = Cell::new(0);
     let mut tuner = Autotuner::new(TuneMode::On);
     assert_eq!(
@@ -698,13 +703,7 @@ fn a_cached_tile_this_backend_cannot_run_is_retuned() {
     tuner.cache.insert(&h200(), &shape(), wg, 5.0).unwrap();
     // The same device on the portable image: the entry is passed over, not planned.
     assert_eq!(tuner.choose(&h200(), &shape()), shape_default());
-    let times = table(&[
-        (tactic(1, D), 50.0),
-        (tactic(1, 16), 45.0),
-        (tactic(2, D), 30.5),
-        (tactic(2, 16), 31.0),
-        (tactic(1, 1), 90.0),
-    ]);
+    let times = shape_times();
     let calls = Cell::new(0);
     let t = tuner
         .choose_or_tune(&h200(), &shape(), timer(&times, &calls))
