@@ -282,9 +282,10 @@ pub fn time_shape(
 
 /// Phase times of a trace build's bf16 TMA decode (the kernels' `decode::trace` record, one
 /// per CTA every `stride` words): medians and maxima over the CTAs, in us, of the first
-/// cell's start after the kernel's first entry, each cell's prologue (Q and the first pair
-/// landed, first S done), its pair loop per block, its epilogue, the gap between cells, and
-/// the span from the first entry to the last epilogue's end.
+/// cell's start after the kernel's first entry, each cell's prologue (64 rows: Q and the
+/// first pair landed, first S done; small rows: Q landed), its block loop per block, its
+/// epilogue, the gap between cells, and the span from the first entry to the last
+/// epilogue's end; and the earliest CTA's end (where the tail begins).
 pub fn trace_summary(words: &[u64], stride: usize) -> String {
     use mla::abi::trace::{CELLS, MAGIC, WORDS};
     let recs: Vec<&[u64]> = words
@@ -292,7 +293,7 @@ pub fn trace_summary(words: &[u64], stride: usize) -> String {
         .filter(|r| r.len() >= WORDS && r[0] == MAGIC)
         .collect();
     let Some(t0) = recs.iter().map(|r| r[1]).min() else {
-        return "trace: no record (not a trace build, or not the bf16 TMA decode)".into();
+        return "trace: no record (not a trace build, or not a bf16 TMA decode)".into();
     };
     let us = |ns: u64| ns as f64 * 1e-3;
     let (mut start, mut pro, mut per_block, mut epi, mut gap, mut ends) =
@@ -326,7 +327,7 @@ pub fn trace_summary(words: &[u64], stride: usize) -> String {
     };
     format!(
         "trace ({} CTAs, median/max us): entry {}  first cell start {}  prologue {}  \
-         loop per block {}  epilogue {}  between cells {}  end {}",
+         loop per block {}  epilogue {}  between cells {}  end {}  first end {:.2}",
         recs.len(),
         stat(&mut entry),
         stat(&mut start),
@@ -335,6 +336,7 @@ pub fn trace_summary(words: &[u64], stride: usize) -> String {
         stat(&mut epi),
         stat(&mut gap),
         stat(&mut ends),
+        ends.first().copied().unwrap_or(0.0),
     )
 }
 
@@ -524,8 +526,10 @@ mod tests {
         assert!(s.contains("epilogue 2.00/2.00"), "{s}");
         // The second CTA's second cell starts 1 us after its first ended.
         assert!(s.contains("between cells 1.00/1.00"), "{s}");
-        // Last ends 44.0 and 37.0 us after the earliest entry.
+        // Last ends 44.0 and 37.2 us after the earliest entry.
         assert!(s.contains("end 44.00/44.00"), "{s}");
+        // The CTA that ended first (the tail's start): 37.2 us.
+        assert!(s.contains("first end 37.20"), "{s}");
     }
 
     #[test]

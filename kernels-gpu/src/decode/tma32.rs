@@ -59,7 +59,7 @@ use crate::arch::{self, bulk, cp_async, cvt, ldmatrix, smem, sync, wgmma};
 use crate::decode::tma::e4m3::{self, load_q_e4m3_rows, split_q_row, transpose_vt_part};
 use crate::decode::tma::{block_pages, for_each_cell, uniform};
 use crate::decode::wg::{SLAB, aligned_base, sw64_off};
-use crate::decode::{self, CtaWork, DecodeKind};
+use crate::decode::{self, CtaWork, DecodeKind, trace};
 use crate::elem::{Bf16, Half16};
 use core::marker::PhantomData;
 use mla_abi::DecodeParams;
@@ -1123,7 +1123,8 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
     /// # Safety
     /// The consumer warpgroups, for every cell the producer runs, in the same order.
     #[inline(always)]
-    unsafe fn run(&mut self, n_slabs: &mut u32) {
+    unsafe fn run(&mut self, n_slabs: &mut u32, cell_no: u32) {
+        let traced = cfg!(mla_trace) && !K::KV_FP8;
         let wgs = Form::<K>::WGS;
         let n0 = *n_slabs;
         let own = (self.kb1 - self.kb0 + wgs - 1 - self.cw) / wgs;
@@ -1131,6 +1132,9 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
         // SAFETY: forwarded from the caller.
         unsafe {
             self.load_q();
+            if traced {
+                trace::cell_stamp(self.p, cell_no, 1);
+            }
             let mut blk = self.kb0 + self.cw;
             let mut done = 0u32;
             while blk < self.kb1 {
@@ -1160,6 +1164,9 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
                 }
             }
             *n_slabs = n0 + 9 * (self.kb1 - self.kb0);
+            if traced {
+                trace::cell_stamp(self.p, cell_no, 2);
+            }
             if promotes {
                 self.promote(false);
                 unroll!(i in [0, 1, 2, 3, 4, 5, 6, 7] {
@@ -1341,6 +1348,15 @@ fn acc_quad(acc: *mut f32, tid: usize, i: usize, q: usize) -> *mut f32 {
 pub unsafe fn decode_tma32<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *const u8) {
     let tid = arch::thread_idx_x();
     let sm = Smem::<K>::new();
+    // Trace builds only (`decode::trace`): the bf16 cache's phase stamps, by thread 0 (a
+    // consumer thread), the "prologue" being the Q tile's load.
+    let traced = cfg!(mla_trace) && !K::KV_FP8;
+    let mut cell_no = 0u32;
+    if traced {
+        trace::put(&p, 0, trace::MAGIC);
+        trace::put(&p, 1, trace::now());
+        trace::put(&p, 2, 0);
+    }
     // SAFETY: thread 0 initialises every mbarrier before the CTA barrier below; the
     // producer prefetches the map.
     unsafe {
@@ -1386,7 +1402,7 @@ pub unsafe fn decode_tma32<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *co
                 wgmma::setmaxnreg_inc::<REGS_CONSUMER>();
                 cells!(|_, b, split, work| {
                     let mut cell = Consumer::<K>::new(&p, sm, &work, b, split);
-                    cell.run(&mut n_slabs);
+                    cell.run(&mut n_slabs, 0);
                 });
             } else {
                 wgmma::setmaxnreg_dec::<REGS_SUPPORT>();
@@ -1404,8 +1420,18 @@ pub unsafe fn decode_tma32<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *co
     unsafe {
         cells!(|_, b, split, work| {
             if tid < CONSUMERS {
+                if traced && cell_no < trace::CELLS {
+                    let blocks = (work.kb1 - work.kb0) as u64;
+                    trace::put(&p, 3 + 5 * cell_no, ((b as u64) << 32) | blocks);
+                    trace::cell_stamp(&p, cell_no, 0);
+                }
                 let mut cell = Consumer::<K>::new(&p, sm, &work, b, split);
-                cell.run(&mut n_slabs);
+                cell.run(&mut n_slabs, cell_no);
+                if traced {
+                    trace::cell_stamp(&p, cell_no, 3);
+                    cell_no += 1;
+                    trace::put(&p, 2, cell_no.min(trace::CELLS) as u64);
+                }
             } else if K::KV_CP {
                 produce_cp(&p, sm, &work, b, &mut n_slabs);
             } else if tid == Form::<K>::PRODUCER {

@@ -1,7 +1,8 @@
-//! Phase stamps of the 64-row TMA decode, in builds with `--cfg mla_trace` (`MLA_TRACE=1`
-//! at build time; a measurement build, never the product's): thread 0 of each CTA writes
-//! `%globaltimer` (ns) at its entry and at each cell's start, prologue end (the first S
-//! done), pair-loop end and epilogue end into the CTA's slots of the promotion scratch
+//! Phase stamps of the TMA decodes with a bf16 cache, in builds with `--cfg mla_trace`
+//! (`MLA_TRACE=1` at build time; a measurement build, never the product's): thread 0 of each
+//! CTA writes `%globaltimer` (ns) at its entry and at each cell's start, prologue end (the
+//! 64-row decode: the first S done; the small-row decode: the Q tile loaded), block-loop end
+//! and epilogue end into the CTA's slots of the promotion scratch
 //! (`DecodeParams::acc`, which the bf16 kernels leave unused otherwise), in the layout of
 //! [`mla_abi::trace`]. The dev CLI reads them back (`MLA_TRACE_PRINT=1 mla bench`). Without
 //! the cfg every call is empty.
