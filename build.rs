@@ -21,8 +21,8 @@
 //!   sm_100a builds too. The default there is the hardware `cvt.rn.f16x2.e4m3x2` (verified
 //!   on the H200: bit-identical results, fp8 KV 1.2x faster; docs/PERF.md); sm_80 always
 //!   uses the software decode.
-//! - `MLA_TRACE=1`: a measurement build, not for serving: the sm_90a TMA decode (bf16 caches)
-//!   stamps its phases into the workspace's scratch (`kernels-gpu/src/decode/trace.rs`;
+//! - `MLA_TRACE=1`: a measurement build, not for serving: the sm_90a TMA decodes (bf16 caches)
+//!   stamp their phases into the workspace's scratch (`kernels-gpu/src/decode/trace.rs`;
 //!   `MLA_TRACE_PRINT=1 mla bench` prints them).
 
 use std::env;

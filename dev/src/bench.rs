@@ -285,7 +285,7 @@ pub fn time_shape(
 /// cell's start after the kernel's first entry, each cell's prologue (64 rows: Q and the
 /// first pair landed, first S done; small rows: Q landed), its block loop per block, its
 /// epilogue, the gap between cells, and the span from the first entry to the last
-/// epilogue's end; and the earliest CTA's end (where the tail begins).
+/// epilogue's end; and the earliest, 10th-percentile and mean CTA end (the tail's spread).
 pub fn trace_summary(words: &[u64], stride: usize) -> String {
     use mla::abi::trace::{CELLS, MAGIC, WORDS};
     let recs: Vec<&[u64]> = words
@@ -325,9 +325,19 @@ pub fn trace_summary(words: &[u64], stride: usize) -> String {
         v.sort_by(f64::total_cmp);
         format!("{:.2}/{:.2}", v[v.len() / 2], v[v.len() - 1])
     };
+    // The spread of the CTAs' last ends (sorted by `stat`): where the tail begins.
+    let tail = |v: &[f64]| match v {
+        [] => "-".to_string(),
+        _ => format!(
+            "{:.2}/{:.2}/{:.2}",
+            v[0],
+            v[v.len() / 10],
+            v.iter().sum::<f64>() / v.len() as f64
+        ),
+    };
     format!(
         "trace ({} CTAs, median/max us): entry {}  first cell start {}  prologue {}  \
-         loop per block {}  epilogue {}  between cells {}  end {}  first end {:.2}",
+         loop per block {}  epilogue {}  between cells {}  end {}  ends min/p10/mean {}",
         recs.len(),
         stat(&mut entry),
         stat(&mut start),
@@ -336,7 +346,7 @@ pub fn trace_summary(words: &[u64], stride: usize) -> String {
         stat(&mut epi),
         stat(&mut gap),
         stat(&mut ends),
-        ends.first().copied().unwrap_or(0.0),
+        tail(&ends),
     )
 }
 
@@ -528,8 +538,9 @@ mod tests {
         assert!(s.contains("between cells 1.00/1.00"), "{s}");
         // Last ends 44.0 and 37.2 us after the earliest entry.
         assert!(s.contains("end 44.00/44.00"), "{s}");
-        // The CTA that ended first (the tail's start): 37.2 us.
-        assert!(s.contains("first end 37.20"), "{s}");
+        // The spread of the ends: the first 37.2 us, the 10th percentile (of two) the
+        // same, the mean 40.6.
+        assert!(s.contains("ends min/p10/mean 37.20/37.20/40.60"), "{s}");
     }
 
     #[test]
