@@ -266,10 +266,28 @@ pub fn time_shape(
     // MLA_TRACE_PRINT=1 with a trace build (`MLA_TRACE=1`): the last run's phase stamps.
     if std::env::var("MLA_TRACE_PRINT").as_deref() == Ok("1") && case.plan.is_none() {
         let words = case.ws.scratch_words(stream)?;
-        println!(
-            "{}",
-            trace_summary(&words, mla::abi::ACC_FLOATS_PER_CTA / 2)
-        );
+        let stride = mla::abi::ACC_FLOATS_PER_CTA / 2;
+        println!("{}", trace_summary(&words, stride));
+        // MLA_TRACE_DUMP=FILE: every CTA's record appended to FILE, one line each.
+        if let Ok(path) = std::env::var("MLA_TRACE_DUMP") {
+            let label = format!(
+                "{} B{} L{} H{} S{}",
+                s.dtypes.name(),
+                s.batch,
+                s.len,
+                s.heads,
+                s.s_q
+            );
+            let text = trace_lines(&words, stride, &label);
+            let written = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()));
+            if let Err(e) = written {
+                eprintln!("MLA_TRACE_DUMP {path}: {e}");
+            }
+        }
     }
     Ok(BenchRow {
         shape: s,
@@ -301,7 +319,7 @@ pub fn trace_summary(words: &[u64], stride: usize) -> String {
     let mut entry = vec![];
     for r in &recs {
         entry.push(us(r[1] - t0));
-        let cells = (r[2] as usize).min(CELLS as usize);
+        let cells = ((r[2] & 0xffff_ffff) as usize).min(CELLS as usize);
         for c in 0..cells {
             let w = &r[3 + 5 * c..8 + 5 * c];
             let blocks = (w[0] & 0xffff_ffff).max(1) as f64;
@@ -348,6 +366,33 @@ pub fn trace_summary(words: &[u64], stride: usize) -> String {
         stat(&mut ends),
         tail(&ends),
     )
+}
+
+/// A trace build's records (as [`trace_summary`] reads them) as text, one line per CTA:
+/// `label`, the CTA, its SM, the entry (ns after the earliest), and each recorded cell's
+/// blocks and four stamps (ns after the earliest entry).
+pub fn trace_lines(words: &[u64], stride: usize, label: &str) -> String {
+    use mla::abi::trace::{CELLS, MAGIC, WORDS};
+    let recs: Vec<(usize, &[u64])> = words
+        .chunks(stride)
+        .enumerate()
+        .filter(|(_, r)| r.len() >= WORDS && r[0] == MAGIC)
+        .collect();
+    let t0 = recs.iter().map(|(_, r)| r[1]).min().unwrap_or(0);
+    let mut out = String::new();
+    for (cta, r) in recs {
+        let cells = ((r[2] & 0xffff_ffff) as usize).min(CELLS as usize);
+        out += &format!("{label}\t{cta}\t{}\t{}", r[2] >> 32, r[1] - t0);
+        for c in 0..cells {
+            let w = &r[3 + 5 * c..8 + 5 * c];
+            out += &format!("\t{}", w[0] & 0xffff_ffff);
+            for &t in &w[1..] {
+                out += &format!(" {}", t.saturating_sub(t0));
+            }
+        }
+        out += "\n";
+    }
+    out
 }
 
 /// Device-to-device copy bandwidth (bytes read + written per second, GB/s) over 2 GiB.
@@ -495,7 +540,7 @@ fn default_tile_shapes(
 
 #[cfg(test)]
 mod tests {
-    use super::trace_summary;
+    use super::{trace_lines, trace_summary};
 
     /// One CTA's record as the trace build writes it: the magic, the entry stamp, the cell
     /// count, then per cell `(b << 32) | blocks` and its four stamps (ns).
@@ -509,6 +554,23 @@ mod tests {
             r[4 + 5 * c..8 + 5 * c].copy_from_slice(st);
         }
         r
+    }
+
+    #[test]
+    fn trace_lines_give_each_cta_its_sm_and_stamps() {
+        let stride = 64;
+        let mut words = record(stride, 1_000, &[(16, [3_000, 11_000, 43_000, 45_000])]);
+        let mut second = record(stride, 1_200, &[(4, [3_200, 10_200, 18_200, 20_200])]);
+        // SM 77 in word 2's high half; the cell count stays in the low half.
+        second[2] |= 77 << 32;
+        words.extend(second);
+        let text = trace_lines(&words, stride, "bf16 B1");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert_eq!(lines[0], "bf16 B1\t0\t0\t0\t16 2000 10000 42000 44000");
+        assert_eq!(lines[1], "bf16 B1\t1\t77\t200\t4 2200 9200 17200 19200");
+        // The summary reads the count past the SM.
+        assert!(trace_summary(&words, stride).contains("end 44.00/44.00"));
     }
 
     #[test]

@@ -816,7 +816,7 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *cons
     if traced {
         trace::put(&p, 0, trace::MAGIC);
         trace::put(&p, 1, trace::now());
-        trace::put(&p, 2, 0);
+        trace::cells_done(&p, 0);
     }
     // SAFETY: every thread runs every phase (the marks come from shared memory after a
     // CTA barrier, loop bounds and has_b / next flags are CTA-uniform), so both
@@ -873,7 +873,7 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *cons
                 if traced {
                     trace::cell_stamp(&p, cell_no, 3);
                     cell_no += 1;
-                    trace::put(&p, 2, cell_no.min(trace::CELLS) as u64);
+                    trace::cells_done(&p, cell_no);
                 }
             }
         );

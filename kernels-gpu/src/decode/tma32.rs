@@ -1355,7 +1355,7 @@ pub unsafe fn decode_tma32<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *co
     if traced {
         trace::put(&p, 0, trace::MAGIC);
         trace::put(&p, 1, trace::now());
-        trace::put(&p, 2, 0);
+        trace::cells_done(&p, 0);
     }
     // SAFETY: thread 0 initialises every mbarrier before the CTA barrier below; the
     // producer prefetches the map.
@@ -1430,7 +1430,7 @@ pub unsafe fn decode_tma32<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *co
                 if traced {
                     trace::cell_stamp(&p, cell_no, 3);
                     cell_no += 1;
-                    trace::put(&p, 2, cell_no.min(trace::CELLS) as u64);
+                    trace::cells_done(&p, cell_no);
                 }
             } else if K::KV_CP {
                 produce_cp(&p, sm, &work, b, &mut n_slabs);

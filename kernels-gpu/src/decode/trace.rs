@@ -43,6 +43,20 @@ pub(crate) fn now() -> u64 {
     0
 }
 
+/// Word 2: the cells recorded so far (`n`), with the SM's `%smid` in the high half (which
+/// SMs a tail's CTAs ran on).
+#[inline(always)]
+#[allow(unused_variables)]
+pub(crate) fn cells_done(p: &DecodeParams, n: u32) {
+    #[cfg(mla_trace)]
+    {
+        let sm: u32;
+        // SAFETY: a special-register read.
+        unsafe { core::arch::asm!("mov.u32 {s}, %smid;", s = out(reg32) sm, options(nomem, nostack)) };
+        put(p, 2, ((sm as u64) << 32) | n.min(CELLS) as u64);
+    }
+}
+
 /// Stamp `k` (0..4) of recorded cell `cell` (cells past [`CELLS`] are not recorded).
 #[inline(always)]
 pub(crate) fn cell_stamp(p: &DecodeParams, cell: u32, k: u32) {
