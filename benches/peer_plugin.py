@@ -11,7 +11,8 @@ times one layer (mla_decode_run_layer: decode + combine). With STEP = True (the 
 peer_plugin_step.py, peer `mla_rs_step`) fn() times schedule + decode + combine
 (mla_decode_run) instead. Either way fn() launches on torch's current stream with no
 allocation and no synchronisation, so the harness can capture it in a CUDA graph.
-MLA_TILE=m16n64|m64n64|wg64n64|m32n64 forces the plan's tile (A/Bs of the tile rule).
+MLA_TILE=m16n64|m64n64|wg64n64|m32n64 forces the plan's tile (A/Bs of the tile rule);
+MLA_WAVES=1..4 the plan's waves of CTAs (A/Bs of the split target; 0 or unset: the default).
 """
 import ctypes
 import os
@@ -121,7 +122,8 @@ def _make(q, kcache, kv_dtype, kv_scale, block_table, seq_lens, scale, q_dtype=M
     max_pages = block_table.shape[1]
     L = int(seq_lens.max().item())
     cfg = PlanConfig(max_batch=B, heads=H, s_q=s_q, page_size=page, max_seq_len=max(L, max_pages * page),
-                     q_dtype=q_dtype, kv_dtype=kv_dtype, waves=0, tile=_tile_for(H * s_q))
+                     q_dtype=q_dtype, kv_dtype=kv_dtype, waves=int(os.environ.get("MLA_WAVES", "0")),
+                     tile=_tile_for(H * s_q))
     plan = ctypes.c_void_p()
     _check(lib, lib.mla_plan_create(_rt, ctypes.byref(cfg), ctypes.byref(plan)), "mla_plan_create")
     out = torch.empty((B, s_q, H, 512), dtype=torch.bfloat16, device=q.device)
