@@ -52,7 +52,9 @@ pub(crate) fn cells_done(p: &DecodeParams, n: u32) {
     {
         let sm: u32;
         // SAFETY: a special-register read.
-        unsafe { core::arch::asm!("mov.u32 {s}, %smid;", s = out(reg32) sm, options(nomem, nostack)) };
+        unsafe {
+            core::arch::asm!("mov.u32 {s}, %smid;", s = out(reg32) sm, options(nomem, nostack))
+        };
         put(p, 2, ((sm as u64) << 32) | n.min(CELLS) as u64);
     }
 }
