@@ -37,6 +37,23 @@ pub struct BenchShape {
     pub page: usize,
 }
 
+impl BenchShape {
+    /// `bf16 wg64n64 B64 L4096 H128 S1 P64`: what `MLA_BENCH_FILTER` matches and what a
+    /// trace dump's lines carry.
+    pub fn label(&self) -> String {
+        format!(
+            "{} {} B{} L{} H{} S{} P{}",
+            self.dtypes.name(),
+            self.tile.name(),
+            self.batch,
+            self.len,
+            self.heads,
+            self.s_q,
+            self.page
+        )
+    }
+}
+
 /// One result row.
 #[derive(Clone, Debug)]
 pub struct BenchRow {
@@ -270,15 +287,7 @@ pub fn time_shape(
         println!("{}", trace_summary(&words, stride));
         // MLA_TRACE_DUMP=FILE: every CTA's record appended to FILE, one line each.
         if let Ok(path) = std::env::var("MLA_TRACE_DUMP") {
-            let label = format!(
-                "{} B{} L{} H{} S{}",
-                s.dtypes.name(),
-                s.batch,
-                s.len,
-                s.heads,
-                s.s_q
-            );
-            let text = trace_lines(&words, stride, &label);
+            let text = trace_lines(&words, stride, &s.label());
             let written = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
@@ -298,6 +307,21 @@ pub fn time_shape(
     })
 }
 
+/// The trace build's records in the scratch (one per CTA every `stride` words, those with the
+/// magic), with their CTA index.
+fn trace_records(words: &[u64], stride: usize) -> impl Iterator<Item = (usize, &[u64])> {
+    use mla::abi::trace::{MAGIC, WORDS};
+    words
+        .chunks(stride)
+        .enumerate()
+        .filter(|(_, r)| r.len() >= WORDS && r[0] == MAGIC)
+}
+
+/// The cells a record holds (word 2's low half; its high half is the SM).
+fn recorded_cells(r: &[u64]) -> usize {
+    ((r[2] & 0xffff_ffff) as usize).min(mla::abi::trace::CELLS as usize)
+}
+
 /// Phase times of a trace build's bf16 TMA decode (the kernels' `decode::trace` record, one
 /// per CTA every `stride` words): medians and maxima over the CTAs, in us, of the first
 /// cell's start after the kernel's first entry, each cell's prologue (64 rows: Q and the
@@ -305,11 +329,7 @@ pub fn time_shape(
 /// epilogue, the gap between cells, and the span from the first entry to the last
 /// epilogue's end; and the earliest, 10th-percentile and mean CTA end (the tail's spread).
 pub fn trace_summary(words: &[u64], stride: usize) -> String {
-    use mla::abi::trace::{CELLS, MAGIC, WORDS};
-    let recs: Vec<&[u64]> = words
-        .chunks(stride)
-        .filter(|r| r.len() >= WORDS && r[0] == MAGIC)
-        .collect();
+    let recs: Vec<&[u64]> = trace_records(words, stride).map(|(_, r)| r).collect();
     let Some(t0) = recs.iter().map(|r| r[1]).min() else {
         return "trace: no record (not a trace build, or not a bf16 TMA decode)".into();
     };
@@ -319,7 +339,7 @@ pub fn trace_summary(words: &[u64], stride: usize) -> String {
     let mut entry = vec![];
     for r in &recs {
         entry.push(us(r[1] - t0));
-        let cells = ((r[2] & 0xffff_ffff) as usize).min(CELLS as usize);
+        let cells = recorded_cells(r);
         for c in 0..cells {
             let w = &r[3 + 5 * c..8 + 5 * c];
             let blocks = (w[0] & 0xffff_ffff).max(1) as f64;
@@ -372,16 +392,13 @@ pub fn trace_summary(words: &[u64], stride: usize) -> String {
 /// `label`, the CTA, its SM, the entry (ns after the earliest), and each recorded cell's
 /// blocks and four stamps (ns after the earliest entry).
 pub fn trace_lines(words: &[u64], stride: usize, label: &str) -> String {
-    use mla::abi::trace::{CELLS, MAGIC, WORDS};
-    let recs: Vec<(usize, &[u64])> = words
-        .chunks(stride)
-        .enumerate()
-        .filter(|(_, r)| r.len() >= WORDS && r[0] == MAGIC)
-        .collect();
-    let t0 = recs.iter().map(|(_, r)| r[1]).min().unwrap_or(0);
+    let t0 = trace_records(words, stride)
+        .map(|(_, r)| r[1])
+        .min()
+        .unwrap_or(0);
     let mut out = String::new();
-    for (cta, r) in recs {
-        let cells = ((r[2] & 0xffff_ffff) as usize).min(CELLS as usize);
+    for (cta, r) in trace_records(words, stride) {
+        let cells = recorded_cells(r);
         out += &format!("{label}\t{cta}\t{}\t{}", r[2] >> 32, r[1] - t0);
         for c in 0..cells {
             let w = &r[3 + 5 * c..8 + 5 * c];

@@ -215,16 +215,7 @@ fn bench(
         .into_iter()
         .filter(|s| s.tile.check(backend, s.dtypes).is_ok())
         .filter(|s| {
-            let label = format!(
-                "{} {} B{} L{} H{} S{} P{}",
-                s.dtypes.name(),
-                s.tile.name(),
-                s.batch,
-                s.len,
-                s.heads,
-                s.s_q,
-                s.page
-            );
+            let label = s.label();
             filter.split('|').any(|f| label.contains(f))
         })
         .collect();

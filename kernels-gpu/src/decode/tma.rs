@@ -814,9 +814,7 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *cons
     let traced = cfg!(mla_trace) && !Cta::<K>::E4;
     let mut cell_no = 0u32;
     if traced {
-        trace::put(&p, 0, trace::MAGIC);
-        trace::put(&p, 1, trace::now());
-        trace::cells_done(&p, 0);
+        trace::begin(&p);
     }
     // SAFETY: every thread runs every phase (the marks come from shared memory after a
     // CTA barrier, loop bounds and has_b / next flags are CTA-uniform), so both
@@ -829,10 +827,8 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *cons
             arch::opaque(aligned_base()) + T::TMA_SMEM_CELLS as u32,
             sync::bar_sync,
             |tile, b, split, work| {
-                if traced && cell_no < trace::CELLS {
-                    let blocks = (work.kb1 - work.kb0) as u64;
-                    trace::put(&p, 3 + 5 * cell_no, ((b as u64) << 32) | blocks);
-                    trace::cell_stamp(&p, cell_no, 0);
+                if traced {
+                    trace::cell_begin(&p, cell_no, b, work.kb1 - work.kb0);
                 }
                 let mut cta = Cta::<K>::new(&p, tmap, work, tile, b, split);
                 // Declared per cell: S is dead between cells (its first wgmma overwrites it).
@@ -871,9 +867,7 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *cons
                 }
                 cta.epilogue();
                 if traced {
-                    trace::cell_stamp(&p, cell_no, 3);
-                    cell_no += 1;
-                    trace::cells_done(&p, cell_no);
+                    trace::cell_end(&p, &mut cell_no);
                 }
             }
         );

@@ -1353,9 +1353,7 @@ pub unsafe fn decode_tma32<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *co
     let traced = cfg!(mla_trace) && !K::KV_FP8;
     let mut cell_no = 0u32;
     if traced {
-        trace::put(&p, 0, trace::MAGIC);
-        trace::put(&p, 1, trace::now());
-        trace::cells_done(&p, 0);
+        trace::begin(&p);
     }
     // SAFETY: thread 0 initialises every mbarrier before the CTA barrier below; the
     // producer prefetches the map.
@@ -1420,17 +1418,13 @@ pub unsafe fn decode_tma32<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *co
     unsafe {
         cells!(|_, b, split, work| {
             if tid < CONSUMERS {
-                if traced && cell_no < trace::CELLS {
-                    let blocks = (work.kb1 - work.kb0) as u64;
-                    trace::put(&p, 3 + 5 * cell_no, ((b as u64) << 32) | blocks);
-                    trace::cell_stamp(&p, cell_no, 0);
+                if traced {
+                    trace::cell_begin(&p, cell_no, b, work.kb1 - work.kb0);
                 }
                 let mut cell = Consumer::<K>::new(&p, sm, &work, b, split);
                 cell.run(&mut n_slabs, cell_no);
                 if traced {
-                    trace::cell_stamp(&p, cell_no, 3);
-                    cell_no += 1;
-                    trace::cells_done(&p, cell_no);
+                    trace::cell_end(&p, &mut cell_no);
                 }
             } else if K::KV_CP {
                 produce_cp(&p, sm, &work, b, &mut n_slabs);

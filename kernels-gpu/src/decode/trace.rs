@@ -59,6 +59,35 @@ pub(crate) fn cells_done(p: &DecodeParams, n: u32) {
     }
 }
 
+/// A CTA's entry: the record's magic, the entry stamp, no cells yet.
+#[inline(always)]
+pub(crate) fn begin(p: &DecodeParams) {
+    if cfg!(mla_trace) {
+        put(p, 0, MAGIC);
+        put(p, 1, now());
+        cells_done(p, 0);
+    }
+}
+
+/// Cell `cell`'s start (of sequence `b`, `blocks` KV blocks): its header and stamp 0.
+#[inline(always)]
+pub(crate) fn cell_begin(p: &DecodeParams, cell: u32, b: u32, blocks: u32) {
+    if cfg!(mla_trace) && cell < CELLS {
+        put(p, 3 + 5 * cell, ((b as u64) << 32) | blocks as u64);
+        cell_stamp(p, cell, 0);
+    }
+}
+
+/// Cell `*cell`'s end: stamp 3, then the count of cells done (and the SM) moves on.
+#[inline(always)]
+pub(crate) fn cell_end(p: &DecodeParams, cell: &mut u32) {
+    if cfg!(mla_trace) {
+        cell_stamp(p, *cell, 3);
+        *cell += 1;
+        cells_done(p, *cell);
+    }
+}
+
 /// Stamp `k` (0..4) of recorded cell `cell` (cells past [`CELLS`] are not recorded).
 #[inline(always)]
 pub(crate) fn cell_stamp(p: &DecodeParams, cell: u32, k: u32) {
