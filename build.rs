@@ -259,7 +259,7 @@ fn compile_kernels(root: &Path, out: &Path, img: &Image, ptx_path: &Path) {
         flags.push("--cfg=mla_pdl".into());
     }
     if img.wgmma && env::var("MLA_TRACE").as_deref() == Ok("1") {
-        // A measurement build: the TMA decode's phase stamps (kernels-gpu decode::trace).
+        // A measurement build: the TMA decodes' phase stamps (kernels-gpu decode::trace).
         flags.push("--cfg=mla_trace".into());
     }
     if img.wgmma {

@@ -162,7 +162,7 @@ impl DecodeWorkspace {
     }
 
     /// The promotion scratch read back as 64-bit words, `ACC_FLOATS_PER_CTA / 2` per CTA of
-    /// the device: where a trace build's bf16 TMA decode leaves its phase stamps (the
+    /// the device: where a trace build's bf16 TMA decodes leave their phase stamps (the
     /// kernels' `decode::trace`, `MLA_TRACE=1`). Synchronises `stream`. For measurements.
     #[doc(hidden)]
     pub fn scratch_words(&self, stream: &Arc<CudaStream>) -> Result<Vec<u64>> {

@@ -1131,10 +1131,11 @@ impl DecodeParams {
 /// values and 8 row maxima per thread each).
 pub const ACC_FLOATS_PER_CTA: usize = decode_tile::THREADS * 136;
 
-/// The record a trace build's (`MLA_TRACE=1`) bf16 TMA decode leaves in each CTA's share of
+/// The record a trace build's (`MLA_TRACE=1`) bf16 TMA decodes leave in each CTA's share of
 /// [`DecodeParams::acc`], as u64 words: [`trace::MAGIC`], the entry stamp (`%globaltimer`,
-/// ns), the cells recorded, then per cell (at most [`trace::CELLS`]) `(b << 32) | blocks`
-/// and its four stamps: start, prologue end, pair-loop end, epilogue end.
+/// ns), the cells recorded (the SM's `%smid` in the high half), then per cell (at most
+/// [`trace::CELLS`]) `(b << 32) | blocks` and its four stamps: start, prologue end,
+/// block-loop end, epilogue end.
 pub mod trace {
     /// The first word of a CTA's record.
     pub const MAGIC: u64 = 0x6d6c_615f_7472_6163;
