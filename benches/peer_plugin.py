@@ -87,6 +87,8 @@ def _check(lib, status, what):
 FORCE_TILE = None
 # True (peer_plugin_step.py): fn() runs the whole step, schedule included.
 STEP = False
+# Environment set only around the plan's making (wrapper plugins' per-plan A/B switches).
+FORCE_ENV = {}
 
 
 def _tile_for(rows):
@@ -125,7 +127,16 @@ def _make(q, kcache, kv_dtype, kv_scale, block_table, seq_lens, scale, q_dtype=M
                      q_dtype=q_dtype, kv_dtype=kv_dtype, waves=int(os.environ.get("MLA_WAVES", "0")),
                      tile=_tile_for(H * s_q))
     plan = ctypes.c_void_p()
-    _check(lib, lib.mla_plan_create(_rt, ctypes.byref(cfg), ctypes.byref(plan)), "mla_plan_create")
+    saved = {k: os.environ.get(k) for k in FORCE_ENV}
+    os.environ.update(FORCE_ENV)
+    try:
+        _check(lib, lib.mla_plan_create(_rt, ctypes.byref(cfg), ctypes.byref(plan)), "mla_plan_create")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
     out = torch.empty((B, s_q, H, 512), dtype=torch.bfloat16, device=q.device)
     lse = torch.empty((B, s_q, H), dtype=torch.float32, device=q.device)
     args = DecodeArgs(q=q.data_ptr(), kv_cache=kcache.data_ptr(), page_table=block_table.data_ptr(),

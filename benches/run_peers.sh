@@ -13,6 +13,7 @@ source tests/gpu/unpack.sh
 export MLA_LIB=${MLA_LIB:-$PWD/stage/lib/libmla.so}
 PYTHONUNBUFFERED=1 python3 stage/peers/bench_mla.py --plugin benches/peer_plugin.py \
   --plugin benches/peer_plugin_step.py --plugin benches/peer_plugin_fp8q.py \
+  --plugin benches/peer_plugin_wg.py --plugin benches/peer_plugin_cp.py \
   --plugin stage/peers/fa3_mla_plugin.py \
   --peers "${MLA_PEER_LIST:-flashmla_bf16,flashmla_fp8,flashinfer,fa3_mla,mla_rs,mla_rs_fp8,mla_rs_fp8q_fp8,mla_rs_step,mla_rs_step_fp8}" --json "$out/peers.json" "$@" 2>&1 | tee "$out/peers.log" | tail -5
 {

@@ -257,7 +257,19 @@ impl DecodeKernels {
             pdl: switches.pdl && variant != Variant::Portable,
             reference,
         };
-        kernels.small_rows(over.tma32, over.tma32_fp8)
+        let kernels = kernels.small_rows(over.tma32, over.tma32_fp8);
+        // `MLA_TMA32_FORM=cp` (read at each plan's making, for A/Bs): the small-row decode's
+        // `cp.async` form where the TMA one would run (bf16).
+        if std::env::var("MLA_TMA32_FORM").as_deref() == Ok("cp")
+            && kernels.tma32.is_some_and(|k| k.symbol == names::DECODE_TMA32_BF16)
+            && kernels.tma32_cp.is_some()
+        {
+            return DecodeKernels {
+                tma32: kernels.tma32_cp,
+                ..kernels
+            };
+        }
+        kernels
     }
 
     /// [`DecodeKernels`] that run the small-row TMA decode (`on`) where a request of at most
