@@ -61,6 +61,9 @@ use crate::tactic::{Switches, Tile};
 /// - `MLA_TMA32_CP=0`: the `cp.async` `wgmma` decode where a bf16 request of at most 32 rows
 ///   would take the small-row decode's `cp.async` form ([`DecodeKernels::tma32_cp`]; for
 ///   A/Bs).
+/// - `MLA_TMA32_FORM=cp`: the small-row decode's `cp.async` form where a bf16 request would
+///   take its TMA form (for A/Bs). Read at each plan's making, not once: one process can
+///   make plans of both forms (the plugins `mla_rs_wg` and `mla_rs_cp` do).
 /// - `MLA_TMA_CP=0`: the `cp.async` `wgmma` decode where a request would take the 64-row
 ///   TMA decode's `cp.async` form (bf16 above 32 rows, fp8 caches;
 ///   [`DecodeKernels::tma_cp`]; for A/Bs).
@@ -261,7 +264,9 @@ impl DecodeKernels {
         // `MLA_TMA32_FORM=cp` (read at each plan's making, for A/Bs): the small-row decode's
         // `cp.async` form where the TMA one would run (bf16).
         if std::env::var("MLA_TMA32_FORM").as_deref() == Ok("cp")
-            && kernels.tma32.is_some_and(|k| k.symbol == names::DECODE_TMA32_BF16)
+            && kernels
+                .tma32
+                .is_some_and(|k| k.symbol == names::DECODE_TMA32_BF16)
             && kernels.tma32_cp.is_some()
         {
             return DecodeKernels {
@@ -422,7 +427,10 @@ impl DecodeKernels {
         if let Some(t) = self.tma {
             out.push(t.symbol);
         }
-        if let Some(t) = self.cp_form(rows) {
+        // (`MLA_TMA32_FORM=cp` makes the small-row kernel the `cp.async` form: listed once.)
+        if let Some(t) = self.cp_form(rows)
+            && !out.contains(&t.symbol)
+        {
             out.push(t.symbol);
         }
         out.push(self.decode.symbol);
