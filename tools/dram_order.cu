@@ -2,11 +2,14 @@
 //
 // Every CTA (one per SM by default) streams its share of a cache of 64-token pages, rows of
 // 1152 bytes (576 bf16), through plain 16-byte loads, 36 per thread and page (128 threads: a
-// page's 72 KB), in one of three orders:
+// page's 72 KB), in one of four orders:
 //   slab   chunk s (128 bytes) of all 64 rows, then chunk s + 1: how the decodes' slab copies
 //          read a block (nine 64-row x 128-byte boxes);
 //   row    the nine chunks of 16 rows, then the next 16 rows: each row's 1152 bytes read back
 //          to back;
+//   split  the row order on the cache split as the peers' harness hands it to FlashInfer: the
+//          512 latent dims of every page in one tensor (1024-byte rows), the 64 rope dims in
+//          another (128-byte rows), a row's eight latent pieces then its rope piece;
 //   linear consecutive 2 KB runs of the page (the bound).
 // `--gap NS` sleeps each thread NS ns after each 8 KB of its CTA's loads (four loads a
 // thread), as the decodes' ring issues a slab when its slot frees, not a block at once.
@@ -47,18 +50,23 @@ __device__ __forceinline__ uint4 load(const uint8_t* p) {
   return v;
 }
 
-// Offset of load k (0..36) of thread t in a page, by order.
+// Byte offset in the cache of load k (0..36) of thread t in page `page` of `pages`, by order.
 template <int kOrder>
-__device__ __forceinline__ int offset(int k, int t) {
+__device__ __forceinline__ size_t offset(int k, int t, size_t page, size_t pages) {
   const int r0 = t / 8, c = t % 8;  // 16 rows an instruction, eight 16-byte pieces a row
   if (kOrder == 0) {                // slab: k = 4 s + i
     const int s = k / 4, i = k % 4;
-    return (r0 + 16 * i) * kRow + s * 128 + c * 16;
+    return page * kPage + (r0 + 16 * i) * kRow + s * 128 + c * 16;
   } else if (kOrder == 1) {         // row: k = 9 i + s
     const int i = k / 9, s = k % 9;
-    return (r0 + 16 * i) * kRow + s * 128 + c * 16;
+    return page * kPage + (r0 + 16 * i) * kRow + s * 128 + c * 16;
+  } else if (kOrder == 2) {         // split: latent pages (64 KB each), then rope pages (8 KB)
+    const int i = k / 9, s = k % 9;
+    const int row = r0 + 16 * i;
+    if (s < 8) return page * (kRows * 1024) + row * 1024 + s * 128 + c * 16;
+    return pages * (kRows * 1024) + page * (kRows * 128) + row * 128 + c * 16;
   } else {                          // linear
-    return k * (kThreads * 16) + t * 16;
+    return page * kPage + k * (kThreads * 16) + t * 16;
   }
 }
 
@@ -71,11 +79,11 @@ __global__ void __launch_bounds__(kThreads)
   const int p0 = blockIdx.x * per_cta;
   const int p1 = min(p0 + per_cta, pages);
   for (int p = p0; p < p1; ++p) {
-    const uint8_t* base = cache + static_cast<size_t>(table[p]) * kPage;
+    const size_t page = static_cast<size_t>(table[p]);
     uint4 v[kLoads];
 #pragma unroll
     for (int k = 0; k < kLoads; ++k) {
-      v[k] = load(base + offset<kOrder>(k, t));
+      v[k] = load(cache + offset<kOrder>(k, t, page, pages));
       // (The warp barrier keeps ptxas from hoisting the next loads above the sleep.)
       if (gap_ns != 0 && k % 4 == 3) {
         __nanosleep(gap_ns);
@@ -168,8 +176,8 @@ int main(int argc, char** argv) {
   std::printf("copy (read + write): %.0f GB/s\n", copy);
 
   const int per_cta = (pages + ctas - 1) / ctas;
-  const char* names[] = {"slab", "row", "linear"};
-  for (int order = 0; order < 3; ++order) {
+  const char* names[] = {"slab", "row", "split", "linear"};
+  for (int order = 0; order < 4; ++order) {
     ms.clear();
     for (int r = 0; r < reps + 2; ++r) {
       CHECK(cudaMemsetAsync(flush, r, flush_bytes));
@@ -177,6 +185,7 @@ int main(int argc, char** argv) {
       if (order == 0) stream<0><<<ctas, kThreads>>>(cache, table, pages, per_cta, gap, sink);
       if (order == 1) stream<1><<<ctas, kThreads>>>(cache, table, pages, per_cta, gap, sink);
       if (order == 2) stream<2><<<ctas, kThreads>>>(cache, table, pages, per_cta, gap, sink);
+      if (order == 3) stream<3><<<ctas, kThreads>>>(cache, table, pages, per_cta, gap, sink);
       CHECK(cudaGetLastError());
       CHECK(cudaEventRecord(e1));
       CHECK(cudaEventSynchronize(e1));
