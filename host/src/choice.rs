@@ -62,8 +62,9 @@ use crate::tactic::{Switches, Tile};
 ///   would take the small-row decode's `cp.async` form ([`DecodeKernels::tma32_cp`]; for
 ///   A/Bs).
 /// - `MLA_TMA32_FORM=cp`: the small-row decode's `cp.async` form where a bf16 request would
-///   take its TMA form (for A/Bs). Read at each plan's making, not once: one process can
-///   make plans of both forms (the plugins `mla_rs_wg` and `mla_rs_cp` do).
+///   take its TMA form ([`DecodeKernels::small_rows_by_cp`]; for A/Bs). Read at each plan's
+///   making, not once: one process can make plans of both forms (the plugins `mla_rs_wg` and
+///   `mla_rs_cp` do); the plan-free launches do not read it.
 /// - `MLA_TMA_CP=0`: the `cp.async` `wgmma` decode where a request would take the 64-row
 ///   TMA decode's `cp.async` form (bf16 above 32 rows, fp8 caches;
 ///   [`DecodeKernels::tma_cp`]; for A/Bs).
@@ -260,21 +261,23 @@ impl DecodeKernels {
             pdl: switches.pdl && variant != Variant::Portable,
             reference,
         };
-        let kernels = kernels.small_rows(over.tma32, over.tma32_fp8);
-        // `MLA_TMA32_FORM=cp` (read at each plan's making, for A/Bs): the small-row decode's
-        // `cp.async` form where the TMA one would run (bf16).
-        if std::env::var("MLA_TMA32_FORM").as_deref() == Ok("cp")
-            && kernels
-                .tma32
-                .is_some_and(|k| k.symbol == names::DECODE_TMA32_BF16)
-            && kernels.tma32_cp.is_some()
-        {
-            return DecodeKernels {
-                tma32: kernels.tma32_cp,
-                ..kernels
-            };
+        kernels.small_rows(over.tma32, over.tma32_fp8)
+    }
+
+    /// [`DecodeKernels`] whose small-row kernel is the `cp.async` form where it would be the
+    /// bf16 TMA form and the plan has that form (a plan made with `MLA_TMA32_FORM=cp`, for
+    /// A/Bs); else unchanged.
+    pub fn small_rows_by_cp(self) -> DecodeKernels {
+        let bf16_tma = self
+            .tma32
+            .is_some_and(|k| k.symbol == names::DECODE_TMA32_BF16);
+        match self.tma32_cp {
+            Some(cp) if bf16_tma => DecodeKernels {
+                tma32: Some(cp),
+                ..self
+            },
+            _ => self,
         }
-        kernels
     }
 
     /// [`DecodeKernels`] that run the small-row TMA decode (`on`) where a request of at most

@@ -325,6 +325,11 @@ impl Runtime {
             grid_splits,
         )
         .with_wave_splits(target_ctas / tiles.max(1));
+        let kernels = if std::env::var("MLA_TMA32_FORM").as_deref() == Ok("cp") {
+            kernels.small_rows_by_cp()
+        } else {
+            kernels
+        };
         Ok(DecodePlan {
             config,
             backend,

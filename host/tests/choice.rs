@@ -89,6 +89,52 @@ fn bf16_h64_sq2_page16_on_sm90a() {
     assert_eq!(k.decode_for(&req, &shape).symbol, padded);
 }
 
+/// `small_rows_by_cp` (a plan made with `MLA_TMA32_FORM=cp`): a bf16 request of at most 32
+/// rows on a page-64 cache takes the small-row decode's `cp.async` form, listed once among
+/// the plan's kernels; fp8 caches and larger requests keep their kernels.
+#[test]
+fn small_rows_by_cp_swaps_only_the_bf16_small_row_kernel() {
+    let over = mla_host::choice::Overrides::get();
+    let cp_on = over.tma32_cp && over.small_row_tma();
+    let plain = kernels(Backend::Sm90a, Tile::Wg64N64, DecodeDtypes::Bf16, 64, 32);
+    let k = plain.small_rows_by_cp();
+    // 32 rows, 4096 tokens: two blocks a split at the grid's 32 splits.
+    let (req, shape) = request_rows(DecodeDtypes::Bf16, 64, 64, 2, 16);
+    let want = if cp_on {
+        names::DECODE_TMA32_BF16_CP
+    } else {
+        plain.decode_for(&req, &shape).symbol
+    };
+    assert_eq!(k.decode_for(&req, &shape).symbol, want);
+    if over.small_row_tma() {
+        assert_eq!(
+            plain.decode_for(&req, &shape).symbol,
+            names::DECODE_TMA32_BF16
+        );
+    }
+    let all = k.all(8, 32, 132);
+    assert_eq!(
+        all.iter()
+            .filter(|&&s| s == names::DECODE_TMA32_BF16_CP)
+            .count(),
+        usize::from(cp_on)
+    );
+    // 64 rows: the 64-row TMA decode either way.
+    let (req, shape) = request_rows(DecodeDtypes::Bf16, 64, 64, 2, 32);
+    assert_eq!(
+        k.decode_for(&req, &shape).symbol,
+        plain.decode_for(&req, &shape).symbol
+    );
+    for d in [DecodeDtypes::Fp8KvBf16Q, DecodeDtypes::Fp8] {
+        let plain = kernels(Backend::Sm90a, Tile::Wg64N64, d, 64, 32);
+        let swapped = plain.small_rows_by_cp();
+        assert_eq!(
+            swapped.tma32.map(|t| t.symbol),
+            plain.tma32.map(|t| t.symbol)
+        );
+    }
+}
+
 /// Where the map cannot serve (pages of fewer than `TMA_MIN_PAGE` tokens, a padded cache), a
 /// bf16 request whose splits hold two or more blocks takes a `cp.async` form of the TMA
 /// decode: the small-row decode's at most 32 rows (`MLA_TMA32_CP=0`, or with `MLA_TMA32=0`:
