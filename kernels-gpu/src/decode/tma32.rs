@@ -414,23 +414,34 @@ unsafe fn produce_cp<K: DecodeKind>(
         let src = [0u32, 1, 2, 3]
             .map(|i| decode::kv_row_source(p, ent[i as usize], blk * BLOCK_N + r0 + 16 * i, 2));
         let at = Pos::of(*n_slabs, n);
+        // Row order: the block's nine slots free first, then each row's nine chunks back to
+        // back (a warp's copies sweep four whole rows), then the nine full arrivals.
         let mut s = 0;
         while s < 9 {
             let at_s = at.plus(s, n);
-            // SAFETY: the slot's last reader arrived on its free barrier (parity of the
-            // previous use; a fresh barrier's previous phase counts as complete); rows
-            // r0 + 16 i < 64, chunk c < 8 of the slot (the rows share r0 % 8); a valid row
-            // (n == 16) is 1152 contiguous bytes (chunk 8 s + c of it), else nothing is
-            // read.
-            unsafe {
-                while !bulk::mbarrier_try_wait_parity(sm.free(at_s.slot), at_s.parity ^ 1) {}
-                let dst = sm.slab(at_s.slot) + r0 * 128 + ((c ^ (r0 % 8)) << 4);
-                unroll!(i in [0, 1, 2, 3] {
+            // SAFETY: a barrier wait only.
+            unsafe { while !bulk::mbarrier_try_wait_parity(sm.free(at_s.slot), at_s.parity ^ 1) {} }
+            s += 1;
+        }
+        unroll!(i in [0, 1, 2, 3] {
+            let mut s = 0;
+            while s < 9 {
+                let at_s = at.plus(s, n);
+                // SAFETY: as the slab-order form: the slot is free, rows r0 + 16 i < 64,
+                // chunk c < 8 of the slot; a valid row is 1152 contiguous bytes.
+                unsafe {
+                    let dst = sm.slab(at_s.slot) + r0 * 128 + ((c ^ (r0 % 8)) << 4);
                     let a = src[i].main.add((128 * s + 16 * c) as usize);
                     cp_async::cp_async_cg_16_hint(dst + 16 * 128 * i as u32, a, src[i].n, policy);
-                });
-                cp_async::cp_async_mbarrier_arrive_noinc(sm.full(at_s.slot));
+                }
+                s += 1;
             }
+        });
+        let mut s = 0;
+        while s < 9 {
+            let at_s = at.plus(s, n);
+            // SAFETY: the slot's full barrier; counts this thread's copies above.
+            unsafe { cp_async::cp_async_mbarrier_arrive_noinc(sm.full(at_s.slot)) };
             s += 1;
         }
         *n_slabs += 9;
