@@ -61,10 +61,10 @@ use crate::tactic::{Switches, Tile};
 /// - `MLA_TMA32_CP=0`: the `cp.async` `wgmma` decode where a bf16 request of at most 32 rows
 ///   would take the small-row decode's `cp.async` form ([`DecodeKernels::tma32_cp`]; for
 ///   A/Bs).
-/// - `MLA_TMA32_FORM=cp`: the small-row decode's `cp.async` form where a bf16 request would
-///   take its TMA form ([`DecodeKernels::small_rows_by_cp`]; for A/Bs). Read at each plan's
-///   making, not once: one process can make plans of both forms (the plugins `mla_rs_wg` and
-///   `mla_rs_cp` do); the plan-free launches do not read it.
+/// - `MLA_TMA32_FORM=cp` / `tma`: the bf16 small-row decode in its `cp.async` form, or its
+///   TMA form, at every batch where its tensor map serves ([`Tma32Form`]; for A/Bs). Read at
+///   each plan's making, not once: one process can make plans of each form (the plugins
+///   `mla_rs_wg` and `mla_rs_cp` do); the plan-free launches take the default.
 /// - `MLA_TMA_CP=0`: the `cp.async` `wgmma` decode where a request would take the 64-row
 ///   TMA decode's `cp.async` form (bf16 above 32 rows, fp8 caches;
 ///   [`DecodeKernels::tma_cp`]; for A/Bs).
@@ -113,6 +113,46 @@ impl Overrides {
         }
     }
 }
+
+/// The copy form of the bf16 small-row decode where its tensor map serves a request (pages
+/// of `TMA_MIN_PAGE` tokens or more, a contiguous fused cache).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tma32Form {
+    /// The `cp.async` form from [`TMA32_CP_MIN_BATCH`] sequences on, the TMA form below:
+    /// the default. The `cp.async` form's producer warps read each row whole, which the
+    /// DRAM streams faster at large batch (1-3% of the decode's time from B=8 at 32 rows on
+    /// an H100, docs/PERF.md 3.18); the TMA form starts its copies sooner, which pays where
+    /// a CTA's split is short (B=1: 1-1.5 us).
+    ByBatch,
+    /// The `cp.async` form at every batch (`MLA_TMA32_FORM=cp`).
+    Cp,
+    /// The TMA form at every batch (`MLA_TMA32_FORM=tma`).
+    Tma,
+}
+
+impl Tma32Form {
+    /// The form `MLA_TMA32_FORM` names (`cp`, `tma`), else the default.
+    pub fn from_env() -> Tma32Form {
+        match std::env::var("MLA_TMA32_FORM").as_deref() {
+            Ok("cp") => Tma32Form::Cp,
+            Ok("tma") => Tma32Form::Tma,
+            _ => Tma32Form::ByBatch,
+        }
+    }
+
+    /// Whether a batch of `batch` sequences takes the `cp.async` form.
+    pub fn cp_at(self, batch: usize) -> bool {
+        match self {
+            Tma32Form::ByBatch => batch >= TMA32_CP_MIN_BATCH,
+            Tma32Form::Cp => true,
+            Tma32Form::Tma => false,
+        }
+    }
+}
+
+/// The batch from which the bf16 small-row decode takes its `cp.async` form where its map
+/// serves ([`Tma32Form::ByBatch`]).
+pub const TMA32_CP_MIN_BATCH: usize = 8;
 
 /// The table entry of a kernel this crate names (every name is in the table).
 pub(crate) fn spec(symbol: &'static str) -> &'static Kernel {
@@ -172,8 +212,11 @@ pub struct DecodeKernels {
     /// The bf16 small-row TMA decode's `cp.async` form, which stands in for `decode` where a
     /// request of at most `decode_tile::TMA32_ROWS` rows suits the TMA decode but not its
     /// tensor map (pages of fewer than `TMA_MIN_PAGE` tokens, strided caches:
-    /// [`crate::tmap::tma_unsupported`]); `None` where it never can.
+    /// [`crate::tmap::tma_unsupported`]), and for the bf16 `tma32` where `tma32_form` says
+    /// so; `None` where it never can.
     pub tma32_cp: Option<&'static Kernel>,
+    /// Where the bf16 `tma32` gives way to `tma32_cp`.
+    pub tma32_form: Tma32Form,
     /// The TMA decode's `cp.async` form, which stands in for `decode` where a request suits
     /// the TMA decode but not its tensor map: bf16 above `decode_tile::TMA32_ROWS` rows
     /// (one warpgroup copies each block from the page table a block ahead), an fp8 cache
@@ -248,6 +291,7 @@ impl DecodeKernels {
             tma,
             tma32: None,
             tma32_cp,
+            tma32_form: Tma32Form::ByBatch,
             tma_cp,
             fold_max_batch: if switches.fold && !reference {
                 mla_abi::SCHED_FOLD_MAX_BATCH
@@ -264,19 +308,12 @@ impl DecodeKernels {
         kernels.small_rows(over.tma32, over.tma32_fp8)
     }
 
-    /// [`DecodeKernels`] whose small-row kernel is the `cp.async` form where it would be the
-    /// bf16 TMA form and the plan has that form (a plan made with `MLA_TMA32_FORM=cp`, for
-    /// A/Bs); else unchanged.
-    pub fn small_rows_by_cp(self) -> DecodeKernels {
-        let bf16_tma = self
-            .tma32
-            .is_some_and(|k| k.symbol == names::DECODE_TMA32_BF16);
-        match self.tma32_cp {
-            Some(cp) if bf16_tma => DecodeKernels {
-                tma32: Some(cp),
-                ..self
-            },
-            _ => self,
+    /// [`DecodeKernels`] whose bf16 small-row decode takes its copy form by `form` where its
+    /// map serves (a plan reads [`Tma32Form::from_env`]).
+    pub fn with_tma32_form(self, form: Tma32Form) -> DecodeKernels {
+        DecodeKernels {
+            tma32_form: form,
+            ..self
         }
     }
 
@@ -343,7 +380,7 @@ impl DecodeKernels {
         }
         match self.tma {
             Some(tma) if crate::tmap::tma_unsupported(req, shape).is_none() => {
-                self.small_row(shape.rows()).unwrap_or(tma)
+                self.small_row(shape.rows(), shape.batch).unwrap_or(tma)
             }
             _ => self.cp_form(shape.rows()).unwrap_or(self.decode),
         }
@@ -364,10 +401,16 @@ impl DecodeKernels {
     }
 
     /// The small-row TMA decode where `rows` query rows fit it (at most
-    /// `decode_tile::TMA32_ROWS`) and the plan has it.
-    fn small_row(&self, rows: usize) -> Option<&'static Kernel> {
-        self.tma32
-            .filter(|_| rows <= mla_abi::decode_tile::TMA32_ROWS)
+    /// `decode_tile::TMA32_ROWS`) and the plan has it, for a batch of `batch` sequences on
+    /// pages its map serves: the bf16 one in the copy form `tma32_form` gives that batch.
+    fn small_row(&self, rows: usize, batch: usize) -> Option<&'static Kernel> {
+        let tma32 = self
+            .tma32
+            .filter(|_| rows <= mla_abi::decode_tile::TMA32_ROWS)?;
+        let cp = self
+            .tma32_cp
+            .filter(|_| tma32.symbol == names::DECODE_TMA32_BF16 && self.tma32_form.cp_at(batch));
+        Some(cp.unwrap_or(tma32))
     }
 
     /// Whether a batch of `batch` sequences folds the schedule into the decode.
@@ -424,13 +467,18 @@ impl DecodeKernels {
         if max_batch > self.fold_max_batch {
             out.push(names::SCHEDULE);
         }
-        if let Some(t) = self.small_row(rows) {
-            out.push(t.symbol);
+        // The small-row decode's forms for the smallest and the largest batch (the form
+        // changes once with the batch), each listed once.
+        for batch in [1, max_batch.max(1)] {
+            if let Some(t) = self.small_row(rows, batch)
+                && !out.contains(&t.symbol)
+            {
+                out.push(t.symbol);
+            }
         }
         if let Some(t) = self.tma {
             out.push(t.symbol);
         }
-        // (`MLA_TMA32_FORM=cp` makes the small-row kernel the `cp.async` form: listed once.)
         if let Some(t) = self.cp_form(rows)
             && !out.contains(&t.symbol)
         {

@@ -324,12 +324,8 @@ impl Runtime {
             config.page_size,
             grid_splits,
         )
-        .with_wave_splits(target_ctas / tiles.max(1));
-        let kernels = if std::env::var("MLA_TMA32_FORM").as_deref() == Ok("cp") {
-            kernels.small_rows_by_cp()
-        } else {
-            kernels
-        };
+        .with_wave_splits(target_ctas / tiles.max(1))
+        .with_tma32_form(crate::choice::Tma32Form::from_env());
         Ok(DecodePlan {
             config,
             backend,

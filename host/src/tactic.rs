@@ -51,6 +51,16 @@ pub const E4M3_32_ROW_MIN_TOKENS_FP8Q: usize = 65536;
 /// 30.8, B=16 L=2048 32.0 / 31.1) (docs/PERF.md, section 3.12).
 pub const TMA32_SMALL_PLAN_TOKENS: usize = 16384;
 
+/// Bf16 with at most 16 rows on sm_90a, pages of 16 or more: plans of at least
+/// [`crate::choice::TMA32_CP_MIN_BATCH`] sequences, sequences of 4096 tokens or more and this
+/// many tokens in all take the `wgmma` tile (its small-row decode in the `cp.async` form, rows
+/// read whole) over the 16-row tile. H100, peers' harness, H=16 S_q=1, page 64, same run, us
+/// (16-row against small-row `cp.async`): B=32 L=16384 235.7 / 232.6, B=64 L=16384 443.2 /
+/// 435.5, B=128 L=4096 234.2 / 231.9, B=128 L=16384 854.5 / 832.4, B=8 L=131072 443.6 / 435.6;
+/// below it the 16-row tile leads or is level: B=64 L=4096 126.5 / 126.3, B=8 L=16384 71.4 /
+/// 72.3, B=128 L=1024 69.8 / 71.4, B=4 L=65536 127.2 / 128.2 (docs/PERF.md 3.18).
+pub const TMA32_16ROW_MIN_TOKENS: usize = 1 << 19;
+
 /// The extent of a plan that the tile choice reads: up to `max_batch` sequences of up to
 /// `max_seq_len` tokens, in pages of `page_size` tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -220,17 +230,24 @@ impl Tile {
                 return Tile::M32N64;
             }
         }
-        // bf16 at 17-32 rows where the `wgmma` tile's decode would be the small-row TMA one
-        // (pages it takes, the kernel not turned off by `choice::Overrides`). At 16 rows the
-        // 16-row tile stays: the small-row kernel measured level there (docs/PERF.md 3.12).
+        // bf16 at up to 32 rows where the `wgmma` tile's decode would be the small-row TMA one
+        // (pages it takes, the kernel not turned off by `choice::Overrides`). At up to 16
+        // rows only in large plans, where its `cp.async` form runs (TMA32_16ROW_MIN_TOKENS).
+        let over = crate::choice::Overrides::get();
         if backend == Backend::Sm90a
             && dtypes == DecodeDtypes::Bf16
-            && rows > decode_tile::BLOCK_M_SMALL
             && fits_two_16
             && page_size >= decode_tile::TMA_MIN_PAGE
-            && crate::choice::Overrides::get().small_row_tma()
+            && over.small_row_tma()
         {
-            let wgmma = max_seq_len > 4096 || size.tokens() > TMA32_SMALL_PLAN_TOKENS;
+            let wgmma = if rows > decode_tile::BLOCK_M_SMALL {
+                max_seq_len > 4096 || size.tokens() > TMA32_SMALL_PLAN_TOKENS
+            } else {
+                over.tma32_cp
+                    && max_batch >= crate::choice::TMA32_CP_MIN_BATCH
+                    && max_seq_len >= 4096
+                    && size.tokens() >= TMA32_16ROW_MIN_TOKENS
+            };
             return if wgmma { Tile::Wg64N64 } else { Tile::M16N64 };
         }
         let portable = Tile::default_for(rows);

@@ -950,9 +950,15 @@ fn backend_defaults_and_candidates() {
     // 16-row tiles in plans of sequences of at most 4096 tokens and TMA32_SMALL_PLAN_TOKENS in
     // all, the wgmma tile otherwise. Smaller pages (or the small-row decode off): two 16-row
     // tiles in a small plan (`small_plan`), the wgmma tile otherwise. Up to 16 rows the
-    // 16-row tile; above 32 rows the wgmma tile.
-    use mla_host::tactic::TMA32_SMALL_PLAN_TOKENS;
-    let t32 = mla_host::choice::Overrides::get().small_row_tma();
+    // 16-row tile, except in plans of TMA32_CP_MIN_BATCH sequences or more, of 4096 tokens or
+    // more, TMA32_16ROW_MIN_TOKENS in all, with pages of 16 or more (the small-row decode and
+    // its `cp.async` form on): the wgmma tile. Above 32 rows the wgmma tile.
+    use mla_host::choice::TMA32_CP_MIN_BATCH;
+    use mla_host::tactic::{TMA32_16ROW_MIN_TOKENS, TMA32_SMALL_PLAN_TOKENS};
+    let over = mla_host::choice::Overrides::get();
+    let t32 = over.small_row_tma();
+    let t16 = t32 && over.tma32_cp;
+    let min16 = TMA32_16ROW_MIN_TOKENS;
     let (wg, m16) = (Tile::Wg64N64, Tile::M16N64);
     for (rows, batch, len, page, on, off) in [
         (32, 1, 1024, 64, m16, m16),
@@ -969,8 +975,15 @@ fn backend_defaults_and_candidates() {
         (32, 32, 4096, 64, wg, wg),
         (32, 32, 4096, 8, wg, wg),
         (33, 1, 1024, 64, wg, wg),
-        (16, 128, 16384, 64, m16, m16),
-        (1, 128, 131072, 64, m16, m16),
+        (16, 128, 16384, 64, wg, m16),
+        (1, 128, 131072, 64, wg, m16),
+        (16, 8, 131072, 16, wg, m16),
+        (16, min16 / 4096, 4096, 64, wg, m16),
+        (16, min16 / 4096 - 1, 4096, 64, m16, m16),
+        (16, TMA32_CP_MIN_BATCH - 1, 1 << 20, 64, m16, m16),
+        (16, min16 / 2048, 2048, 64, m16, m16),
+        (16, 128, 16384, 8, m16, m16),
+        (8, 1, 1 << 20, 64, m16, m16),
     ] {
         let got = Tile::default_for_plan(
             rows,
@@ -978,7 +991,8 @@ fn backend_defaults_and_candidates() {
             Backend::Sm90a,
             DecodeDtypes::Bf16,
         );
-        let want = if t32 { on } else { off };
+        let want = if rows <= 16 { t16 } else { t32 };
+        let want = if want { on } else { off };
         assert_eq!(
             got, want,
             "rows {rows} B {batch} L {len} page {page} small-row {t32}"

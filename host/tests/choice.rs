@@ -89,48 +89,83 @@ fn bf16_h64_sq2_page16_on_sm90a() {
     assert_eq!(k.decode_for(&req, &shape).symbol, padded);
 }
 
-/// `small_rows_by_cp` (a plan made with `MLA_TMA32_FORM=cp`): a bf16 request of at most 32
-/// rows on a page-64 cache takes the small-row decode's `cp.async` form, listed once among
-/// the plan's kernels; fp8 caches and larger requests keep their kernels.
+/// The bf16 small-row decode's copy form where its map serves (`Tma32Form`): by default
+/// the TMA form below `TMA32_CP_MIN_BATCH` sequences and the `cp.async` form from there;
+/// `Cp` / `Tma` (`MLA_TMA32_FORM`) one form at every batch. Both forms are listed among
+/// the plan's kernels where both may run, each once; fp8 caches and larger requests keep
+/// their kernels.
 #[test]
-fn small_rows_by_cp_swaps_only_the_bf16_small_row_kernel() {
+fn bf16_small_rows_take_their_copy_form_by_batch() {
+    use mla_host::choice::{TMA32_CP_MIN_BATCH, Tma32Form};
     let over = mla_host::choice::Overrides::get();
     let cp_on = over.tma32_cp && over.small_row_tma();
     let plain = kernels(Backend::Sm90a, Tile::Wg64N64, DecodeDtypes::Bf16, 64, 32);
-    let k = plain.small_rows_by_cp();
-    // 32 rows, 4096 tokens: two blocks a split at the grid's 32 splits.
-    let (req, shape) = request_rows(DecodeDtypes::Bf16, 64, 64, 2, 16);
-    let want = if cp_on {
-        names::DECODE_TMA32_BF16_CP
-    } else {
-        plain.decode_for(&req, &shape).symbol
+    assert_eq!(plain.tma32_form, Tma32Form::ByBatch);
+    let with_batch = |batch: usize, s: usize, h: usize| {
+        let (req, mut shape) = request_rows(DecodeDtypes::Bf16, 64, 64, s, h);
+        shape.batch = batch;
+        (req, shape)
     };
-    assert_eq!(k.decode_for(&req, &shape).symbol, want);
-    if over.small_row_tma() {
-        assert_eq!(
-            plain.decode_for(&req, &shape).symbol,
-            names::DECODE_TMA32_BF16
-        );
+    for (form, batch, cp) in [
+        (Tma32Form::ByBatch, 1, false),
+        (Tma32Form::ByBatch, TMA32_CP_MIN_BATCH - 1, false),
+        (Tma32Form::ByBatch, TMA32_CP_MIN_BATCH, true),
+        (Tma32Form::ByBatch, 128, true),
+        (Tma32Form::Cp, 1, true),
+        (Tma32Form::Cp, 128, true),
+        (Tma32Form::Tma, 1, false),
+        (Tma32Form::Tma, 128, false),
+    ] {
+        assert_eq!(form.cp_at(batch), cp, "{form:?} B={batch}");
+        let k = plain.with_tma32_form(form);
+        for (s, h) in [(1, 16), (2, 16), (1, 3)] {
+            // 4096 tokens: two blocks a split at the grid's 32 splits.
+            let (req, shape) = with_batch(batch, s, h);
+            let want = if !over.small_row_tma() {
+                names::DECODE_TMA_BF16
+            } else if cp && cp_on {
+                names::DECODE_TMA32_BF16_CP
+            } else {
+                names::DECODE_TMA32_BF16
+            };
+            assert_eq!(
+                k.decode_for(&req, &shape).symbol,
+                want,
+                "{form:?} B={batch} S_q={s} H={h}"
+            );
+            // 64 rows: the 64-row TMA decode in every form.
+            let (req, shape) = with_batch(batch, 2, 32);
+            assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_TMA_BF16);
+        }
+        // Every kernel a plan of up to `batch` sequences may launch, each once.
+        let all = k.all(batch, 32, 132);
+        for (symbol, listed) in [
+            (
+                names::DECODE_TMA32_BF16,
+                over.small_row_tma() && !(form.cp_at(1) && cp_on),
+            ),
+            (names::DECODE_TMA32_BF16_CP, cp_on),
+        ] {
+            let n = all.iter().filter(|&&s| s == symbol).count();
+            assert_eq!(
+                n,
+                usize::from(listed),
+                "{form:?} B={batch} {symbol}: {all:?}"
+            );
+        }
     }
-    let all = k.all(8, 32, 132);
-    assert_eq!(
-        all.iter()
-            .filter(|&&s| s == names::DECODE_TMA32_BF16_CP)
-            .count(),
-        usize::from(cp_on)
-    );
-    // 64 rows: the 64-row TMA decode either way.
-    let (req, shape) = request_rows(DecodeDtypes::Bf16, 64, 64, 2, 32);
-    assert_eq!(
-        k.decode_for(&req, &shape).symbol,
-        plain.decode_for(&req, &shape).symbol
-    );
     for d in [DecodeDtypes::Fp8KvBf16Q, DecodeDtypes::Fp8] {
         let plain = kernels(Backend::Sm90a, Tile::Wg64N64, d, 64, 32);
-        let swapped = plain.small_rows_by_cp();
+        let cp = plain.with_tma32_form(Tma32Form::Cp);
+        let (req, mut shape) = request_rows(d, 64, 64, 2, 16);
+        shape.batch = 128;
         assert_eq!(
-            swapped.tma32.map(|t| t.symbol),
-            plain.tma32.map(|t| t.symbol)
+            cp.decode_for(&req, &shape).symbol,
+            plain.decode_for(&req, &shape).symbol
+        );
+        assert_ne!(
+            cp.decode_for(&req, &shape).symbol,
+            names::DECODE_TMA32_BF16_CP
         );
     }
 }

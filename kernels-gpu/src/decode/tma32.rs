@@ -369,12 +369,15 @@ unsafe fn produce<K: DecodeKind>(
     }
 }
 
-/// [`produce`] by `cp.async` (the bf16 `cp.async` form, `K::KV_CP`, for pages the map's
-/// boxes do not take): the producer warpgroup copies each slab, eight threads a row (thread
-/// `t`: chunk `t % 8` of rows `t / 8 + 16 i`, at their swizzled places), and each thread
-/// arrives on the slot's full barrier once its copies have landed
-/// (`cp.async.mbarrier.arrive.noinc`: the barrier counts the warpgroup's
-/// [`CP_PRODUCERS`] arrivals). Rows past the sequence end, or whose page entry is outside
+/// [`produce`] by `cp.async` (the bf16 `cp.async` form, `K::KV_CP`): the producer
+/// warpgroup copies a block once its nine slots are free, eight threads a row (thread `t`:
+/// chunk `t % 8` of rows `t / 8 + 16 i`, at their swizzled places) and row by row (a row's
+/// nine chunks in consecutive copies, so each warp sweeps four whole rows and the CTA 16 at a
+/// time: the DRAM sees 18 KB runs, where slab by slab it saw one 128-byte line of 64 rows,
+/// 1.3-3% of the decode's time at large batch, docs/PERF.md 3.18), then each thread arrives
+/// on the nine slots' full barriers once its copies have landed
+/// (`cp.async.mbarrier.arrive.noinc`: a barrier counts the warpgroup's [`CP_PRODUCERS`]
+/// arrivals). Rows past the sequence end, or whose page entry is outside
 /// `0..num_pages`, land as zeros (nothing read). A thread reads its rows' page entries a
 /// block ahead. The copies come from warps that run no `wgmma` (a warpgroup's `wgmma`
 /// waits for the `cp.async` copies its own threads issued before it), from four of them
@@ -414,12 +417,13 @@ unsafe fn produce_cp<K: DecodeKind>(
         let src = [0u32, 1, 2, 3]
             .map(|i| decode::kv_row_source(p, ent[i as usize], blk * BLOCK_N + r0 + 16 * i, 2));
         let at = Pos::of(*n_slabs, n);
-        // Row order: the block's nine slots free first, then each row's nine chunks back to
-        // back (a warp's copies sweep four whole rows), then the nine full arrivals.
+        // The block's nine slots free first, then each row's nine chunks back to back (a
+        // warp's copies sweep four whole rows), then the nine full arrivals.
         let mut s = 0;
         while s < 9 {
             let at_s = at.plus(s, n);
-            // SAFETY: a barrier wait only.
+            // SAFETY: a wait on the slot's free barrier, for the parity of its previous use
+            // (a fresh barrier's previous phase counts as complete).
             unsafe { while !bulk::mbarrier_try_wait_parity(sm.free(at_s.slot), at_s.parity ^ 1) {} }
             s += 1;
         }
@@ -427,8 +431,10 @@ unsafe fn produce_cp<K: DecodeKind>(
             let mut s = 0;
             while s < 9 {
                 let at_s = at.plus(s, n);
-                // SAFETY: as the slab-order form: the slot is free, rows r0 + 16 i < 64,
-                // chunk c < 8 of the slot; a valid row is 1152 contiguous bytes.
+                // SAFETY: the slot's last reader arrived on its free barrier (waited above);
+                // rows r0 + 16 i < 64, chunk c < 8 of the slot (the rows share r0 % 8); a
+                // valid row (n == 16) is 1152 contiguous bytes (chunk 8 s + c of it), else
+                // nothing is read.
                 unsafe {
                     let dst = sm.slab(at_s.slot) + r0 * 128 + ((c ^ (r0 % 8)) << 4);
                     let a = src[i].main.add((128 * s + 16 * c) as usize);
@@ -440,7 +446,8 @@ unsafe fn produce_cp<K: DecodeKind>(
         let mut s = 0;
         while s < 9 {
             let at_s = at.plus(s, n);
-            // SAFETY: the slot's full barrier; counts this thread's copies above.
+            // SAFETY: the slot's full barrier, which counts CP_PRODUCERS arrivals; it
+            // completes once this thread's copies above (all nine slots') have landed.
             unsafe { cp_async::cp_async_mbarrier_arrive_noinc(sm.full(at_s.slot)) };
             s += 1;
         }
