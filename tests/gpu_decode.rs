@@ -277,6 +277,30 @@ fn corner_cases() {
         CaseSpec::new(DecodeDtypes::Bf16, 1, 128, 1, vec![4096, 65, 1000]),
         CaseSpec::new(DecodeDtypes::Bf16, 2, 64, 3, vec![3000, 1, 64, 129, 2111]),
         CaseSpec::new(DecodeDtypes::Bf16, 8, 40, 1, vec![5000, 192, 63]),
+        // The small-row decode's `cp.async` form where its map also serves (bf16 from
+        // `TMA32_CP_MIN_BATCH` sequences): 16, 15 and 32 rows on pages of 64, 128 and 256,
+        // one-token sequences beside long ones, ends mid-block and on page edges.
+        CaseSpec::new(
+            DecodeDtypes::Bf16,
+            64,
+            16,
+            1,
+            vec![1, 63, 64, 65, 1000, 4097, 2, 129, 7000],
+        ),
+        CaseSpec::new(
+            DecodeDtypes::Bf16,
+            128,
+            3,
+            5,
+            vec![5, 130, 260, 1000, 6, 77, 64, 4000, 9],
+        ),
+        CaseSpec::new(
+            DecodeDtypes::Bf16,
+            256,
+            32,
+            1,
+            (0..12).map(|_| rng.range(1, 3000)).collect(),
+        ),
         // The e4m3 decode's `cp.async` form (fp8 caches on pages under 16 tokens, each
         // warpgroup copying its own block of a pair): a row per page with odd block counts
         // and one-block sequences, 192 and 40 rows, and single splits long enough to promote
