@@ -120,8 +120,8 @@ impl Overrides {
 pub enum Tma32Form {
     /// The `cp.async` form from [`TMA32_CP_MIN_BATCH`] sequences on, the TMA form below:
     /// the default. The `cp.async` form's producer warps read each row whole, which the
-    /// DRAM streams faster at large batch (1-3% of the decode's time from B=8 at 32 rows on
-    /// an H100, docs/PERF.md 3.18); the TMA form starts its copies sooner, which pays where
+    /// DRAM streams faster at large batch (1.6-2.6% of the decode's time from B=32 at 32 rows,
+    /// level at B=8, on an H100, docs/PERF.md 3.18); the TMA form starts its copies sooner, which pays where
     /// a CTA's split is short (B=1: 1-1.5 us).
     ByBatch,
     /// The `cp.async` form at every batch (`MLA_TMA32_FORM=cp`).

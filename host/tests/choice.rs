@@ -133,10 +133,10 @@ fn bf16_small_rows_take_their_copy_form_by_batch() {
                 want,
                 "{form:?} B={batch} S_q={s} H={h}"
             );
-            // 64 rows: the 64-row TMA decode in every form.
-            let (req, shape) = with_batch(batch, 2, 32);
-            assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_TMA_BF16);
         }
+        // 64 rows: the 64-row TMA decode in every form.
+        let (req, shape) = with_batch(batch, 2, 32);
+        assert_eq!(k.decode_for(&req, &shape).symbol, names::DECODE_TMA_BF16);
         // Every kernel a plan of up to `batch` sequences may launch, each once.
         let all = k.all(batch, 32, 132);
         for (symbol, listed) in [

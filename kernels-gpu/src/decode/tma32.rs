@@ -374,7 +374,7 @@ unsafe fn produce<K: DecodeKind>(
 /// chunk `t % 8` of rows `t / 8 + 16 i`, at their swizzled places) and row by row (a row's
 /// nine chunks in consecutive copies, so each warp sweeps four whole rows and the CTA 16 at a
 /// time: the DRAM sees 18 KB runs, where slab by slab it saw one 128-byte line of 64 rows,
-/// 1.3-3% of the decode's time at large batch, docs/PERF.md 3.18), then each thread arrives
+/// 1.1-2.3% of the decode's time from B=32, docs/PERF.md 3.18), then each thread arrives
 /// on the nine slots' full barriers once its copies have landed
 /// (`cp.async.mbarrier.arrive.noinc`: a barrier counts the warpgroup's [`CP_PRODUCERS`]
 /// arrivals). Rows past the sequence end, or whose page entry is outside
