@@ -280,13 +280,15 @@ impl Runtime {
         let tiles = tactic.tile.row_tiles(rows);
         let sm_count = self.device().sm_count as usize;
         let base_ctas = tactic.target_ctas(sm_count);
-        let target_ctas = plan::balanced_target(
-            base_ctas,
-            sm_count,
-            tiles,
-            config.max_batch,
-            config.max_seq_len,
-        );
+        let target_ctas = plan::target_from_env().unwrap_or_else(|| {
+            plan::balanced_target(
+                base_ctas,
+                sm_count,
+                tiles,
+                config.max_batch,
+                config.max_seq_len,
+            )
+        });
         let schedule = ScheduleConfig {
             tiles,
             target_ctas,

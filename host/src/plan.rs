@@ -121,6 +121,17 @@ pub fn balanced_target(
     }
 }
 
+/// `MLA_SPLIT_TARGET=N` (read per plan, for A/Bs of the split rule): the schedule's CTA
+/// target in place of [`balanced_target`]'s, within `1..=MAX_SPLITS * 1024`; unset or
+/// unparsable, `None`.
+pub fn target_from_env() -> Option<usize> {
+    std::env::var("MLA_SPLIT_TARGET")
+        .ok()?
+        .parse::<usize>()
+        .ok()
+        .filter(|&n| (1..=MAX_SPLITS as usize * 1024).contains(&n))
+}
+
 impl ScheduleConfig {
     /// The most splits any sequence can get: the decode grid's split dimension. A
     /// sequence's share `blocks_b * target / (total * tiles)` never exceeds
