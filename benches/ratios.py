@@ -6,7 +6,9 @@ Speed ratio = best peer's time / our time (> 1: we are faster), per shape, for b
 against the best BF16 peer (FlashMLA, FlashInfer, FA3-MLA; torch_naive excluded), and for fp8 KV
 against our own bf16 throughput (tokens/s) and FlashMLA's fp8 kernel where both ran; for fp8 Q
 with an fp8 cache (peer mla_rs_fp8q_fp8) against the best BF16 peer. Last, per (H, s_q), each
-ratio's range and geometric mean over the shapes (and the speed's geomean from B = 32).
+ratio's range and geometric mean over the shapes (and the speed's geomean from B = 32), and for
+s_q > 1 our time per query token over our S_q = 1 time of the same H, B, L and page where the
+run has both (`--sq 1,2,3,4`; from B = 32).
 """
 import json
 import math
@@ -54,6 +56,9 @@ def main():
             note(key, "speed x", best["us"] / o["us"])
             if key[2] >= 32:
                 note(key, "speed x, B >= 32", best["us"] / o["us"])
+        one = rows.get((key[0], 1) + key[2:], {}).get(ours)
+        if key[1] > 1 and key[2] >= 32 and one:
+            note(key, "per token / S_q=1, B >= 32", o["us"] / key[1] / one["us"])
         if f8:
             note(key, "fp8/bf16 tok/s", o["us"] / f8["us"])
         if f8 and fm8:

@@ -3,7 +3,9 @@
 # benchmark (staged by `bash tests/gpu/stage.sh --peers`) with FA3-MLA's and our plugins (bf16,
 # fp8 cache, fp8 Q and cache, per step), on the reference
 # grid (B {1,8,32,64,128} x L {1024,4096,16384} x H {16,128} x S_q {1,2}, page 64, causal
-# for S_q > 1), then ours / best-peer ratios and the same-run copy bandwidth.
+# for S_q > 1), then ours / best-peer ratios and the same-run copy bandwidth. Extra arguments
+# go to the harness: `--sq 1,2,3,4` adds the draft-token shapes, and the ratios then give our
+# time per query token against our S_q=1 time.
 # Run on the GPU machine from the repo root.
 set -uo pipefail
 cd "$(dirname "$0")/.."
