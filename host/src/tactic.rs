@@ -244,7 +244,7 @@ impl Tile {
                 max_seq_len > 4096 || size.tokens() > TMA32_SMALL_PLAN_TOKENS
             } else {
                 over.tma32_cp
-                    && max_batch >= crate::choice::TMA32_CP_MIN_BATCH
+                    && crate::choice::Tma32Form::ByBatch.cp_at(max_batch)
                     && max_seq_len >= 4096
                     && size.tokens() >= TMA32_16ROW_MIN_TOKENS
             };
