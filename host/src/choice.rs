@@ -238,6 +238,27 @@ pub struct DecodeKernels {
     pub pdl: bool,
     /// Only the reference kernel runs (no schedule, no combine).
     pub reference: bool,
+    /// The 64-row TMA decodes' work list ([`mla_abi::DecodeParams::list_fixed`]): each
+    /// sequence's fixed cost in KV blocks, 0 off (they walk the schedule's cells). A plan
+    /// takes it from [`work_list_from_env`]; [`DecodeKernels::list_fixed_for`] says where a
+    /// launch uses it.
+    pub list_fixed: u32,
+}
+
+/// The work list's fixed cost per sequence in KV blocks by default: a cell's prologue and
+/// epilogue at H=128 on the H200 (`plan::balanced_target`'s `CELL_FIXED_BLOCKS`).
+pub const WORK_LIST_FIXED: u32 = 4;
+
+/// `MLA_WORK_LIST`: `0` off (the 64-row TMA decodes walk the schedule's cells), `N` a
+/// fixed cost of `N` blocks per sequence (at most 64), else [`WORK_LIST_FIXED`].
+pub fn work_list_from_env() -> u32 {
+    match std::env::var("MLA_WORK_LIST")
+        .ok()
+        .map(|v| v.parse::<u32>())
+    {
+        Some(Ok(n)) => n.min(64),
+        _ => WORK_LIST_FIXED,
+    }
 }
 
 impl DecodeKernels {
@@ -304,6 +325,7 @@ impl DecodeKernels {
             // The portable (sm_80) image's kernels have no `griddepcontrol.wait`.
             pdl: switches.pdl && variant != Variant::Portable,
             reference,
+            list_fixed: 0,
         };
         kernels.small_rows(over.tma32, over.tma32_fp8)
     }
@@ -332,6 +354,49 @@ impl DecodeKernels {
             })
             .map(spec);
         DecodeKernels { tma32, ..self }
+    }
+
+    /// [`DecodeKernels`] whose 64-row TMA decodes take the work list with a fixed cost of
+    /// `fixed` blocks per sequence (0: off).
+    pub fn with_work_list(self, fixed: u32) -> DecodeKernels {
+        DecodeKernels {
+            list_fixed: fixed,
+            ..self
+        }
+    }
+
+    /// The work list's fixed cost for a launch of `kernel` on `shape` with a workspace of
+    /// `capacity`, or 0 where it walks the cells: on for the 64-row TMA decodes (not the
+    /// small-row ones) of a plan that has it, where the grid has a combine and the
+    /// workspace two splits or more, and the batch's cost fits the decode's 32-bit sums.
+    pub fn list_fixed_for(
+        &self,
+        kernel: &Kernel,
+        shape: &DecodeShape,
+        capacity: crate::plan::WorkspaceCapacity,
+    ) -> u32 {
+        let tma64 = [
+            names::DECODE_TMA_BF16,
+            names::DECODE_TMA_BF16_CP,
+            names::DECODE_TMA_FP8KV_BF16Q,
+            names::DECODE_TMA_FP8KV_BF16Q_CP,
+            names::DECODE_TMA_FP8,
+            names::DECODE_TMA_FP8_CP,
+        ];
+        let blocks = (shape.max_pages as u64 * shape.page_size as u64)
+            .div_ceil(mla_abi::decode_tile::BLOCK_N as u64);
+        let cost = shape.batch as u64 * (blocks + self.list_fixed as u64 + 1);
+        if self.list_fixed > 0
+            && !self.reference
+            && self.grid_splits > 1
+            && capacity.max_splits > 1
+            && tma64.contains(&kernel.symbol)
+            && cost < 1 << 31
+        {
+            self.list_fixed
+        } else {
+            0
+        }
     }
 
     /// [`DecodeKernels`] whose schedule gives a lone sequence `wave_splits` splits before

@@ -304,12 +304,19 @@ impl Runtime {
             step_log2: tactic.tile.step_log2(config.dtypes),
         };
         let grid_splits = schedule.grid_splits();
+        let list_fixed = crate::choice::work_list_from_env();
         let ws = DecodeWorkspace::new(
             stream,
             WorkspaceCapacity {
                 batch: config.max_batch,
                 rows,
-                max_splits: grid_splits,
+                max_splits: plan::list_capacity(
+                    grid_splits,
+                    list_fixed,
+                    sm_count,
+                    tiles,
+                    config.max_batch,
+                ),
             },
         )?;
         log::debug!(
@@ -327,6 +334,7 @@ impl Runtime {
             grid_splits,
         )
         .with_wave_splits(target_ctas / tiles.max(1))
+        .with_work_list(list_fixed)
         .with_tma32_form(crate::choice::Tma32Form::from_env());
         Ok(DecodePlan {
             config,
@@ -854,7 +862,13 @@ impl DecodePlan {
         // A scheduled layer reads the counts `schedule_step` wrote. Otherwise small batches:
         // every decode CTA runs the schedule's rule itself (SchedFold), so the decode does
         // not wait out a schedule kernel; larger ones launch it.
-        let fold = if scheduled {
+        // The 64-row TMA decodes' work list cuts the batch on the device itself.
+        let list = {
+            let k = self.kernels.decode_for_parts(req, parts, &shape);
+            k.params == mla_abi::kernels::Params::DecodeWithMap
+                && self.kernels.list_fixed_for(k, &shape, self.ws.capacity()) > 0
+        };
+        let fold = if scheduled || list {
             mla_abi::SchedFold::default()
         } else if self.kernels.folds(shape.batch) {
             let p = self.schedule_params(req.seq_lens.ptr, &shape, Counts::Runs);

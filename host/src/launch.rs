@@ -528,7 +528,7 @@ pub(crate) fn decode_params(
         output_scale: s.output_scale,
         max_pages: shape.max_pages as u32,
         persist_splits: 0,
-        _pad: 0,
+        list_fixed: 0,
         fault: dev(if ws.checked { w.fault } else { 0 }),
         fold: mla_abi::SchedFold::default(),
         shard: ws.shard,
@@ -697,8 +697,32 @@ impl Runtime {
         if persistent {
             p.persist_splits = cells.2;
         }
+        // The work list: the decode cuts the batch itself and writes the runs' counts,
+        // whatever array a scheduled layer would have read.
+        let list = if persistent {
+            kernels.list_fixed_for(kernel, shape, ws.capacity)
+        } else {
+            0
+        };
+        if list > 0 {
+            p.list_fixed = list;
+            p.fold = mla_abi::SchedFold::default();
+            p.num_splits = dev(ws.ptrs().splits(Counts::Runs));
+        }
         let grid = LaunchShape {
-            grid: if persistent {
+            grid: if list > 0 {
+                // Whole parts: `max(1, CTAs / tiles)` parts of every row tile.
+                let cap = (self.device().sm_count.max(1) as usize)
+                    .min(ws.acc_ctas)
+                    .max(1);
+                let tiles = cells.0.max(1) as usize;
+                let ctas = if tiles <= cap {
+                    cap / tiles * tiles
+                } else {
+                    cap
+                };
+                (ctas as u32, 1, 1)
+            } else if persistent {
                 // One CTA per SM (the TMA decode's shared memory allows no second) walks
                 // the cells: no CTA launches only to find its cell empty.
                 // At most the CTAs the workspace's promotion scratch holds (sized for the

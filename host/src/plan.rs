@@ -121,6 +121,25 @@ pub fn balanced_target(
     }
 }
 
+/// The workspace's split capacity for a plan whose grid has `grid_splits` splits: with
+/// the work list on (`list_fixed > 0`) and a grid that splits at all, enough that a batch
+/// of `max_batch` even sequences can take its share of every part (`max(1, sm_count /
+/// tiles)` parts: `ceil(parts / max_batch) + 1` pieces a sequence), within `MAX_SPLITS`;
+/// else `grid_splits`. A plan of one split keeps its workspace and walks the cells.
+pub fn list_capacity(
+    grid_splits: usize,
+    list_fixed: u32,
+    sm_count: usize,
+    tiles: usize,
+    max_batch: usize,
+) -> usize {
+    if list_fixed == 0 || grid_splits < 2 {
+        return grid_splits;
+    }
+    let parts = (sm_count / tiles.max(1)).max(1);
+    grid_splits.max((parts.div_ceil(max_batch.max(1)) + 1).min(MAX_SPLITS as usize))
+}
+
 /// `MLA_SPLIT_TARGET=N` (read per plan, for A/Bs of the split rule): the schedule's CTA
 /// target in place of [`balanced_target`]'s, within `1..=MAX_SPLITS * 1024`; unset or
 /// unparsable, `None`.

@@ -255,9 +255,10 @@ pub mod decode_tile {
     pub const TMA_SMEM_BARS: usize = TMA_SMEM_RED + TMA_RED_BYTES;
     /// Each issuing thread's page entries of the next pair's two blocks (2 x 2 x 4 i32).
     pub const TMA_SMEM_PAGES: usize = TMA_SMEM_BARS + 2 * 9 * 8;
-    /// A persistent CTA's next virtual cells with work: one bit per cell, a word per warp.
+    /// A persistent CTA's walk words ([`walk_words`]): the marks of its next virtual cells
+    /// with work (one bit per cell, a word per warp), or the work list's sums.
     pub const TMA_SMEM_CELLS: usize = TMA_SMEM_PAGES + 2 * 2 * 4 * 4;
-    pub const TMA_SMEM_BYTES: usize = 1024 + TMA_SMEM_CELLS + 8 * 4;
+    pub const TMA_SMEM_BYTES: usize = 1024 + TMA_SMEM_CELLS + 4 * walk_words(THREADS);
     /// Smallest page size the TMA decode takes (a box of fewer than 8 rows would break
     /// the swizzle atoms; 16 keeps a block at four boxes per slab at most).
     pub const TMA_MIN_PAGE: usize = 16;
@@ -356,6 +357,15 @@ pub mod decode_tile {
             cells,
             bytes: 1024 + cells + (threads / 32) * 4,
         }
+    }
+
+    /// The 32-bit words of the 64-row TMA decodes' walk region for a CTA of `threads`
+    /// threads: a mark word per warp in the cell walk; with the work list
+    /// ([`super::DecodeParams::list_fixed`]), each warp's cost sum and longest sequence,
+    /// the part's size, the batch's total cost, the part's first sequence and its cost
+    /// position, then each warp's walk state (three words).
+    pub const fn walk_words(threads: usize) -> usize {
+        5 * (threads / 32) + 4
     }
 
     /// The bf16-cache form.
@@ -1081,7 +1091,14 @@ pub struct DecodeParams {
     /// in turn: CTA `c` takes cells `c, c + grid.x, ...` that have work. 0: one CTA per
     /// cell of the launched grid.
     pub persist_splits: u32,
-    pub _pad: u32,
+    /// A persistent decode's work list: 0, off (the cells above); `f >= 1`, on: the decode
+    /// prices each live sequence at its KV blocks plus `f` blocks of fixed cost, cuts that
+    /// cost, concatenated over the batch, into `max(1, grid.x / row tiles)` parts of equal
+    /// size (at least `ceil(longest / (max_splits - 1))` blocks, so no sequence takes more
+    /// than `max_splits` pieces), and each CTA runs its part's pieces (one per sequence it
+    /// meets, a contiguous block range) for one row tile. It writes `num_splits` itself
+    /// (a sequence's pieces are its splits, in order), so it reads neither them nor `fold`.
+    pub list_fixed: u32,
     /// Checked mode ([`fault`]): null, off; else the workspace's fault record, where a
     /// decode that meets a page-table entry outside `0..num_pages` or a length past
     /// `max_pages * page_size` records the first such fault.

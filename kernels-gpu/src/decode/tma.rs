@@ -786,6 +786,197 @@ macro_rules! for_each_cell {
 }
 pub(crate) use for_each_cell;
 
+/// The walk of the persistent 64-row TMA decodes: runs `$body` with `($tile, $b, $split, $work)`
+/// bound for each piece of work that is this CTA's, in order, one copy of `$body` for both
+/// forms of the walk:
+///
+/// - The cell walk ([`DecodeParams::list_fixed`] 0): the cells of the virtual grid `(row
+///   tiles, batch, persist_splits)` that are this CTA's (`c, c + grid, ...`) and have work.
+///   Every `$threads` cells, each thread checks one (its split count, or the folded
+///   schedule) and a ballot per warp marks those with work in the word at `$words + 4 warp`.
+/// - The work list (`list_fixed >= 1`): the virtual items `(part, row tile)`, `max(1, grid /
+///   tiles)` parts of each of the `tiles` row tiles, are the CTAs' in turn. For each, the CTA
+///   sums the batch's cost (each thread a run of sequences, a scan over the warps through
+///   the walk words), sizes the parts ([`decode::list_share`]), finds the sequence where its
+///   part starts, then takes each sequence the part meets that it holds blocks of
+///   ([`decode::list_piece`]), in order; `$split` is the piece's index in its sequence.
+///
+/// Between pieces the walk keeps its state in its warp's words (every lane storing the same
+/// values: no register lives through `$body` for it) and reads it through a `shfl`, so
+/// ptxas sees uniform bounds. Words ([`mla_abi::decode_tile::walk_words`], `W` warps):
+/// the marks, or the warps' sums, then their longest sequences, the part size, the total,
+/// the part's first sequence and its cost position, then three words per warp. `$bar` is
+/// the CTA barrier (the unaligned one where a warp may reach it split). A macro, not a
+/// function taking a closure: the kernels' bodies must stay in their entry, and a closure
+/// that large is not inlined; an iterator held more registers.
+///
+/// Every thread of the CTA runs it, converged warps (unsafe code inside).
+macro_rules! for_each_work {
+    ($p:expr, $threads:expr, $words:expr, $bar:path,
+     |$tile:pat_param, $b:pat_param, $split:pat_param, $work:pat_param| $body:block) => {{
+        let p: &DecodeParams = $p;
+        let threads: u32 = $threads;
+        let warps = threads / 32;
+        // The virtual grid, recomputed where used (opaque) rather than held in registers.
+        let tiles = || arch::opaque((p.s_q * p.heads).div_ceil(BLOCK_N));
+        let word = |i: u32| $words + 4 * i;
+        let mine = |i: u32| $words + 4 * (2 * warps + 4 + 3 * (arch::thread_idx_x() / 32) + i);
+        let ld = |a: u32| uniform(smem::ld_shared_f32(a).to_bits());
+        let st = |a: u32, v: u32| smem::st_shared_f32_if(a, f32::from_bits(v), 1);
+        // The cell walk: this CTA's cells and their coordinates.
+        let coords = |i: u32| {
+            let (c, g, tiles) = (arch::block_idx_x(), arch::grid_dim_x(), tiles());
+            let v = c + i * g;
+            (v % tiles, (v / tiles) % p.batch, v / (tiles * p.batch))
+        };
+        let count = || {
+            let (c, g) = (arch::block_idx_x(), arch::grid_dim_x());
+            let cells = tiles() * p.batch * p.persist_splits;
+            if c < cells { (cells - c).div_ceil(g) } else { 0 }
+        };
+        // The work list's parts.
+        let parts = || (arch::grid_dim_x() / tiles()).max(1);
+        // State: cells (next mark group, its marks left) from before group 0; items (item,
+        // sequence, cost position) with sequence u32::MAX: the item's start is next.
+        if p.list_fixed != 0 {
+            st(mine(0), arch::block_idx_x());
+            st(mine(1), u32::MAX);
+        } else {
+            st(mine(0), 0u32.wrapping_sub(32));
+            st(mine(1), 0);
+        }
+        loop {
+            let next = if p.list_fixed != 0 {
+                'next: loop {
+                    if ld(mine(1)) == u32::MAX {
+                        let v = ld(mine(0));
+                        if v >= parts() * tiles() {
+                            break 'next None;
+                        }
+                        let tid = arch::thread_idx_x();
+                        let (lane, warp) = (tid % 32, tid / 32);
+                        // Each thread's run, its summed cost and longest sequence; the
+                        // warps' inclusive scan of the sums.
+                        let (lo, hi, sum, most) = decode::list_sums(p, tid, threads);
+                        let mut inc = sum;
+                        let mut most_w = most;
+                        unroll!(d in [1, 2, 4, 8, 16] {
+                            let d = d as u32;
+                            let up = sync::shfl_idx_f32(f32::from_bits(inc), lane.saturating_sub(d))
+                                .to_bits();
+                            inc += if lane >= d { up } else { 0 };
+                            most_w = most_w
+                                .max(sync::shfl_xor_f32(f32::from_bits(most_w), d).to_bits());
+                        });
+                        // The previous item's words are read by every thread before they
+                        // change.
+                        $bar();
+                        smem::st_shared_f32_if(word(warp), f32::from_bits(inc), (lane == 31) as u32);
+                        smem::st_shared_f32_if(
+                            word(warps + warp),
+                            f32::from_bits(most_w),
+                            (lane == 0) as u32,
+                        );
+                        $bar();
+                        let (mut before, mut total, mut most_all) = (0u32, 0u32, 0u32);
+                        for w in 0..warps {
+                            let s = smem::ld_shared_f32(word(w)).to_bits();
+                            before += if w < warp { s } else { 0 };
+                            total += s;
+                            most_all = most_all.max(smem::ld_shared_f32(word(warps + w)).to_bits());
+                        }
+                        let share = decode::list_share(p, total, most_all, parts());
+                        // The part's start, when it has one: the thread whose run holds it
+                        // finds the sequence (every thread walks its run; one stores).
+                        let ps = (v / tiles()).saturating_mul(share);
+                        let start = before + inc - sum;
+                        let owner = ps < total && start <= ps && ps < start + sum;
+                        let (b0, c0) =
+                            decode::list_find(p, lo, if owner { hi } else { lo }, start, ps);
+                        let w = 2 * warps;
+                        smem::st_shared_f32_if(word(w + 2), f32::from_bits(b0), owner as u32);
+                        smem::st_shared_f32_if(word(w + 3), f32::from_bits(c0), owner as u32);
+                        smem::st_shared_f32_if(word(w), f32::from_bits(share), (tid == 0) as u32);
+                        smem::st_shared_f32_if(word(w + 1), f32::from_bits(total), (tid == 0) as u32);
+                        $bar();
+                        if ps < total {
+                            st(mine(1), ld(word(w + 2)));
+                            st(mine(2), ld(word(w + 3)));
+                        } else {
+                            st(mine(1), p.batch);
+                        }
+                    }
+                    let (share, total) = (ld(word(2 * warps)), ld(word(2 * warps + 1)));
+                    let (v, b, c) = (ld(mine(0)), ld(mine(1)), ld(mine(2)));
+                    let part = v / tiles();
+                    let ps = part.saturating_mul(share);
+                    let pe = ps.saturating_add(share).min(total);
+                    if b >= p.batch || c >= pe {
+                        st(mine(0), v + arch::grid_dim_x());
+                        st(mine(1), u32::MAX);
+                        continue;
+                    }
+                    // SAFETY: b < batch entries of seq_lens.
+                    let glen_raw = uniform(*p.seq_lens.ptr().add(b as usize) as u32) as i32;
+                    st(mine(1), b + 1);
+                    st(mine(2), c + decode::list_cost(p, glen_raw).1);
+                    let tile = v % tiles();
+                    if let Some((split, work)) =
+                        decode::list_piece(p, tile, part, b, glen_raw, c, (share, ps, pe))
+                    {
+                        break 'next Some((tile, b, split, work));
+                    }
+                }
+            } else {
+                'next: loop {
+                    let m = ld(mine(1));
+                    if m != 0 {
+                        st(mine(1), m & (m - 1));
+                        let (tile, b, split) = coords(ld(mine(0)) + m.trailing_zeros());
+                        let fold = decode::fold_total(p);
+                        if let Some(work) = decode::cta_work(p, tile, split, b, fold) {
+                            break 'next Some((tile, b, split, work));
+                        }
+                        continue;
+                    }
+                    let at = ld(mine(0)).wrapping_add(32);
+                    if at >= count() {
+                        break 'next None;
+                    }
+                    st(mine(0), at);
+                    if at.is_multiple_of(threads) {
+                        let tid = arch::thread_idx_x();
+                        let i = at + tid;
+                        // The cell's coordinates before the folded schedule's total (every
+                        // lane, converged), which is live only up to its one use: the e4m3
+                        // TMA decodes (255 registers) spilled it when it was live across
+                        // the divisions.
+                        let (tile, b, split) = coords(i);
+                        let fold = decode::fold_total(p);
+                        let busy = i < count() && decode::cell_busy(p, tile, b, split, fold);
+                        let marks = sync::ballot(busy);
+                        // The previous marks are read by every thread before they change.
+                        $bar();
+                        smem::st_shared_f32_if(
+                            word(tid / 32),
+                            f32::from_bits(marks),
+                            tid.is_multiple_of(32) as u32,
+                        );
+                        $bar();
+                    }
+                    st(mine(1), ld(word(at % threads / 32)));
+                }
+            };
+            let Some((tile, b, split, work)) = next else {
+                break;
+            };
+            let ($tile, $b, $split, $work) = (tile, b, split, work);
+            $body
+        }
+    }};
+}
+pub(crate) use for_each_work;
+
 /// The kernel body (see the module docs): a persistent CTA takes the cells of the virtual
 /// grid `(row tiles, batch, persist_splits)` that are its own (`c, c + grid, ...`) and have
 /// work; it marks them 256 at a time (one bit per cell, each thread checking one), then
@@ -821,7 +1012,7 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *cons
     // warpgroups reach the named barriers in the order the module docs give; each
     // warpgroup runs its wgmma sequences converged.
     unsafe {
-        for_each_cell!(
+        for_each_work!(
             &p,
             T::THREADS as u32,
             arch::opaque(aligned_base()) + T::TMA_SMEM_CELLS as u32,

@@ -168,23 +168,54 @@ pub(crate) fn cta_work(
         // this grid completes.
         unsafe { *p.num_splits.ptr().add(b as usize) = nsplit_raw };
     }
-    let len_raw = p.shard.local_len(glen_raw);
     let nsplit = live_splits(p, glen_raw, nsplit_raw);
     if split >= nsplit {
         return None;
     }
+    let (len_raw, len, glen, blocks) = seq_extent(p, glen_raw);
+    let (kb0, kb1) = chunk_blocks(blocks, nsplit, split);
+    Some(checked_work(
+        p,
+        tile,
+        b,
+        (len_raw, len, glen),
+        (kb0, kb1),
+        (split, nsplit),
+    ))
+}
+
+/// A sequence of raw global length `glen_raw`: its raw local length, the KV length the
+/// decode works with (cut to what the page table addresses), the global length the causal
+/// rule counts from, and its 64-token blocks.
+#[inline(always)]
+fn seq_extent(p: &DecodeParams, glen_raw: i32) -> (i32, u32, u32, u32) {
+    let len_raw = p.shard.local_len(glen_raw);
     let len = mla_abi::clamp_len(len_raw, p.max_pages.saturating_mul(p.page_size));
-    let (glen, blocks) = if p.shard.is_on() {
+    if p.shard.is_on() {
         // A rank with none of a live sequence's keys still runs one (empty) block, so
         // that its rows are written: zeros with LSE -inf, which the rank merge skips.
         (
+            len_raw,
+            len,
             mla_abi::clamp_len(glen_raw, u32::MAX),
             len.div_ceil(BLOCK_N).max(1),
         )
     } else {
-        (len, len.div_ceil(BLOCK_N))
-    };
-    let (kb0, kb1) = chunk_blocks(blocks, nsplit, split);
+        (len_raw, len, len, len.div_ceil(BLOCK_N))
+    }
+}
+
+/// The work of blocks `kb0..kb1` of sequence `b` as split `split` of `nsplit`, after the
+/// checked mode's look at the tokens it reads (row tile 0 only).
+#[inline(always)]
+fn checked_work(
+    p: &DecodeParams,
+    tile: u32,
+    b: u32,
+    (len_raw, len, glen): (i32, u32, u32),
+    (kb0, kb1): (u32, u32),
+    (split, nsplit): (u32, u32),
+) -> CtaWork {
     if !p.fault.is_null() && tile == 0 {
         // SAFETY: b < batch; the tokens are this split's, below the clamped length.
         unsafe {
@@ -198,13 +229,145 @@ pub(crate) fn cta_work(
             )
         };
     }
-    Some(CtaWork {
+    CtaWork {
         len,
         glen,
         nsplit,
         kb0,
         kb1,
-    })
+    }
+}
+
+/// The work list's price of a sequence of raw length `glen_raw`
+/// ([`DecodeParams::list_fixed`]): its KV blocks and its cost (blocks plus the fixed
+/// cost; 0 for padding, which the list skips).
+#[inline(always)]
+pub(crate) fn list_cost(p: &DecodeParams, glen_raw: i32) -> (u32, u32) {
+    if glen_raw <= 0 {
+        return (0, 0);
+    }
+    let blocks = seq_extent(p, glen_raw).3;
+    (blocks, blocks + p.list_fixed)
+}
+
+/// This thread's share of the batch in the work list's sums: sequences `lo..hi` (a
+/// contiguous run of `ceil(batch / threads)`), their summed cost and the most blocks of one.
+///
+/// # Safety
+/// `p` as the decode's.
+#[inline(always)]
+pub(crate) unsafe fn list_sums(p: &DecodeParams, tid: u32, threads: u32) -> (u32, u32, u32, u32) {
+    let k = p.batch.div_ceil(threads);
+    let lo = (tid * k).min(p.batch);
+    let hi = (lo + k).min(p.batch);
+    let (mut sum, mut most) = (0u32, 0u32);
+    let mut b = lo;
+    while b < hi {
+        // SAFETY: b < batch entries of seq_lens.
+        let (blocks, cost) = list_cost(p, unsafe { *p.seq_lens.ptr().add(b as usize) });
+        sum += cost;
+        most = most.max(blocks);
+        b += 1;
+    }
+    (lo, hi, sum, most)
+}
+
+/// The work list's part size for a batch of summed cost `total` whose longest sequence
+/// has `most` blocks, cut into `parts`: an even share, but no smaller than keeps every
+/// sequence within `max_splits` pieces (a run of `n <= (max_splits - 1) x size` blocks
+/// meets at most `max_splits` parts); one part for all when the workspace holds one split.
+#[inline(always)]
+pub(crate) fn list_share(p: &DecodeParams, total: u32, most: u32, parts: u32) -> u32 {
+    let bound = if p.max_splits >= 2 {
+        most.div_ceil(p.max_splits - 1)
+    } else {
+        total
+    };
+    total.div_ceil(parts.max(1)).max(bound).max(1)
+}
+
+/// The first sequence at or after `lo` (up to `hi`) whose cost runs past position `ps`, with
+/// the cost before it, starting from cost `c` at `lo`; `(hi, c)` when none does.
+///
+/// # Safety
+/// `hi <= batch`.
+#[inline(always)]
+pub(crate) unsafe fn list_find(
+    p: &DecodeParams,
+    lo: u32,
+    hi: u32,
+    mut c: u32,
+    ps: u32,
+) -> (u32, u32) {
+    let mut b = lo;
+    while b < hi {
+        // SAFETY: b < batch entries of seq_lens.
+        let cost = list_cost(p, unsafe { *p.seq_lens.ptr().add(b as usize) }).1;
+        if ps < c + cost {
+            return (b, c);
+        }
+        c += cost;
+        b += 1;
+    }
+    (hi, c)
+}
+
+/// The piece of part `part` (cost positions `ps..pe`, parts of `share`) in sequence `b`,
+/// whose cost starts at `c`, for row tile `tile`: its blocks, split index and split
+/// count, or `None` when the part holds none of its blocks. A sequence's fixed cost comes
+/// before its blocks (a part holding only that has no piece of it); a live sequence of no
+/// blocks is one piece, in the part where its cost starts. Row tile 0's piece of split 0
+/// writes the sequence's split count for the combine. Returns the piece's split index
+/// with its work.
+///
+/// # Safety
+/// `b < batch`, `glen_raw` its length; `ps <= c < pe` or `c < ps < c + cost`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(crate) unsafe fn list_piece(
+    p: &DecodeParams,
+    tile: u32,
+    part: u32,
+    b: u32,
+    glen_raw: i32,
+    c: u32,
+    (share, ps, pe): (u32, u32, u32),
+) -> Option<(u32, CtaWork)> {
+    if glen_raw <= 0 {
+        return None;
+    }
+    let (len_raw, len, glen, blocks) = seq_extent(p, glen_raw);
+    let (kb0, kb1, split, nsplit) = if blocks == 0 {
+        if c < ps {
+            return None;
+        }
+        (0, 0, 0, 1)
+    } else {
+        let f = c + p.list_fixed;
+        let end = f + blocks;
+        let (u0, u1) = (ps.max(f), pe.min(end));
+        if u0 >= u1 {
+            return None;
+        }
+        let first = f / share;
+        (u0 - f, u1 - f, part - first, (end - 1) / share - first + 1)
+    };
+    if split == 0 && tile == 0 && arch::thread_idx_x() == 0 {
+        // SAFETY: b < batch entries; one writer per sequence (its first piece, row tile
+        // 0), read by the combine after this grid completes.
+        unsafe { *p.num_splits.ptr().add(b as usize) = nsplit as i32 };
+    }
+    Some((
+        split,
+        checked_work(
+            p,
+            tile,
+            b,
+            (len_raw, len, glen),
+            (kb0, kb1),
+            (split, nsplit),
+        ),
+    ))
 }
 
 /// Checked mode (`p.fault` non-null): the CTA's threads look at the page-table entries of
