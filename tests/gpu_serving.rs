@@ -63,12 +63,25 @@ fn run_plan_as(
     )
 }
 
-/// The split counts `plan`'s schedule gives `h`'s lengths, on the CPU (the lengths clamped
-/// to what `h`'s page table holds, as the device's are).
-fn cpu_twin(plan: &DecodePlan, h: &HostCase) -> Vec<i32> {
-    let mut cfg = plan.schedule();
-    cfg.max_len = h.max_pages * h.spec.page_size;
-    mla::plan::schedule(&h.seq_lens, &cfg)
+/// The split counts a run of `plan` on `h` writes, on the CPU (the lengths clamped to what
+/// `h`'s page table holds, as the device's are): with `stepped`, those of `schedule_step`
+/// (the schedule's rule); else those of the run, the schedule's or its work list's
+/// ([`DecodePlan::run_split_twin`]).
+fn cpu_twin(
+    rt: &Runtime,
+    stream: &Arc<cudarc::driver::CudaStream>,
+    plan: &DecodePlan,
+    h: &HostCase,
+    d: &mut DeviceCase,
+    stepped: bool,
+) -> Vec<i32> {
+    if stepped {
+        let mut cfg = plan.schedule();
+        cfg.max_len = h.max_pages * h.spec.page_size;
+        return mla::plan::schedule(&h.seq_lens, &cfg);
+    }
+    let req = d.request(stream, h);
+    plan.run_split_twin(rt, &req, &h.seq_lens).unwrap()
 }
 
 #[test]
@@ -96,7 +109,7 @@ fn schedule_kernel_matches_cpu_twin_and_plan_matches_oracle() {
         let plan = rt.plan_decode(&stream, config(&h, b + 3), tactic).unwrap();
         let mut dc = DeviceCase::upload(&stream, &h).unwrap();
         let (got, splits) = run_plan(&rt, &stream, &plan, &h, &mut dc);
-        let twin = cpu_twin(&plan, &h);
+        let twin = cpu_twin(&rt, &stream, &plan, &h, &mut dc, false);
         if splits != twin {
             failures.push(format!(
                 "{} B={b}: schedule {splits:?} != CPU twin {twin:?}",
@@ -177,7 +190,7 @@ fn long_sequences_take_more_splits() {
         let plan = rt.plan_decode(&stream, config(&h, b), tactic).unwrap();
         let mut dc = DeviceCase::upload(&stream, &h).unwrap();
         let (got, splits) = run_plan_as(&rt, &stream, &plan, &h, &mut dc, stepped);
-        let twin = cpu_twin(&plan, &h);
+        let twin = cpu_twin(&rt, &stream, &plan, &h, &mut dc, stepped);
         let short = if plan.schedule().tiles >= 2 {
             mla::abi::SHORT_SPLITS_MULTI_TILE
         } else {
@@ -498,7 +511,7 @@ fn paired_decodes_take_two_block_splits() {
                 let plan = rt.plan_decode(&stream, config(&h, b), tactic).unwrap();
                 let mut dc = DeviceCase::upload(&stream, &h).unwrap();
                 let (got, splits) = run_plan_as(&rt, &stream, &plan, &h, &mut dc, stepped);
-                let twin = cpu_twin(&plan, &h);
+                let twin = cpu_twin(&rt, &stream, &plan, &h, &mut dc, stepped);
                 let step = 1usize << plan.schedule().step_log2;
                 let what = format!(
                     "{} H=16 S_q={s_q} B={b} lens {lens:?} tactic {tactic} step {step}{}",

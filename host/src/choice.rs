@@ -243,21 +243,24 @@ pub struct DecodeKernels {
     /// takes it from [`work_list_from_env`]; [`DecodeKernels::list_fixed_for`] says where a
     /// launch uses it.
     pub list_fixed: u32,
+    /// Every launch [`DecodeKernels::list_fixed_for`] allows takes the work list, not only
+    /// those the launch model picks (`MLA_WORK_LIST=all`).
+    pub list_always: bool,
 }
 
 /// The work list's fixed cost per sequence in KV blocks by default: a cell's prologue and
 /// epilogue at H=128 on the H200 (`plan::balanced_target`'s `CELL_FIXED_BLOCKS`).
 pub const WORK_LIST_FIXED: u32 = 4;
 
-/// `MLA_WORK_LIST`: `0` off (the 64-row TMA decodes walk the schedule's cells), `N` a
-/// fixed cost of `N` blocks per sequence (at most 64), else [`WORK_LIST_FIXED`].
-pub fn work_list_from_env() -> u32 {
-    match std::env::var("MLA_WORK_LIST")
-        .ok()
-        .map(|v| v.parse::<u32>())
-    {
-        Some(Ok(n)) => n.min(64),
-        _ => WORK_LIST_FIXED,
+/// `MLA_WORK_LIST` (A/Bs of the work list): `0` off (the 64-row TMA decodes walk the
+/// schedule's cells), `all` on wherever a launch allows it, else on where the launch model
+/// says it pays; with the fixed cost [`WORK_LIST_FIXED`]. Returns (fixed cost or 0,
+/// always).
+pub fn work_list_from_env() -> (u32, bool) {
+    match std::env::var("MLA_WORK_LIST").as_deref() {
+        Ok("0") => (0, false),
+        Ok("all") => (WORK_LIST_FIXED, true),
+        _ => (WORK_LIST_FIXED, false),
     }
 }
 
@@ -326,6 +329,7 @@ impl DecodeKernels {
             pdl: switches.pdl && variant != Variant::Portable,
             reference,
             list_fixed: 0,
+            list_always: false,
         };
         kernels.small_rows(over.tma32, over.tma32_fp8)
     }
@@ -356,11 +360,12 @@ impl DecodeKernels {
         DecodeKernels { tma32, ..self }
     }
 
-    /// [`DecodeKernels`] whose 64-row TMA decodes take the work list with a fixed cost of
-    /// `fixed` blocks per sequence (0: off).
-    pub fn with_work_list(self, fixed: u32) -> DecodeKernels {
+    /// [`DecodeKernels`] whose 64-row TMA decodes may take the work list with a fixed cost
+    /// of `fixed` blocks per sequence (0: off), wherever allowed with `always`.
+    pub fn with_work_list(self, fixed: u32, always: bool) -> DecodeKernels {
         DecodeKernels {
             list_fixed: fixed,
+            list_always: always,
             ..self
         }
     }

@@ -53,7 +53,7 @@ pub enum Counts {
 pub struct DecodeWorkspace {
     /// Freed only once the context has synchronized (see the `Drop` impl).
     bufs: ManuallyDrop<WorkspaceBuffers>,
-    acc_ctas: usize,
+    pub(crate) acc_ctas: usize,
     /// Decodes on this workspace run in checked mode (they get the fault record).
     pub(crate) checked: bool,
     /// The rank's share of the KV that decodes on this workspace read ([`mla_abi::Shard`]).
@@ -653,6 +653,7 @@ impl Runtime {
                 tile,
                 mla_abi::SchedFold::default(),
                 Counts::Runs,
+                false,
                 stream.cu_stream(),
             )?
         };
@@ -661,7 +662,8 @@ impl Runtime {
 
     /// The decode kernel (grid z = `kernels.grid_splits`) and, when that is above 1, the
     /// combine; `fold` on: the decode computes the split counts itself. `counts`: the
-    /// array the split counts are in.
+    /// array the split counts are in. `list`: a 64-row TMA decode takes the work list where
+    /// [`DecodeKernels::list_fixed_for`] allows it (it then writes the runs' counts).
     ///
     /// # Safety
     /// `req` passed [`validate_decode`] giving `shape`, the workspace holds `shape`, and its
@@ -678,6 +680,7 @@ impl Runtime {
         tile: Tile,
         fold: mla_abi::SchedFold,
         counts: Counts,
+        list: bool,
         stream: CUstream,
     ) -> Result<()> {
         let rows = shape.rows();
@@ -699,7 +702,7 @@ impl Runtime {
         }
         // The work list: the decode cuts the batch itself and writes the runs' counts,
         // whatever array a scheduled layer would have read.
-        let list = if persistent {
+        let list = if persistent && list {
             kernels.list_fixed_for(kernel, shape, ws.capacity)
         } else {
             0

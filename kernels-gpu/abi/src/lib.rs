@@ -608,6 +608,54 @@ pub const fn split_bound(blocks: u64, tiles: u64, max_splits: u64) -> u64 {
     if cap < max_splits { cap } else { max_splits }
 }
 
+/// The work list's part size ([`DecodeParams::list_fixed`]) for a batch of summed cost
+/// `total` whose longest sequence has `most` blocks, cut into `parts` parts, with partials
+/// for `max_splits` splits: an even share, but no smaller than keeps every sequence within
+/// `max_splits` pieces (a run of `n <= (max_splits - 1) x size` blocks meets at most
+/// `max_splits` parts); one part for all where the workspace holds one split. At least 1.
+/// The decode and the host twin `plan::work_list` both call this.
+pub const fn list_share(total: u32, most: u32, parts: u32, max_splits: u32) -> u32 {
+    let bound = if max_splits >= 2 {
+        most.div_ceil(max_splits - 1)
+    } else {
+        total
+    };
+    let even = total.div_ceil(if parts < 1 { 1 } else { parts });
+    let s = if even > bound { even } else { bound };
+    if s < 1 { 1 } else { s }
+}
+
+/// The piece of part `part` (cost positions `ps..pe`, parts of `share`) in a live sequence
+/// of `blocks` KV blocks whose cost (`fixed + blocks`) starts at position `c`: its blocks
+/// `kb0..kb1`, its split index and the sequence's split count, or `None` where the part
+/// holds none of its blocks. The fixed cost comes before the blocks (a part holding only
+/// that has no piece of the sequence); a sequence of no blocks is one piece, in the part
+/// where its cost starts. Positions fit `u32` (the host bounds the batch's cost).
+pub const fn list_piece(
+    c: u32,
+    blocks: u32,
+    fixed: u32,
+    part: u32,
+    (share, ps, pe): (u32, u32, u32),
+) -> Option<(u32, u32, u32, u32)> {
+    if blocks == 0 {
+        return if c >= ps && c < pe {
+            Some((0, 0, 0, 1))
+        } else {
+            None
+        };
+    }
+    let f = c + fixed;
+    let end = f + blocks;
+    let u0 = if ps > f { ps } else { f };
+    let u1 = if pe < end { pe } else { end };
+    if u0 >= u1 {
+        return None;
+    }
+    let first = f / share;
+    Some((u0 - f, u1 - f, part - first, (end - 1) / share - first + 1))
+}
+
 /// The split count of one sequence under the on-device schedule (the kernel and its host
 /// twin `plan::schedule` both call this): `floor(blocks * target_ctas / total_blocks)`,
 /// clamped to `1..=min(split_bound(blocks, tiles, max_splits), ceil(blocks / 2^step_log2))`,

@@ -272,18 +272,10 @@ pub(crate) unsafe fn list_sums(p: &DecodeParams, tid: u32, threads: u32) -> (u32
     (lo, hi, sum, most)
 }
 
-/// The work list's part size for a batch of summed cost `total` whose longest sequence
-/// has `most` blocks, cut into `parts`: an even share, but no smaller than keeps every
-/// sequence within `max_splits` pieces (a run of `n <= (max_splits - 1) x size` blocks
-/// meets at most `max_splits` parts); one part for all when the workspace holds one split.
+/// The work list's part size ([`mla_abi::list_share`]) for this launch's workspace.
 #[inline(always)]
 pub(crate) fn list_share(p: &DecodeParams, total: u32, most: u32, parts: u32) -> u32 {
-    let bound = if p.max_splits >= 2 {
-        most.div_ceil(p.max_splits - 1)
-    } else {
-        total
-    };
-    total.div_ceil(parts.max(1)).max(bound).max(1)
+    mla_abi::list_share(total, most, parts, p.max_splits)
 }
 
 /// The first sequence at or after `lo` (up to `hi`) whose cost runs past position `ps`, with
@@ -337,21 +329,8 @@ pub(crate) unsafe fn list_piece(
         return None;
     }
     let (len_raw, len, glen, blocks) = seq_extent(p, glen_raw);
-    let (kb0, kb1, split, nsplit) = if blocks == 0 {
-        if c < ps {
-            return None;
-        }
-        (0, 0, 0, 1)
-    } else {
-        let f = c + p.list_fixed;
-        let end = f + blocks;
-        let (u0, u1) = (ps.max(f), pe.min(end));
-        if u0 >= u1 {
-            return None;
-        }
-        let first = f / share;
-        (u0 - f, u1 - f, part - first, (end - 1) / share - first + 1)
-    };
+    let (kb0, kb1, split, nsplit) =
+        mla_abi::list_piece(c, blocks, p.list_fixed, part, (share, ps, pe))?;
     if split == 0 && tile == 0 && arch::thread_idx_x() == 0 {
         // SAFETY: b < batch entries; one writer per sequence (its first piece, row tile
         // 0), read by the combine after this grid completes.
