@@ -277,6 +277,74 @@ fn every_query_token_count_matches_the_oracle() {
     common::assert_no_failures(test, seed, &failures);
 }
 
+/// The 64-row TMA decodes' work list, forced on (`set_work_list`): random batches of
+/// mixed lengths (one long sequence among short ones, or even ones), 64-128 heads, S_q 1-4,
+/// every dtype, pages of 1 (the `cp.async` forms), 16 and 64, plans larger than the batch:
+/// `run` and `schedule_step` + `run_layer` against the oracle, and the run's split counts
+/// against the host twin of the list.
+#[test]
+fn work_list_matches_the_oracle_and_its_twin() {
+    let test = "work_list";
+    let seed = common::seed(test);
+    let Some((rt, stream)) = common::gpu(test) else {
+        return;
+    };
+    let mut rng = SplitMix64::new(seed);
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for k in 0..18usize {
+        let d = DecodeDtypes::ALL[k % DecodeDtypes::ALL.len()];
+        let heads = [128, 64, 100][k % 3];
+        let s_q = 1 + k % 4;
+        let page = [64, 16, 1][(k / 3) % 3];
+        let rows = heads * s_q;
+        // The f64 oracle's time grows with rows x tokens.
+        let (b, long) = if rows > 256 {
+            (rng.range(1, 4), 6000)
+        } else {
+            (rng.range(1, 12), 20_000)
+        };
+        let lens: Vec<usize> = (0..b)
+            .map(|i| match (k % 2, i) {
+                (0, 0) => rng.range(long / 2, long),
+                (0, _) => rng.range(s_q, 300),
+                _ => rng.range(long / 8, long / 4),
+            })
+            .collect();
+        let h = HostCase::random(&CaseSpec::new(d, page, heads, s_q, lens.clone()), &mut rng);
+        let refs = h.references();
+        let cfg = config(&h, b + k % 3);
+        let tactic = rt.default_tactic(&cfg);
+        let mut plan = rt.plan_decode(&stream, cfg, tactic).unwrap();
+        plan.set_work_list(Some(true));
+        let mut dc = DeviceCase::upload(&stream, &h).unwrap();
+        for stepped in [false, true] {
+            let (got, splits) = run_plan_as(&rt, &stream, &plan, &h, &mut dc, stepped);
+            let what = format!(
+                "{} H={heads} S_q={s_q} page {page} lens {lens:?} tactic {tactic}{}",
+                d.name(),
+                if stepped { " (schedule_step)" } else { "" }
+            );
+            if !stepped {
+                let twin = cpu_twin(&rt, &stream, &plan, &h, &mut dc, false);
+                if splits != twin {
+                    failures.push(format!("{what}: counts {splits:?} != twin {twin:?}"));
+                }
+            }
+            let c = harness::check(&got, &refs);
+            checked += 1;
+            if !c.ok() {
+                failures.push(format!("{what}: {} | {}", c.out, c.lse));
+            }
+        }
+    }
+    eprintln!(
+        "[{test}] {checked} decodes checked, {} failed",
+        failures.len()
+    );
+    common::assert_no_failures(test, seed, &failures);
+}
+
 /// `run_layer` refuses, with a typed error naming the field, a plan that has no
 /// `schedule_step` yet and a request whose batch is not the scheduled one (its split counts
 /// would be missing or another batch's: output rows silently skipped); with the matching

@@ -549,6 +549,20 @@ impl DecodePlan {
         self.ws.checked = on;
     }
 
+    /// The 64-row TMA decodes' work list for the runs launched from now on: `Some(true)` on
+    /// wherever a launch allows it, `Some(false)` off (the schedule's cells), `None` where
+    /// the launch model picks it (the default; `MLA_WORK_LIST` sets a plan's start). For
+    /// tests and A/Bs; outputs agree either way within the kernels' rounding.
+    #[doc(hidden)]
+    pub fn set_work_list(&mut self, force: Option<bool>) {
+        let fixed = if force == Some(false) {
+            0
+        } else {
+            crate::choice::WORK_LIST_FIXED
+        };
+        self.kernels = self.kernels.with_work_list(fixed, force == Some(true));
+    }
+
     /// Decode context parallelism for the runs launched from now on: this plan decodes
     /// rank `shard.rank`'s share of every sequence ([`Shard`]: which global tokens the
     /// rank's cache holds, and where). Requests keep the global `seq_lens` (the same

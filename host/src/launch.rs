@@ -711,6 +711,11 @@ impl Runtime {
             p.list_fixed = list;
             p.fold = mla_abi::SchedFold::default();
             p.num_splits = dev(ws.ptrs().splits(Counts::Runs));
+        } else {
+            // The cells: the grid's splits, not the workspace's (a plan's workspace may
+            // hold more for the work list): the fold's rule and the count clamp take it
+            // as their bound, and the combine its partials' stride.
+            p.max_splits = p.max_splits.min(kernels.grid_splits.max(1) as u32);
         }
         let grid = LaunchShape {
             grid: if list > 0 {
