@@ -362,10 +362,10 @@ pub mod decode_tile {
     /// The 32-bit words of the 64-row TMA decodes' walk region for a CTA of `threads`
     /// threads: a mark word per warp in the cell walk; with the work list
     /// ([`super::DecodeParams::list_fixed`]), each warp's cost sum and longest sequence,
-    /// the part's size, the batch's total cost, the part's first sequence and its cost
-    /// position, then each warp's walk state (three words).
+    /// the part's size, the batch's total cost, the first part's first sequence and its
+    /// cost position, then each warp's walk state (five words).
     pub const fn walk_words(threads: usize) -> usize {
-        5 * (threads / 32) + 4
+        7 * (threads / 32) + 4
     }
 
     /// The bf16-cache form.
@@ -1139,7 +1139,8 @@ pub struct DecodeParams {
     /// in turn: CTA `c` takes cells `c, c + grid.x, ...` that have work. 0: one CTA per
     /// cell of the launched grid.
     pub persist_splits: u32,
-    /// A persistent decode's work list: 0, off (the cells above); `f >= 1`, on: the decode
+    /// The persistent 64-row TMA decodes' work list (the small-row decodes take no list):
+    /// 0, off (the cells above); `f >= 1`, on: the decode
     /// prices each live sequence at its KV blocks plus `f` blocks of fixed cost, cuts that
     /// cost, concatenated over the batch, into `max(1, grid.x / row tiles)` parts of equal
     /// size (at least `ceil(longest / (max_splits - 1))` blocks, so no sequence takes more

@@ -158,6 +158,27 @@ pub(crate) fn cta_work(
     b: u32,
     batch_blocks: Option<u64>,
 ) -> Option<CtaWork> {
+    let (glen_raw, nsplit) = cell_pick(p, tile, split, b, batch_blocks)?;
+    Some(work_of(
+        p,
+        tile,
+        b,
+        glen_raw,
+        (split, nsplit),
+        (0, u32::MAX),
+    ))
+}
+
+/// [`cta_work`]'s first half: the raw length and split count of cell `(tile, b, split)`
+/// where it has work (the folded schedule's cell of row tile 0, split 0 writes the count).
+#[inline(always)]
+pub(crate) fn cell_pick(
+    p: &DecodeParams,
+    tile: u32,
+    split: u32,
+    b: u32,
+    batch_blocks: Option<u64>,
+) -> Option<(i32, u32)> {
     if b >= p.batch {
         return None;
     }
@@ -169,19 +190,35 @@ pub(crate) fn cta_work(
         unsafe { *p.num_splits.ptr().add(b as usize) = nsplit_raw };
     }
     let nsplit = live_splits(p, glen_raw, nsplit_raw);
-    if split >= nsplit {
-        return None;
-    }
+    (split < nsplit).then_some((glen_raw, nsplit))
+}
+
+/// The work of split `split` of `nsplit` of sequence `b` (raw length `glen_raw`, live) for
+/// row tile `tile`: blocks `range` where `range.1` is not `u32::MAX`, else the chunk rule's
+/// ([`chunk_blocks`]); after the checked mode's look at the tokens it reads.
+#[inline(always)]
+pub(crate) fn work_of(
+    p: &DecodeParams,
+    tile: u32,
+    b: u32,
+    glen_raw: i32,
+    (split, nsplit): (u32, u32),
+    range: (u32, u32),
+) -> CtaWork {
     let (len_raw, len, glen, blocks) = seq_extent(p, glen_raw);
-    let (kb0, kb1) = chunk_blocks(blocks, nsplit, split);
-    Some(checked_work(
+    let (kb0, kb1) = if range.1 == u32::MAX {
+        chunk_blocks(blocks, nsplit, split)
+    } else {
+        range
+    };
+    checked_work(
         p,
         tile,
         b,
         (len_raw, len, glen),
         (kb0, kb1),
         (split, nsplit),
-    ))
+    )
 }
 
 /// A sequence of raw global length `glen_raw`: its raw local length, the KV length the
@@ -304,17 +341,13 @@ pub(crate) unsafe fn list_find(
     (hi, c)
 }
 
-/// The piece of part `part` (cost positions `ps..pe`, parts of `share`) in sequence `b`,
-/// whose cost starts at `c`, for row tile `tile`: its blocks, split index and split
-/// count, or `None` when the part holds none of its blocks. A sequence's fixed cost comes
-/// before its blocks (a part holding only that has no piece of it); a live sequence of no
-/// blocks is one piece, in the part where its cost starts. Row tile 0's piece of split 0
-/// writes the sequence's split count for the combine. Returns the piece's split index
-/// with its work.
+/// The piece of part `part` (cost positions `ps..pe`, parts of `share`) in sequence `b`
+/// (raw length `glen_raw`), whose cost starts at `c` ([`mla_abi::list_piece`]): its split
+/// index and count and its blocks, or `None` when the part holds none of its blocks. Row
+/// tile 0's piece of split 0 writes the sequence's split count for the combine.
 ///
 /// # Safety
-/// `b < batch`, `glen_raw` its length; `ps <= c < pe` or `c < ps < c + cost`.
-#[allow(clippy::too_many_arguments)]
+/// `b < batch`.
 #[inline(always)]
 pub(crate) unsafe fn list_piece(
     p: &DecodeParams,
@@ -324,11 +357,11 @@ pub(crate) unsafe fn list_piece(
     glen_raw: i32,
     c: u32,
     (share, ps, pe): (u32, u32, u32),
-) -> Option<(u32, CtaWork)> {
+) -> Option<(u32, u32, u32, u32)> {
+    let (blocks, _) = list_cost(p, glen_raw);
     if glen_raw <= 0 {
         return None;
     }
-    let (len_raw, len, glen, blocks) = seq_extent(p, glen_raw);
     let (kb0, kb1, split, nsplit) =
         mla_abi::list_piece(c, blocks, p.list_fixed, part, (share, ps, pe))?;
     if split == 0 && tile == 0 && arch::thread_idx_x() == 0 {
@@ -336,17 +369,7 @@ pub(crate) unsafe fn list_piece(
         // 0), read by the combine after this grid completes.
         unsafe { *p.num_splits.ptr().add(b as usize) = nsplit as i32 };
     }
-    Some((
-        split,
-        checked_work(
-            p,
-            tile,
-            b,
-            (len_raw, len, glen),
-            (kb0, kb1),
-            (split, nsplit),
-        ),
-    ))
+    Some((split, nsplit, kb0, kb1))
 }
 
 /// Checked mode (`p.fault` non-null): the CTA's threads look at the page-table entries of
