@@ -712,8 +712,10 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     }
 }
 
-/// The cell walk of a persistent TMA decode: runs `$body` with `($tile, $b, $split, $work)`
-/// bound for each cell of the virtual grid `(row tiles, batch, persist_splits)` that is
+/// The cell walk of the small-row TMA decodes (the 64-row ones walk by [`for_each_work`],
+/// which adds the work list; with it, these decodes' fp8 forms, at 168 registers, spilled
+/// 252 bytes instead of 40): runs `$body` with `($tile, $b, $split, $work)` bound for
+/// each cell of the virtual grid `(row tiles, batch, persist_splits)` that is
 /// this CTA's (`c, c + grid, ...`) and has work, in order. Every `$threads` cells, each
 /// thread checks one (its split count, or the folded schedule) and a ballot per warp marks
 /// those with work in the word at `$marks + 4 warp` (an expression evaluated where used);
