@@ -245,27 +245,26 @@ macro_rules! e4m3_sites {
 /// The e4m3 path (either Q): per S, the tail zeroing's warpgroup barrier, the V^T
 /// transpose's, and the one before the V^T cleaning of a block with keys only the step's
 /// later tokens see; in the prologue and each pair step.
-const E4M3_SITES: SyncSites = e4m3_sites!(9, 6);
+const E4M3_SITES: SyncSites = e4m3_sites!(7, 6);
 /// Its `cp.async` forms (see their rows): no tail zeroing.
-const E4M3_CP_SITES: SyncSites = e4m3_sites!(9, 4);
+const E4M3_CP_SITES: SyncSites = e4m3_sites!(7, 4);
 const SYNC_SITES: &[(&str, SyncSites)] = &[
     // CTA barriers: the one after the mbarriers' init, two around each marking of a
-    // persistent CTA's cells, two in the work list's scan, the prologue's, the epilogue's,
-    // two in the staged output store.
+    // persistent CTA's cells, the prologue's, the epilogue's, two in the staged output store.
     (
         "mla_decode_tma_bf16",
         (
             8,
-            &[(0, 9), (1, 1), (2, 1), (3, 1), (4, 1), (5, 2), (6, 2)],
+            &[(0, 7), (1, 1), (2, 1), (3, 1), (4, 1), (5, 2), (6, 2)],
             &[(1, 1), (2, 1), (3, 1), (4, 1)],
         ),
     ),
     // Its `cp.async` form: one `wgmma` wait in warpgroup 0's step and two in warpgroup 1's;
-    // the CTA barriers of the TMA decode (the marking's two, the work list scan's two, the
-    // prologue's, the epilogue's, the staged store's two); P handed over per stage (3, 4).
+    // the CTA barriers of the TMA decode (the marking's two, the prologue's, the
+    // epilogue's, the staged store's two); P handed over per stage (3, 4).
     (
         "mla_decode_tma_bf16_cp",
-        (3, &[(0, 8), (3, 1), (4, 1)], &[(3, 1), (4, 1)]),
+        (3, &[(0, 6), (3, 1), (4, 1)], &[(3, 1), (4, 1)]),
     ),
     // An fp8 cache under either Q (the e4m3 path): the bf16 sites, with three warpgroup
     // barriers per S (the tail zeroing of the raw rows before it, the V^T transpose after

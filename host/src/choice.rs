@@ -238,30 +238,6 @@ pub struct DecodeKernels {
     pub pdl: bool,
     /// Only the reference kernel runs (no schedule, no combine).
     pub reference: bool,
-    /// The 64-row TMA decodes' work list ([`mla_abi::DecodeParams::list_fixed`]): each
-    /// sequence's fixed cost in KV blocks, 0 off (they walk the schedule's cells). A plan
-    /// takes it from [`work_list_from_env`]; [`DecodeKernels::list_fixed_for`] says where a
-    /// launch uses it.
-    pub list_fixed: u32,
-    /// Every launch [`DecodeKernels::list_fixed_for`] allows takes the work list, not only
-    /// those the launch model picks (`MLA_WORK_LIST=all`).
-    pub list_always: bool,
-}
-
-/// The work list's fixed cost per sequence in KV blocks by default: a cell's prologue and
-/// epilogue at H=128 on the H200 (`plan::balanced_target`'s `CELL_FIXED_BLOCKS`).
-pub const WORK_LIST_FIXED: u32 = 4;
-
-/// `MLA_WORK_LIST` (A/Bs of the work list): `0` off (the 64-row TMA decodes walk the
-/// schedule's cells), `all` on wherever a launch allows it, else on where the launch model
-/// says it pays; with the fixed cost [`WORK_LIST_FIXED`]. Returns (fixed cost or 0,
-/// always).
-pub fn work_list_from_env() -> (u32, bool) {
-    match std::env::var("MLA_WORK_LIST").as_deref() {
-        Ok("0") => (0, false),
-        Ok("all") => (WORK_LIST_FIXED, true),
-        _ => (WORK_LIST_FIXED, false),
-    }
 }
 
 impl DecodeKernels {
@@ -328,8 +304,6 @@ impl DecodeKernels {
             // The portable (sm_80) image's kernels have no `griddepcontrol.wait`.
             pdl: switches.pdl && variant != Variant::Portable,
             reference,
-            list_fixed: 0,
-            list_always: false,
         };
         kernels.small_rows(over.tma32, over.tma32_fp8)
     }
@@ -358,50 +332,6 @@ impl DecodeKernels {
             })
             .map(spec);
         DecodeKernels { tma32, ..self }
-    }
-
-    /// [`DecodeKernels`] whose 64-row TMA decodes may take the work list with a fixed cost
-    /// of `fixed` blocks per sequence (0: off), wherever allowed with `always`.
-    pub fn with_work_list(self, fixed: u32, always: bool) -> DecodeKernels {
-        DecodeKernels {
-            list_fixed: fixed,
-            list_always: always,
-            ..self
-        }
-    }
-
-    /// The work list's fixed cost for a launch of `kernel` on `shape` with a workspace of
-    /// `capacity`, or 0 where it walks the cells: on for the 64-row TMA decodes (not the
-    /// small-row ones) of a plan that has it, where the grid has a combine and the
-    /// workspace two splits or more, and the batch's cost fits the decode's 32-bit sums.
-    pub fn list_fixed_for(
-        &self,
-        kernel: &Kernel,
-        shape: &DecodeShape,
-        capacity: crate::plan::WorkspaceCapacity,
-    ) -> u32 {
-        let tma64 = [
-            names::DECODE_TMA_BF16,
-            names::DECODE_TMA_BF16_CP,
-            names::DECODE_TMA_FP8KV_BF16Q,
-            names::DECODE_TMA_FP8KV_BF16Q_CP,
-            names::DECODE_TMA_FP8,
-            names::DECODE_TMA_FP8_CP,
-        ];
-        let blocks = (shape.max_pages as u64 * shape.page_size as u64)
-            .div_ceil(mla_abi::decode_tile::BLOCK_N as u64);
-        let cost = shape.batch as u64 * (blocks + self.list_fixed as u64 + 1);
-        if self.list_fixed > 0
-            && !self.reference
-            && self.grid_splits > 1
-            && capacity.max_splits > 1
-            && tma64.contains(&kernel.symbol)
-            && cost < 1 << 31
-        {
-            self.list_fixed
-        } else {
-            0
-        }
     }
 
     /// [`DecodeKernels`] whose schedule gives a lone sequence `wave_splits` splits before

@@ -64,8 +64,7 @@ pub(crate) use rows::{quad_max, quad_sum, red_max, red_sum, rescale_rows, write_
 #[cfg(any(mla_hw_fp8, mla_wgmma))]
 pub(crate) use rows::{red_max_of, red_sum_of, row_norm};
 pub(crate) use work::{
-    CtaWork, cell_busy, cell_pick, check_faults, cta_work, fold_total, grid_cell_work, list_cost,
-    list_find, list_piece, list_share, list_sums, visible, work_of,
+    CtaWork, cell_busy, check_faults, cta_work, fold_total, grid_cell_work, visible,
 };
 
 use crate::arch::{self, cp_async, cvt, ldmatrix, smem, sync};

@@ -712,10 +712,8 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     }
 }
 
-/// The cell walk of the small-row TMA decodes (the 64-row ones walk by [`for_each_work`],
-/// which adds the work list; with it, these decodes' fp8 forms, at 168 registers, spilled
-/// 252 bytes instead of 40): runs `$body` with `($tile, $b, $split, $work)` bound for
-/// each cell of the virtual grid `(row tiles, batch, persist_splits)` that is
+/// The cell walk of a persistent TMA decode: runs `$body` with `($tile, $b, $split, $work)`
+/// bound for each cell of the virtual grid `(row tiles, batch, persist_splits)` that is
 /// this CTA's (`c, c + grid, ...`) and has work, in order. Every `$threads` cells, each
 /// thread checks one (its split count, or the folded schedule) and a ballot per warp marks
 /// those with work in the word at `$marks + 4 warp` (an expression evaluated where used);
@@ -788,208 +786,6 @@ macro_rules! for_each_cell {
 }
 pub(crate) use for_each_cell;
 
-/// The walk of the persistent 64-row TMA decodes: runs `$body` with `($tile, $b, $split,
-/// $work)` bound for each piece of work that is this CTA's, in order, one copy of `$body`
-/// for both forms of the walk:
-///
-/// - The cell walk ([`DecodeParams::list_fixed`] 0): the cells of the virtual grid `(row
-///   tiles, batch, persist_splits)` that are this CTA's (`c, c + grid, ...`) and have work.
-///   Every `$threads` cells, each thread checks one (its split count, or the folded
-///   schedule) and a ballot per warp marks those with work in the word at `$words + 4 warp`.
-/// - The work list (`list_fixed >= 1`): the virtual items `(part, row tile)`, `max(1, grid /
-///   tiles)` parts of each of the `tiles` row tiles, are the CTAs' in turn. First the CTA
-///   sums the batch's cost (each thread a run of sequences, a scan over the warps through
-///   the walk words), sizes the parts ([`decode::list_share`]) and finds the sequence where
-///   its first part starts (a later item's part: walked to from there, one sequence at a
-///   time). Then it takes each sequence the part meets that it holds blocks of
-///   ([`decode::list_piece`]), in order; `$split` is the piece's index in its sequence.
-///
-/// Between pieces the walk keeps its state in its warp's words (every lane storing the same
-/// values: no register lives through `$body` for it) and reads it through a `shfl`, so
-/// ptxas sees uniform bounds. Words ([`mla_abi::decode_tile::walk_words`], `W` warps):
-/// the marks, or the warps' sums, then their longest sequences; the part size, the total,
-/// the first part's first sequence and its cost position; five words per warp (cells: the
-/// next mark group and its marks left; the list: the item, the sequence, its cost position,
-/// and where the item's part starts). `$bar` is the CTA barrier (the unaligned one where a
-/// warp may reach it split). A macro, not a function taking a closure: the kernels' bodies
-/// must stay in their entry, and a closure that large is not inlined; an iterator held
-/// more registers.
-///
-/// Every thread of the CTA runs it, converged warps (unsafe code inside).
-macro_rules! for_each_work {
-    ($p:expr, $threads:expr, $words:expr, $bar:path,
-     |$tile:pat_param, $b:pat_param, $split:pat_param, $work:pat_param| $body:block) => {{
-        let p: &DecodeParams = $p;
-        let threads: u32 = $threads;
-        let warps = threads / 32;
-        // The virtual grid, recomputed where used (opaque) rather than held in registers.
-        let tiles = || arch::opaque((p.s_q * p.heads).div_ceil(BLOCK_N));
-        let word = |i: u32| $words + 4 * i;
-        let mine =
-            |i: u32| $words + 4 * (2 * warps + 4 + 5 * (arch::opaque(arch::thread_idx_x()) / 32) + i);
-        let ld = |a: u32| uniform(smem::ld_shared_f32(a).to_bits());
-        let st = |a: u32, v: u32| smem::st_shared_f32_if(a, f32::from_bits(v), 1);
-        // The cell walk: this CTA's cells and their coordinates.
-        let coords = |i: u32| {
-            let (c, g, tiles) = (arch::block_idx_x(), arch::grid_dim_x(), tiles());
-            let v = c + i * g;
-            (v % tiles, (v / tiles) % p.batch, v / (tiles * p.batch))
-        };
-        let count = || {
-            let (c, g) = (arch::block_idx_x(), arch::grid_dim_x());
-            let cells = tiles() * p.batch * p.persist_splits;
-            if c < cells { (cells - c).div_ceil(g) } else { 0 }
-        };
-        // The work list's parts, and a part's cost positions.
-        let parts = || (arch::grid_dim_x() / tiles()).max(1);
-        let part_span = |part: u32| {
-            let (share, total) = (ld(word(2 * warps)), ld(word(2 * warps + 1)));
-            let ps = part.saturating_mul(share);
-            (share, ps, ps.saturating_add(share).min(total))
-        };
-        if p.list_fixed != 0 {
-            let tid = arch::thread_idx_x();
-            let (lane, warp) = (tid % 32, tid / 32);
-            // Each thread's run, its summed cost and longest sequence; the warps' inclusive
-            // scan of the sums.
-            let (lo, hi, sum, most) = decode::list_sums(p, tid, threads);
-            let mut inc = sum;
-            let mut most_w = most;
-            unroll!(d in [1, 2, 4, 8, 16] {
-                let d = d as u32;
-                let up = sync::shfl_idx_f32(f32::from_bits(inc), lane.saturating_sub(d)).to_bits();
-                inc += if lane >= d { up } else { 0 };
-                most_w = most_w.max(sync::shfl_xor_f32(f32::from_bits(most_w), d).to_bits());
-            });
-            smem::st_shared_f32_if(word(warp), f32::from_bits(inc), (lane == 31) as u32);
-            smem::st_shared_f32_if(word(warps + warp), f32::from_bits(most_w), (lane == 0) as u32);
-            $bar();
-            let (mut before, mut total, mut most_all) = (0u32, 0u32, 0u32);
-            for w in 0..warps {
-                let s = smem::ld_shared_f32(word(w)).to_bits();
-                before += if w < warp { s } else { 0 };
-                total += s;
-                most_all = most_all.max(smem::ld_shared_f32(word(warps + w)).to_bits());
-            }
-            let share = decode::list_share(p, total, most_all, parts());
-            // The first part's start, when it has one: the thread whose run holds it finds
-            // the sequence (every thread walks its run; one stores).
-            let ps = (arch::block_idx_x() / tiles()).saturating_mul(share);
-            let start = before + inc - sum;
-            let owner = ps < total && start <= ps && ps < start + sum;
-            let (b0, c0) = decode::list_find(p, lo, if owner { hi } else { lo }, start, ps);
-            let w = 2 * warps;
-            smem::st_shared_f32_if(word(w), f32::from_bits(share), (tid == 0) as u32);
-            smem::st_shared_f32_if(word(w + 1), f32::from_bits(total), (tid == 0) as u32);
-            smem::st_shared_f32_if(word(w + 2), f32::from_bits(b0), owner as u32);
-            smem::st_shared_f32_if(word(w + 3), f32::from_bits(c0), owner as u32);
-            $bar();
-            let (b0, c0) = if ps < total {
-                (ld(word(w + 2)), ld(word(w + 3)))
-            } else {
-                (p.batch, 0)
-            };
-            st(mine(0), arch::block_idx_x());
-            st(mine(1), b0);
-            st(mine(2), c0);
-            st(mine(3), b0);
-            st(mine(4), c0);
-        } else {
-            st(mine(0), 0u32.wrapping_sub(32));
-            st(mine(1), 0);
-        }
-        loop {
-            let next = if p.list_fixed != 0 {
-                'next: loop {
-                    let (v, b, c) = (ld(mine(0)), ld(mine(1)), ld(mine(2)));
-                    if v >= parts() * tiles() {
-                        break 'next None;
-                    }
-                    let part = v / tiles();
-                    let (share, ps, pe) = part_span(part);
-                    if b >= p.batch || c >= pe {
-                        // The item is done: the next one starts where its part does, walked
-                        // to from this part's start (parts only grow).
-                        let v = v + arch::grid_dim_x();
-                        let (mut b, mut c) = (ld(mine(3)), ld(mine(4)));
-                        let ps = part_span(v / tiles()).1;
-                        while b < p.batch {
-                            let cost = decode::list_cost(p, uniform(*p.seq_lens.ptr().add(b as usize) as u32) as i32).1;
-                            if ps < c + cost {
-                                break;
-                            }
-                            b += 1;
-                            c += cost;
-                        }
-                        st(mine(0), v);
-                        st(mine(1), b);
-                        st(mine(2), c);
-                        st(mine(3), b);
-                        st(mine(4), c);
-                        continue;
-                    }
-                    // SAFETY: b < batch entries of seq_lens.
-                    let glen_raw = uniform(*p.seq_lens.ptr().add(b as usize) as u32) as i32;
-                    st(mine(1), b + 1);
-                    st(mine(2), c + decode::list_cost(p, glen_raw).1);
-                    let tile = v % tiles();
-                    if let Some((split, nsplit, kb0, kb1)) =
-                        decode::list_piece(p, tile, part, b, glen_raw, c, (share, ps, pe))
-                    {
-                        break 'next Some((tile, b, glen_raw, (split, nsplit), (kb0, kb1)));
-                    }
-                }
-            } else {
-                'next: loop {
-                    let m = ld(mine(1));
-                    if m != 0 {
-                        st(mine(1), m & (m - 1));
-                        let (tile, b, split) = coords(ld(mine(0)) + m.trailing_zeros());
-                        let fold = decode::fold_total(p);
-                        if let Some((glen_raw, nsplit)) = decode::cell_pick(p, tile, split, b, fold) {
-                            break 'next Some((tile, b, glen_raw, (split, nsplit), (0, u32::MAX)));
-                        }
-                        continue;
-                    }
-                    let at = ld(mine(0)).wrapping_add(32);
-                    if at >= count() {
-                        break 'next None;
-                    }
-                    st(mine(0), at);
-                    if at.is_multiple_of(threads) {
-                        let tid = arch::thread_idx_x();
-                        let i = at + tid;
-                        // The cell's coordinates before the folded schedule's total (every
-                        // lane, converged), which is live only up to its one use: the e4m3
-                        // TMA decodes (255 registers) spilled it when it was live across
-                        // the divisions.
-                        let (tile, b, split) = coords(i);
-                        let fold = decode::fold_total(p);
-                        let busy = i < count() && decode::cell_busy(p, tile, b, split, fold);
-                        let marks = sync::ballot(busy);
-                        // The previous marks are read by every thread before they change.
-                        $bar();
-                        smem::st_shared_f32_if(
-                            word(tid / 32),
-                            f32::from_bits(marks),
-                            tid.is_multiple_of(32) as u32,
-                        );
-                        $bar();
-                    }
-                    st(mine(1), ld(word(at % threads / 32)));
-                }
-            };
-            let Some((tile, b, glen_raw, (split, nsplit), range)) = next else {
-                break;
-            };
-            let work = decode::work_of(p, tile, b, glen_raw, (split, nsplit), range);
-            let ($tile, $b, $split, $work) = (tile, b, split, work);
-            $body
-        }
-    }};
-}
-pub(crate) use for_each_work;
-
 /// The kernel body (see the module docs): a persistent CTA takes the cells of the virtual
 /// grid `(row tiles, batch, persist_splits)` that are its own (`c, c + grid, ...`) and have
 /// work; it marks them 256 at a time (one bit per cell, each thread checking one), then
@@ -1025,7 +821,7 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *cons
     // warpgroups reach the named barriers in the order the module docs give; each
     // warpgroup runs its wgmma sequences converged.
     unsafe {
-        for_each_work!(
+        for_each_cell!(
             &p,
             T::THREADS as u32,
             arch::opaque(aligned_base()) + T::TMA_SMEM_CELLS as u32,

@@ -18,7 +18,7 @@
 //!   zero and all). Its running max is the one warpgroup 1 hands over with each block.
 
 use super::math::{exp_rows, frags_of, m_ref_of, slab_order};
-use super::{BLOCK_N, Cta, for_each_work, uniform};
+use super::{BLOCK_N, Cta, for_each_cell, uniform};
 use crate::arch::{self, bulk, cp_async, smem, sync, wgmma};
 use crate::decode::wg::{SLAB, aligned_base};
 use crate::decode::{self, DecodeKind};
@@ -198,7 +198,7 @@ pub(super) unsafe fn decode_cp<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
             }
             bulk::fence_mbarrier_init();
         }
-        for_each_work!(
+        for_each_cell!(
             &p,
             T::THREADS as u32,
             arch::opaque(aligned_base()) + T::TMA_SMEM_CELLS as u32,
