@@ -63,12 +63,25 @@ fn run_plan_as(
     )
 }
 
-/// The split counts `plan`'s schedule gives `h`'s lengths, on the CPU (the lengths clamped
-/// to what `h`'s page table holds, as the device's are).
-fn cpu_twin(plan: &DecodePlan, h: &HostCase) -> Vec<i32> {
-    let mut cfg = plan.schedule();
-    cfg.max_len = h.max_pages * h.spec.page_size;
-    mla::plan::schedule(&h.seq_lens, &cfg)
+/// The split counts a run of `plan` on `h` writes, on the CPU (the lengths clamped to what
+/// `h`'s page table holds, as the device's are): with `stepped`, those of `schedule_step`
+/// (the schedule's rule); else those of the run, the schedule's or its work list's
+/// ([`DecodePlan::run_split_twin`]).
+fn cpu_twin(
+    rt: &Runtime,
+    stream: &Arc<cudarc::driver::CudaStream>,
+    plan: &DecodePlan,
+    h: &HostCase,
+    d: &mut DeviceCase,
+    stepped: bool,
+) -> Vec<i32> {
+    if stepped {
+        let mut cfg = plan.schedule();
+        cfg.max_len = h.max_pages * h.spec.page_size;
+        return mla::plan::schedule(&h.seq_lens, &cfg);
+    }
+    let req = d.request(stream, h);
+    plan.run_split_twin(rt, &req, &h.seq_lens).unwrap()
 }
 
 #[test]
@@ -96,7 +109,7 @@ fn schedule_kernel_matches_cpu_twin_and_plan_matches_oracle() {
         let plan = rt.plan_decode(&stream, config(&h, b + 3), tactic).unwrap();
         let mut dc = DeviceCase::upload(&stream, &h).unwrap();
         let (got, splits) = run_plan(&rt, &stream, &plan, &h, &mut dc);
-        let twin = cpu_twin(&plan, &h);
+        let twin = cpu_twin(&rt, &stream, &plan, &h, &mut dc, false);
         if splits != twin {
             failures.push(format!(
                 "{} B={b}: schedule {splits:?} != CPU twin {twin:?}",
@@ -177,7 +190,7 @@ fn long_sequences_take_more_splits() {
         let plan = rt.plan_decode(&stream, config(&h, b), tactic).unwrap();
         let mut dc = DeviceCase::upload(&stream, &h).unwrap();
         let (got, splits) = run_plan_as(&rt, &stream, &plan, &h, &mut dc, stepped);
-        let twin = cpu_twin(&plan, &h);
+        let twin = cpu_twin(&rt, &stream, &plan, &h, &mut dc, stepped);
         let short = if plan.schedule().tiles >= 2 {
             mla::abi::SHORT_SPLITS_MULTI_TILE
         } else {
@@ -254,6 +267,71 @@ fn every_query_token_count_matches_the_oracle() {
                         c.lse
                     ));
                 }
+            }
+        }
+    }
+    eprintln!(
+        "[{test}] {checked} decodes checked, {} failed",
+        failures.len()
+    );
+    common::assert_no_failures(test, seed, &failures);
+}
+
+/// The 64-row TMA decodes' work list, forced on (`set_work_list`): random batches of
+/// mixed lengths (one long sequence among short ones, or even ones), 64-128 heads, S_q 1-4,
+/// every dtype, pages of 1 (the `cp.async` forms), 16 and 64, plans larger than the batch:
+/// `run` and `schedule_step` + `run_layer` against the oracle, and the run's split counts
+/// against the host twin of the list.
+#[test]
+fn work_list_matches_the_oracle_and_its_twin() {
+    let test = "work_list";
+    let seed = common::seed(test);
+    let Some((rt, stream)) = common::gpu(test) else {
+        return;
+    };
+    let mut rng = SplitMix64::new(seed);
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for k in 0..12usize {
+        let d = DecodeDtypes::ALL[k % DecodeDtypes::ALL.len()];
+        let heads = [128, 64, 100][k % 3];
+        let s_q = 1 + k % 4;
+        let page = [64, 16, 1][(k / 3) % 3];
+        let rows = heads * s_q;
+        // The f64 oracle's time grows with rows x tokens: about 2.5 M row-tokens a case.
+        let tokens = 2_500_000 / rows;
+        let b = rng.range(1, if rows > 256 { 3 } else { 8 });
+        let lens: Vec<usize> = (0..b)
+            .map(|i| match (k % 2, i) {
+                (0, 0) => rng.range(tokens / 4, tokens / 2),
+                (0, _) => rng.range(s_q, 300),
+                _ => rng.range(s_q.max(tokens / (4 * b)), tokens / (2 * b)),
+            })
+            .collect();
+        let h = HostCase::random(&CaseSpec::new(d, page, heads, s_q, lens.clone()), &mut rng);
+        let refs = h.references();
+        let cfg = config(&h, b + k % 3);
+        let tactic = rt.default_tactic(&cfg);
+        let mut plan = rt.plan_decode(&stream, cfg, tactic).unwrap();
+        plan.set_work_list(Some(true));
+        let mut dc = DeviceCase::upload(&stream, &h).unwrap();
+        for stepped in [false, true] {
+            let (got, splits) = run_plan_as(&rt, &stream, &plan, &h, &mut dc, stepped);
+            let what = format!(
+                "{} H={heads} S_q={s_q} page {page} lens {lens:?} tactic {tactic}{}",
+                d.name(),
+                if stepped { " (schedule_step)" } else { "" }
+            );
+            if !stepped {
+                let twin = cpu_twin(&rt, &stream, &plan, &h, &mut dc, false);
+                if splits != twin {
+                    failures.push(format!("{what}: counts {splits:?} != twin {twin:?}"));
+                }
+            }
+            let c = harness::check(&got, &refs);
+            checked += 1;
+            if !c.ok() {
+                failures.push(format!("{what}: {} | {}", c.out, c.lse));
             }
         }
     }
@@ -498,7 +576,7 @@ fn paired_decodes_take_two_block_splits() {
                 let plan = rt.plan_decode(&stream, config(&h, b), tactic).unwrap();
                 let mut dc = DeviceCase::upload(&stream, &h).unwrap();
                 let (got, splits) = run_plan_as(&rt, &stream, &plan, &h, &mut dc, stepped);
-                let twin = cpu_twin(&plan, &h);
+                let twin = cpu_twin(&rt, &stream, &plan, &h, &mut dc, stepped);
                 let step = 1usize << plan.schedule().step_log2;
                 let what = format!(
                     "{} H=16 S_q={s_q} B={b} lens {lens:?} tactic {tactic} step {step}{}",

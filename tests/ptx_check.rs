@@ -274,6 +274,18 @@ const SYNC_SITES: &[(&str, SyncSites)] = &[
     // arrivals sit after a P.V wait (warpgroup 0's in both branches of its S).
     ("mla_decode_tma_fp8kv_bf16q", E4M3_SITES),
     ("mla_decode_tma_fp8", E4M3_SITES),
+    // The work list's kernels: the sites of the cell kernels above, with the work list
+    // scan's two CTA barriers in place of the marking's two.
+    (
+        "mla_decode_tma_bf16_list",
+        (
+            8,
+            &[(0, 7), (1, 1), (2, 1), (3, 1), (4, 1), (5, 2), (6, 2)],
+            &[(1, 1), (2, 1), (3, 1), (4, 1)],
+        ),
+    ),
+    ("mla_decode_tma_fp8kv_bf16q_list", E4M3_SITES),
+    ("mla_decode_tma_fp8_list", E4M3_SITES),
     // Their `cp.async` forms: the same sites but the tail zeroing's warpgroup barrier (the
     // copies land rows past the end as zeros).
     ("mla_decode_tma_fp8kv_bf16q_cp", E4M3_CP_SITES),

@@ -205,6 +205,9 @@ pub struct DecodeKernels {
     /// The TMA decode that stands in for `decode` where a request suits it
     /// ([`DecodeKernels::decode_for`]); `None` where it never can.
     pub tma: Option<&'static Kernel>,
+    /// `tma` on the work list (`names::DECODE_TMA_*_LIST`), launched in its place where a
+    /// run takes the list ([`DecodeKernels::list_fixed_for`]); `None` where `tma` is.
+    pub tma_list: Option<&'static Kernel>,
     /// The small-row TMA decode that stands in for `tma` where a request has at most
     /// `decode_tile::TMA32_ROWS` rows; `None` where it never can
     /// ([`DecodeKernels::small_rows`]).
@@ -238,6 +241,30 @@ pub struct DecodeKernels {
     pub pdl: bool,
     /// Only the reference kernel runs (no schedule, no combine).
     pub reference: bool,
+    /// The 64-row TMA decodes' work list ([`mla_abi::DecodeParams::list_fixed`]): each
+    /// sequence's fixed cost in KV blocks, 0 off (they walk the schedule's cells). A plan
+    /// takes it from [`work_list_from_env`]; [`DecodeKernels::list_fixed_for`] says where a
+    /// launch uses it.
+    pub list_fixed: u32,
+    /// Every launch [`DecodeKernels::list_fixed_for`] allows takes the work list, not only
+    /// those the launch model picks (`MLA_WORK_LIST=all`).
+    pub list_always: bool,
+}
+
+/// The work list's fixed cost per sequence in KV blocks by default: a cell's prologue and
+/// epilogue at H=128 on the H200 (`plan::balanced_target`'s `CELL_FIXED_BLOCKS`).
+pub const WORK_LIST_FIXED: u32 = 4;
+
+/// `MLA_WORK_LIST` (A/Bs of the work list): `0` off (the 64-row TMA decodes walk the
+/// schedule's cells), `all` on wherever a launch allows it, else on where the launch model
+/// says it pays; with the fixed cost [`WORK_LIST_FIXED`]. Returns (fixed cost or 0,
+/// always).
+pub fn work_list_from_env() -> (u32, bool) {
+    match std::env::var("MLA_WORK_LIST").as_deref() {
+        Ok("0") => (0, false),
+        Ok("all") => (WORK_LIST_FIXED, true),
+        _ => (WORK_LIST_FIXED, false),
+    }
 }
 
 impl DecodeKernels {
@@ -271,6 +298,13 @@ impl DecodeKernels {
         let tma = tma_symbol
             .filter(|_| switches.tma && page_size >= mla_abi::decode_tile::TMA_MIN_PAGE)
             .map(spec);
+        let tma_list = tma.map(|t| {
+            spec(match t.symbol {
+                names::DECODE_TMA_FP8KV_BF16Q => names::DECODE_TMA_FP8KV_BF16Q_LIST,
+                names::DECODE_TMA_FP8 => names::DECODE_TMA_FP8_LIST,
+                _ => names::DECODE_TMA_BF16_LIST,
+            })
+        });
         let over = Overrides::get();
         // Its producer reads any fused cache the `cp.async` decode reads (bf16 only).
         let tma32_cp = (switches.tma
@@ -289,6 +323,7 @@ impl DecodeKernels {
         let kernels = DecodeKernels {
             decode,
             tma,
+            tma_list,
             tma32: None,
             tma32_cp,
             tma32_form: Tma32Form::ByBatch,
@@ -304,6 +339,8 @@ impl DecodeKernels {
             // The portable (sm_80) image's kernels have no `griddepcontrol.wait`.
             pdl: switches.pdl && variant != Variant::Portable,
             reference,
+            list_fixed: 0,
+            list_always: false,
         };
         kernels.small_rows(over.tma32, over.tma32_fp8)
     }
@@ -332,6 +369,44 @@ impl DecodeKernels {
             })
             .map(spec);
         DecodeKernels { tma32, ..self }
+    }
+
+    /// [`DecodeKernels`] whose 64-row TMA decodes may take the work list with a fixed cost
+    /// of `fixed` blocks per sequence (0: off), wherever allowed with `always`.
+    pub fn with_work_list(self, fixed: u32, always: bool) -> DecodeKernels {
+        DecodeKernels {
+            list_fixed: fixed,
+            list_always: always,
+            ..self
+        }
+    }
+
+    /// The work list's fixed cost for a launch of `kernel` on `shape` with a workspace of
+    /// `capacity`, or 0 where it walks the cells: on for the 64-row TMA decodes (`tma`;
+    /// not their `cp.async` forms, not the small-row ones) of a plan that has it, where the
+    /// grid has a combine and the workspace two splits or more, and the batch's cost fits
+    /// the decode's 32-bit sums. Where on, `tma_list` runs in `kernel`'s place.
+    pub fn list_fixed_for(
+        &self,
+        kernel: &Kernel,
+        shape: &DecodeShape,
+        capacity: crate::plan::WorkspaceCapacity,
+    ) -> u32 {
+        let blocks = (shape.max_pages as u64 * shape.page_size as u64)
+            .div_ceil(mla_abi::decode_tile::BLOCK_N as u64);
+        let cost = shape.batch as u64 * (blocks + self.list_fixed as u64 + 1);
+        if self.list_fixed > 0
+            && !self.reference
+            && self.grid_splits > 1
+            && capacity.max_splits > 1
+            && self.tma_list.is_some()
+            && self.tma.is_some_and(|t| t.symbol == kernel.symbol)
+            && cost < 1 << 31
+        {
+            self.list_fixed
+        } else {
+            0
+        }
     }
 
     /// [`DecodeKernels`] whose schedule gives a lone sequence `wave_splits` splits before
@@ -477,6 +552,13 @@ impl DecodeKernels {
             }
         }
         if let Some(t) = self.tma {
+            out.push(t.symbol);
+        }
+        // The work list's kernel, where a launch may take it (the launch model decides).
+        if let Some(t) = self.tma_list
+            && self.list_fixed > 0
+            && self.grid_splits > 1
+        {
             out.push(t.symbol);
         }
         if let Some(t) = self.cp_form(rows)

@@ -304,12 +304,19 @@ impl Runtime {
             step_log2: tactic.tile.step_log2(config.dtypes),
         };
         let grid_splits = schedule.grid_splits();
+        let (list_fixed, list_always) = crate::choice::work_list_from_env();
         let ws = DecodeWorkspace::new(
             stream,
             WorkspaceCapacity {
                 batch: config.max_batch,
                 rows,
-                max_splits: grid_splits,
+                max_splits: plan::list_capacity(
+                    grid_splits,
+                    list_fixed,
+                    sm_count,
+                    tiles,
+                    config.max_batch,
+                ),
             },
         )?;
         log::debug!(
@@ -327,6 +334,7 @@ impl Runtime {
             grid_splits,
         )
         .with_wave_splits(target_ctas / tiles.max(1))
+        .with_work_list(list_fixed, list_always)
         .with_tma32_form(crate::choice::Tma32Form::from_env());
         Ok(DecodePlan {
             config,
@@ -541,6 +549,20 @@ impl DecodePlan {
         self.ws.checked = on;
     }
 
+    /// The 64-row TMA decodes' work list for the runs launched from now on: `Some(true)` on
+    /// wherever a launch allows it, `Some(false)` off (the schedule's cells), `None` where
+    /// the launch model picks it (the default; `MLA_WORK_LIST` sets a plan's start). For
+    /// tests and A/Bs; outputs agree either way within the kernels' rounding.
+    #[doc(hidden)]
+    pub fn set_work_list(&mut self, force: Option<bool>) {
+        let fixed = if force == Some(false) {
+            0
+        } else {
+            crate::choice::WORK_LIST_FIXED
+        };
+        self.kernels = self.kernels.with_work_list(fixed, force == Some(true));
+    }
+
     /// Decode context parallelism for the runs launched from now on: this plan decodes
     /// rank `shard.rank`'s share of every sequence ([`Shard`]: which global tokens the
     /// rank's cache holds, and where). Requests keep the global `seq_lens` (the same
@@ -565,6 +587,46 @@ impl DecodePlan {
     /// Whether checked mode is on ([`DecodePlan::set_checked`]).
     pub fn checked(&self) -> bool {
         self.ws.checked
+    }
+
+    /// The split counts a run of `req` writes ([`DecodePlan::read_splits`]) for its lengths
+    /// `seq_lens` (the device's, on the host), computed on the host: the work list's piece
+    /// counts where the run takes it (0 for padding, whose entries it leaves as they were),
+    /// else the schedule's ([`plan::schedule_shard`]), the lengths cut to what the page
+    /// table addresses. For tests and inspection.
+    pub fn run_split_twin(
+        &self,
+        rt: &Runtime,
+        req: &DecodeRequest,
+        seq_lens: &[i32],
+    ) -> Result<Vec<i32>> {
+        let parts = SplitParts::default();
+        let shape = self.check_run(rt, req, &parts)?;
+        if seq_lens.len() != shape.batch {
+            return Err(MlaError::shape(
+                "seq_lens (host copy)",
+                format!("{} entries (the batch)", shape.batch),
+                seq_lens.len(),
+            ));
+        }
+        let cap_tokens = shape.max_seq_len().min(u32::MAX as usize);
+        if self.takes_work_list(rt, req, &parts, &shape) {
+            let ctas = (rt.device().sm_count.max(1) as usize).min(self.ws.acc_ctas);
+            let parts = (ctas / self.schedule.tiles.max(1)).max(1) as u32;
+            let pieces = plan::work_list(
+                seq_lens,
+                cap_tokens as u32,
+                &self.ws.shard,
+                self.kernels.list_fixed,
+                parts,
+                self.ws.capacity().max_splits as u32,
+            )
+            .unwrap_or_default();
+            return Ok(plan::list_counts(shape.batch, &pieces));
+        }
+        let mut cfg = self.schedule;
+        cfg.max_len = cap_tokens;
+        Ok(plan::schedule_shard(seq_lens, &cfg, &self.ws.shard))
     }
 
     /// The split counts the last run's schedule wrote for its first `n` sequences (waits
@@ -854,7 +916,9 @@ impl DecodePlan {
         // A scheduled layer reads the counts `schedule_step` wrote. Otherwise small batches:
         // every decode CTA runs the schedule's rule itself (SchedFold), so the decode does
         // not wait out a schedule kernel; larger ones launch it.
-        let fold = if scheduled {
+        // The 64-row TMA decodes' work list cuts the batch on the device itself.
+        let list = self.takes_work_list(rt, req, parts, &shape);
+        let fold = if scheduled || list {
             mla_abi::SchedFold::default()
         } else if self.kernels.folds(shape.batch) {
             let p = self.schedule_params(req.seq_lens.ptr, &shape, Counts::Runs);
@@ -881,10 +945,44 @@ impl DecodePlan {
                 self.tactic.tile,
                 fold,
                 counts,
+                list,
                 stream,
             )?;
         }
         Ok(shape)
+    }
+
+    /// Whether a run of `req` (validated into `shape`) takes the work list: its decode is a
+    /// 64-row TMA one that may ([`DecodeKernels::list_fixed_for`]), and the launch model
+    /// ([`plan::list_pays`]) gives it the win for a batch of even sequences as long as the
+    /// page table and the plan's length hint allow (or `MLA_WORK_LIST=all`).
+    fn takes_work_list(
+        &self,
+        rt: &Runtime,
+        req: &DecodeRequest,
+        parts: &SplitParts,
+        shape: &DecodeShape,
+    ) -> bool {
+        let k = self.kernels.decode_for_parts(req, parts, shape);
+        let cap = self.ws.capacity();
+        if k.params != mla_abi::kernels::Params::DecodeWithMap
+            || self.kernels.list_fixed_for(k, shape, cap) == 0
+        {
+            return false;
+        }
+        if self.kernels.list_always {
+            return true;
+        }
+        let len = shape.max_seq_len().min(self.config.max_seq_len);
+        let ctas = (rt.device().sm_count.max(1) as usize).min(self.ws.acc_ctas);
+        plan::list_pays(
+            &self.schedule,
+            self.kernels.grid_splits,
+            (shape.batch, len.div_ceil(mla_abi::decode_tile::BLOCK_N)),
+            ctas,
+            self.kernels.list_fixed,
+            cap.max_splits,
+        )
     }
 
     /// The schedule kernel's params for `shape`'s batch with lengths at `seq_lens`, writing

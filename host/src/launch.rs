@@ -53,7 +53,7 @@ pub enum Counts {
 pub struct DecodeWorkspace {
     /// Freed only once the context has synchronized (see the `Drop` impl).
     bufs: ManuallyDrop<WorkspaceBuffers>,
-    acc_ctas: usize,
+    pub(crate) acc_ctas: usize,
     /// Decodes on this workspace run in checked mode (they get the fault record).
     pub(crate) checked: bool,
     /// The rank's share of the KV that decodes on this workspace read ([`mla_abi::Shard`]).
@@ -528,7 +528,7 @@ pub(crate) fn decode_params(
         output_scale: s.output_scale,
         max_pages: shape.max_pages as u32,
         persist_splits: 0,
-        _pad: 0,
+        list_fixed: 0,
         fault: dev(if ws.checked { w.fault } else { 0 }),
         fold: mla_abi::SchedFold::default(),
         shard: ws.shard,
@@ -653,6 +653,7 @@ impl Runtime {
                 tile,
                 mla_abi::SchedFold::default(),
                 Counts::Runs,
+                false,
                 stream.cu_stream(),
             )?
         };
@@ -661,7 +662,8 @@ impl Runtime {
 
     /// The decode kernel (grid z = `kernels.grid_splits`) and, when that is above 1, the
     /// combine; `fold` on: the decode computes the split counts itself. `counts`: the
-    /// array the split counts are in.
+    /// array the split counts are in. `list`: a 64-row TMA decode takes the work list where
+    /// [`DecodeKernels::list_fixed_for`] allows it (it then writes the runs' counts).
     ///
     /// # Safety
     /// `req` passed [`validate_decode`] giving `shape`, the workspace holds `shape`, and its
@@ -678,13 +680,14 @@ impl Runtime {
         tile: Tile,
         fold: mla_abi::SchedFold,
         counts: Counts,
+        list: bool,
         stream: CUstream,
     ) -> Result<()> {
         let rows = shape.rows();
         let mut p = decode_params(req, parts, shape, ws);
         p.fold = fold;
         p.num_splits = dev(ws.ptrs().splits(counts));
-        let kernel = kernels.decode_for_parts(req, parts, shape);
+        let mut kernel = kernels.decode_for_parts(req, parts, shape);
         // Split-major (the kernels read tile, sequence, split from x, y, z): the graph-safe
         // grid's CTAs past a sequence's split count (most of them at large batch) launch
         // after every CTA that has work, instead of between them.
@@ -697,8 +700,38 @@ impl Runtime {
         if persistent {
             p.persist_splits = cells.2;
         }
+        // The work list: the TMA decode's list kernel cuts the batch itself and writes the
+        // runs' counts, whatever array a scheduled layer would have read.
+        let list = if persistent && list {
+            kernels.list_fixed_for(kernel, shape, ws.capacity)
+        } else {
+            0
+        };
+        if let (true, Some(k)) = (list > 0, kernels.tma_list) {
+            kernel = k;
+            p.list_fixed = list;
+            p.fold = mla_abi::SchedFold::default();
+            p.num_splits = dev(ws.ptrs().splits(Counts::Runs));
+        } else {
+            // The cells: the grid's splits, not the workspace's (a plan's workspace may
+            // hold more for the work list): the fold's rule and the count clamp take it
+            // as their bound, and the combine its partials' stride.
+            p.max_splits = p.max_splits.min(kernels.grid_splits.max(1) as u32);
+        }
         let grid = LaunchShape {
-            grid: if persistent {
+            grid: if p.list_fixed > 0 {
+                // Whole parts: `max(1, CTAs / tiles)` parts of every row tile.
+                let cap = (self.device().sm_count.max(1) as usize)
+                    .min(ws.acc_ctas)
+                    .max(1);
+                let tiles = cells.0.max(1) as usize;
+                let ctas = if tiles <= cap {
+                    cap / tiles * tiles
+                } else {
+                    cap
+                };
+                (ctas as u32, 1, 1)
+            } else if persistent {
                 // One CTA per SM (the TMA decode's shared memory allows no second) walks
                 // the cells: no CTA launches only to find its cell empty.
                 // At most the CTAs the workspace's promotion scratch holds (sized for the

@@ -121,6 +121,199 @@ pub fn balanced_target(
     }
 }
 
+/// The workspace's split capacity for a plan whose grid has `grid_splits` splits: with
+/// the work list on (`list_fixed > 0`) and a grid that splits at all, enough that a batch
+/// of `max_batch` even sequences can take its share of every part (`max(1, sm_count /
+/// tiles)` parts: `ceil(parts / max_batch) + 1` pieces a sequence), within `MAX_SPLITS`;
+/// else `grid_splits`. A plan of one split keeps its workspace and walks the cells.
+pub fn list_capacity(
+    grid_splits: usize,
+    list_fixed: u32,
+    sm_count: usize,
+    tiles: usize,
+    max_batch: usize,
+) -> usize {
+    if list_fixed == 0 || grid_splits < 2 {
+        return grid_splits;
+    }
+    let parts = (sm_count / tiles.max(1)).max(1);
+    grid_splits.max((parts.div_ceil(max_batch.max(1)) + 1).min(MAX_SPLITS as usize))
+}
+
+/// One piece of the work list ([`mla_abi::DecodeParams::list_fixed`]): part `part` runs
+/// blocks `kb0..kb1` of sequence `seq` as split `split` of its `nsplit`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ListPiece {
+    pub part: u32,
+    pub seq: u32,
+    pub kb0: u32,
+    pub kb1: u32,
+    pub split: u32,
+    pub nsplit: u32,
+}
+
+/// Host twin of the 64-row TMA decodes' work list: the pieces of `parts` parts, part by
+/// part in order, for sequences of (global) lengths `seq_lens` whose caches address at
+/// most `cap_tokens` tokens each (`max_pages * page_size`), this rank's share under
+/// `shard`, each priced at its blocks plus `fixed` (`>= 1`), with partials for
+/// `max_splits` splits. Bit for bit the decode's cut ([`mla_abi::list_share`],
+/// [`mla_abi::list_piece`]); `None` where the batch's cost does not fit the decode's
+/// 32-bit sums.
+pub fn work_list(
+    seq_lens: &[i32],
+    cap_tokens: u32,
+    shard: &mla_abi::Shard,
+    fixed: u32,
+    parts: u32,
+    max_splits: u32,
+) -> Option<Vec<ListPiece>> {
+    let blocks: Vec<Option<u32>> = seq_lens
+        .iter()
+        .map(|&g| {
+            (g > 0).then(|| {
+                let len = mla_abi::clamp_len(shard.local_len(g), cap_tokens);
+                let b = len.div_ceil(BLOCK_N as u32);
+                if shard.is_on() { b.max(1) } else { b }
+            })
+        })
+        .collect();
+    let cost = |b: &Option<u32>| b.map_or(0u64, |b| b as u64 + fixed as u64);
+    let total = blocks.iter().map(cost).sum::<u64>();
+    if total >= 1 << 31 {
+        return None;
+    }
+    let total = total as u32;
+    let most = blocks.iter().map(|b| b.unwrap_or(0)).max().unwrap_or(0);
+    let share = mla_abi::list_share(total, most, parts, max_splits);
+    let mut pieces = Vec::new();
+    // The first sequence not wholly before the current part, and its cost position.
+    let (mut first, mut c_first) = (0usize, 0u32);
+    for part in 0..parts.max(1) {
+        let ps = part.saturating_mul(share);
+        if ps >= total {
+            break;
+        }
+        let pe = ps.saturating_add(share).min(total);
+        while first < blocks.len() && c_first + cost(&blocks[first]) as u32 <= ps {
+            c_first += cost(&blocks[first]) as u32;
+            first += 1;
+        }
+        let (mut b, mut c) = (first, c_first);
+        while b < blocks.len() && c < pe {
+            if let Some(nb) = blocks[b]
+                && let Some((kb0, kb1, split, nsplit)) =
+                    mla_abi::list_piece(c, nb, fixed, part, (share, ps, pe))
+            {
+                pieces.push(ListPiece {
+                    part,
+                    seq: b as u32,
+                    kb0,
+                    kb1,
+                    split,
+                    nsplit,
+                });
+            }
+            c += cost(&blocks[b]) as u32;
+            b += 1;
+        }
+    }
+    Some(pieces)
+}
+
+/// The split counts a work-list launch writes: each live sequence's piece count, 0 for
+/// padding (whose entries the decode leaves as they were).
+pub fn list_counts(batch: usize, pieces: &[ListPiece]) -> Vec<i32> {
+    let mut n = vec![0i32; batch];
+    for p in pieces {
+        if p.split == 0 {
+            n[p.seq as usize] = p.nsplit as i32;
+        }
+    }
+    n
+}
+
+/// Fixed costs of the launch model [`list_pays`] in KV blocks: a split piece's partial
+/// write and the combine's pass once any sequence splits (a piece's prologue and epilogue
+/// is the list's own fixed cost).
+const LIST_SPLIT_BLOCKS: u64 = 3;
+const LIST_COMBINE_BLOCKS: u64 = 2;
+/// The launch model takes no parts under this many KV blocks: where a part is a few
+/// blocks (one long sequence over every SM), the pieces' fixed costs are more than the
+/// model's 4 blocks (B=1 L=16384 H=128 measured 5% slower than the cells on the H100).
+const LIST_MIN_PART_BLOCKS: u32 = 16;
+
+/// Whether the work list beats the cell walk by 5% or more for `batch` even sequences of
+/// `blocks` KV blocks, `tiles` row tiles, on `ctas` persistent CTAs: the busiest CTA's
+/// blocks plus fixed costs (each piece or cell `fixed`, each split one
+/// `LIST_SPLIT_BLOCKS` more, the combine `LIST_COMBINE_BLOCKS`), the cells with the
+/// split count `cfg`'s schedule gives such a batch (capped at `grid_splits`), the list
+/// with [`work_list`]'s cut into `max(1, ctas / tiles)` parts and partials for
+/// `max_splits` splits. Measured on the H100 (docs/PERF.md): the list wins where the
+/// cells' rounds leave SMs idle or cut each sequence into several short cells (H=128
+/// S_q=3), and loses where it splits sequences that whole cells balance (large batches).
+pub fn list_pays(
+    cfg: &ScheduleConfig,
+    grid_splits: usize,
+    (batch, blocks): (usize, usize),
+    ctas: usize,
+    fixed: u32,
+    max_splits: usize,
+) -> bool {
+    if batch == 0 || fixed == 0 {
+        return false;
+    }
+    let f = fixed as u64;
+    let tiles = cfg.tiles.max(1);
+    let nb = blocks as u64;
+    let parts = (ctas / tiles).max(1) as u32;
+    let total = (batch as u64 * (nb + f)).min(u32::MAX as u64) as u32;
+    let most = nb.min(u32::MAX as u64) as u32;
+    let max_splits = max_splits.min(u32::MAX as usize) as u32;
+    if mla_abi::list_share(total, most, parts, max_splits) < LIST_MIN_PART_BLOCKS {
+        return false;
+    }
+    let s = mla_abi::schedule_splits(
+        nb,
+        nb * batch as u64 * tiles as u64,
+        cfg.target_ctas as u64,
+        grid_splits.max(1) as u64,
+        tiles as u64,
+        cfg.step_log2,
+    )
+    .max(1) as u64;
+    let cells = (tiles * batch) as u64 * s;
+    let per_cta = cells.div_ceil(cells.min(ctas.max(1) as u64));
+    let split = |n: u64| if n > 1 { LIST_SPLIT_BLOCKS } else { 0 };
+    let cell_cost =
+        per_cta * (nb.div_ceil(s) + f + split(s)) + if s > 1 { LIST_COMBINE_BLOCKS } else { 0 };
+    let lens = vec![(blocks * BLOCK_N).min(i32::MAX as usize) as i32; batch];
+    let Some(pieces) = work_list(
+        &lens,
+        u32::MAX,
+        &mla_abi::Shard::OFF,
+        fixed,
+        parts,
+        max_splits,
+    ) else {
+        return false;
+    };
+    let mut busiest = 0u64;
+    let mut part_cost = 0u64;
+    let mut part = 0u32;
+    let mut any_split = false;
+    for p in &pieces {
+        if p.part != part {
+            busiest = busiest.max(part_cost);
+            part_cost = 0;
+            part = p.part;
+        }
+        part_cost += (p.kb1 - p.kb0) as u64 + f + split(p.nsplit as u64);
+        any_split |= p.nsplit > 1;
+    }
+    let list_cost = busiest.max(part_cost) + if any_split { LIST_COMBINE_BLOCKS } else { 0 };
+    20 * list_cost < 19 * cell_cost
+}
+
 /// `MLA_SPLIT_TARGET=N` (read per plan, for A/Bs of the split rule): the schedule's CTA
 /// target in place of [`balanced_target`]'s, within `1..=MAX_SPLITS * 1024`; unset or
 /// unparsable, `None`.
@@ -493,5 +686,115 @@ mod tests {
         // Within the cap the rule is unchanged: a full bucket gets one split each.
         let s = schedule(&[4096; 128], &cfg);
         assert!(s.iter().all(|&x| x == 1), "{s:?}");
+    }
+
+    #[test]
+    fn work_list_covers_every_block_once_within_the_split_bound() {
+        let mut rng = SplitMix64(11);
+        for round in 0..400 {
+            let b = rng.range(1, 200);
+            let lens: Vec<i32> = (0..b)
+                .map(|_| match rng.range(0, 9) {
+                    0 => rng.range(0, 12) as i32 - 8,
+                    1 => rng.range(1, 64) as i32,
+                    2 => rng.range(50_000, 300_000) as i32,
+                    _ => rng.range(1, 20_000) as i32,
+                })
+                .collect();
+            let cap = [1usize << 20, 16_384, 4096][round % 3] as u32;
+            let parts = [1, 2, 16, 22, 66, 132][rng.range(0, 5)];
+            let max_splits = [1, 2, 3, 5, 33, 128][rng.range(0, 5)];
+            let fixed = rng.range(1, 8) as u32;
+            let shard = mla_abi::Shard::OFF;
+            let pieces = work_list(&lens, cap, &shard, fixed, parts, max_splits).unwrap();
+            let what =
+                format!("round {round}: parts {parts} max_splits {max_splits} fixed {fixed}");
+            // Parts in order, each part's sequences ascending, each part's blocks within
+            // its share.
+            let blocks = |l: i32| mla_abi::clamp_len(l, cap).div_ceil(BLOCK_N as u32);
+            let total: u32 = lens
+                .iter()
+                .filter(|&&l| l > 0)
+                .map(|&l| blocks(l) + fixed)
+                .sum();
+            let most = lens
+                .iter()
+                .map(|&l| if l > 0 { blocks(l) } else { 0 })
+                .max()
+                .unwrap_or(0);
+            let share = mla_abi::list_share(total, most, parts, max_splits);
+            for w in pieces.windows(2) {
+                assert!(
+                    (w[0].part, w[0].seq) < (w[1].part, w[1].seq),
+                    "{what}: out of order {w:?}"
+                );
+            }
+            for part in 0..parts {
+                let n: u32 = pieces
+                    .iter()
+                    .filter(|p| p.part == part)
+                    .map(|p| p.kb1 - p.kb0)
+                    .sum();
+                assert!(
+                    n <= share,
+                    "{what}: part {part} holds {n} blocks, share {share}"
+                );
+            }
+            // Each live sequence's pieces tile its blocks, split 0 up, all with its count.
+            for (i, &l) in lens.iter().enumerate() {
+                let mine: Vec<&ListPiece> = pieces.iter().filter(|p| p.seq == i as u32).collect();
+                if l <= 0 {
+                    assert!(mine.is_empty(), "{what}: padding {i} has pieces {mine:?}");
+                    continue;
+                }
+                let n = mine.len() as u32;
+                assert!(
+                    n >= 1 && n <= max_splits.max(1),
+                    "{what}: seq {i} in {n} pieces"
+                );
+                let mut at = 0;
+                for (k, p) in mine.iter().enumerate() {
+                    assert_eq!(
+                        (p.split, p.nsplit, p.kb0),
+                        (k as u32, n, at),
+                        "{what}: seq {i}"
+                    );
+                    assert!(
+                        p.kb1 > p.kb0 || blocks(l) == 0,
+                        "{what}: seq {i} empty piece"
+                    );
+                    at = p.kb1;
+                }
+                assert_eq!(at, blocks(l), "{what}: seq {i} covered to {at}");
+            }
+            let counts = list_counts(b, &pieces);
+            for (i, &l) in lens.iter().enumerate() {
+                assert_eq!(counts[i] > 0, l > 0, "{what}: count of seq {i}");
+            }
+        }
+    }
+
+    #[test]
+    fn work_list_pays_where_cells_round_badly() {
+        // H=128 (two row tiles a query token) on 132 SMs, the plan's schedule for a
+        // batch of `b`; the measured wins and losses (docs/PERF.md).
+        let pays = |b: usize, len: usize, s_q: usize| {
+            let tiles = 2 * s_q;
+            let target = balanced_target(132, 132, tiles, b, len);
+            let cfg = ScheduleConfig {
+                tiles,
+                target_ctas: target,
+                max_splits: balanced_split_cap(132, target, tiles, b),
+                max_len: len,
+                step_log2: 0,
+            };
+            let gs = cfg.grid_splits();
+            let cap = list_capacity(gs, 4, 132, tiles, b);
+            list_pays(&cfg, gs, (b, len / BLOCK_N), 132, 4, cap)
+        };
+        assert!(pays(32, 4096, 3) && pays(8, 16384, 3) && pays(8, 4096, 3));
+        assert!(!pays(128, 1024, 1) && !pays(64, 4096, 1) && !pays(64, 1024, 2));
+        // One long sequence: parts of 4 blocks, below LIST_MIN_PART_BLOCKS.
+        assert!(!pays(1, 16384, 1));
     }
 }

@@ -506,6 +506,9 @@ fn every_tile_and_dtype_names_a_kernel_of_the_table() {
         names::DECODE_TMA_BF16,
         names::DECODE_TMA_FP8KV_BF16Q,
         names::DECODE_TMA_FP8,
+        names::DECODE_TMA_BF16_LIST,
+        names::DECODE_TMA_FP8KV_BF16Q_LIST,
+        names::DECODE_TMA_FP8_LIST,
         names::DECODE_TMA32_BF16,
         names::DECODE_TMA32_FP8KV_BF16Q,
         names::DECODE_TMA32_FP8,
@@ -539,6 +542,9 @@ fn every_tile_and_dtype_names_a_kernel_of_the_table() {
                 names::DECODE_TMA_BF16,
                 names::DECODE_TMA_FP8KV_BF16Q,
                 names::DECODE_TMA_FP8,
+                names::DECODE_TMA_BF16_LIST,
+                names::DECODE_TMA_FP8KV_BF16Q_LIST,
+                names::DECODE_TMA_FP8_LIST,
                 names::DECODE_TMA32_BF16,
                 names::DECODE_TMA32_FP8KV_BF16Q,
                 names::DECODE_TMA32_FP8,
@@ -606,4 +612,71 @@ fn tma_rule_takes_the_even_share() {
         let k8 = kernels(Backend::Sm90a, Tile::Wg64N64, d, 64, 8);
         assert_eq!(k8.decode_for(&req, &shape).symbol, tma);
     }
+}
+
+/// The work list's kernels: each 64-row TMA decode has its list symbol, which a launch
+/// takes only in the TMA decode's place (not its `cp.async` form, not the small-row
+/// decode), with the list on, a combine and a workspace of two splits or more.
+#[test]
+fn work_list_kernels_stand_in_for_the_tma_decodes_only() {
+    use mla_host::plan::WorkspaceCapacity;
+    let cap = |max_splits| WorkspaceCapacity {
+        batch: 2,
+        rows: 128,
+        max_splits,
+    };
+    for (d, tma, list) in [
+        (
+            DecodeDtypes::Bf16,
+            names::DECODE_TMA_BF16,
+            names::DECODE_TMA_BF16_LIST,
+        ),
+        (
+            DecodeDtypes::Fp8KvBf16Q,
+            names::DECODE_TMA_FP8KV_BF16Q,
+            names::DECODE_TMA_FP8KV_BF16Q_LIST,
+        ),
+        (
+            DecodeDtypes::Fp8,
+            names::DECODE_TMA_FP8,
+            names::DECODE_TMA_FP8_LIST,
+        ),
+    ] {
+        let k = kernels(Backend::Sm90a, Tile::Wg64N64, d, 64, 32);
+        assert_eq!(k.tma_list.map(|t| t.symbol), Some(list), "{d:?}");
+        assert_eq!(
+            kernels::find(list).map(|t| t.params),
+            Some(Params::DecodeWithMap)
+        );
+        assert_eq!(
+            kernels::find(list).map(|t| t.smem),
+            Some(mla_abi::decode_tile::TMA_LIST_SMEM_BYTES as u32)
+        );
+        // Off until the plan turns it on.
+        assert!(!k.all(2, 128, 132).contains(&list));
+        let (req, shape) = request_rows(d, 64, 256, 2, 64);
+        let t = k.decode_for(&req, &shape);
+        assert_eq!(t.symbol, tma, "{d:?}");
+        assert_eq!(k.list_fixed_for(t, &shape, cap(64)), 0);
+        let on = k.with_work_list(4, false);
+        assert!(on.all(2, 128, 132).contains(&list));
+        assert_eq!(on.list_fixed_for(t, &shape, cap(64)), 4, "{d:?}");
+        // One split in the workspace, or none in the grid: the cells.
+        assert_eq!(on.list_fixed_for(t, &shape, cap(1)), 0);
+        let one = kernels(Backend::Sm90a, Tile::Wg64N64, d, 64, 1).with_work_list(4, false);
+        assert_eq!(one.list_fixed_for(t, &shape, cap(64)), 0);
+        assert!(!one.all(2, 128, 132).contains(&list));
+        // The cp.async form and the small-row decode never take it.
+        for other in [on.tma_cp, on.tma32].into_iter().flatten() {
+            assert_eq!(
+                on.list_fixed_for(other, &shape, cap(64)),
+                0,
+                "{}",
+                other.symbol
+            );
+        }
+    }
+    // No TMA decode (pages under 16 tokens, fp16): no list kernel.
+    let k = kernels(Backend::Sm90a, Tile::Wg64N64, DecodeDtypes::Bf16, 8, 32);
+    assert!(k.tma.is_none() && k.tma_list.is_none());
 }

@@ -255,13 +255,18 @@ pub mod decode_tile {
     pub const TMA_SMEM_BARS: usize = TMA_SMEM_RED + TMA_RED_BYTES;
     /// Each issuing thread's page entries of the next pair's two blocks (2 x 2 x 4 i32).
     pub const TMA_SMEM_PAGES: usize = TMA_SMEM_BARS + 2 * 9 * 8;
-    /// A persistent CTA's next virtual cells with work: one bit per cell, a word per warp.
+    /// A persistent CTA's walk words: the marks of its next virtual cells with work (one
+    /// bit per cell, a word per warp), or in the work list's kernels its sums and walk
+    /// state ([`walk_words`]).
     pub const TMA_SMEM_CELLS: usize = TMA_SMEM_PAGES + 2 * 2 * 4 * 4;
     pub const TMA_SMEM_BYTES: usize = 1024 + TMA_SMEM_CELLS + 8 * 4;
+    /// The work list's 64-row TMA decodes (`names::DECODE_TMA_*_LIST`).
+    pub const TMA_LIST_SMEM_BYTES: usize = 1024 + TMA_SMEM_CELLS + 4 * walk_words(THREADS);
     /// Smallest page size the TMA decode takes (a box of fewer than 8 rows would break
     /// the swizzle atoms; 16 keeps a block at four boxes per slab at most).
     pub const TMA_MIN_PAGE: usize = 16;
     const _: () = assert!(TMA_SMEM_BYTES <= 227 * 1024);
+    const _: () = assert!(TMA_LIST_SMEM_BYTES <= 227 * 1024);
     /// The bf16 TMA decode's `cp.async` form (`names::DECODE_TMA_BF16_CP`: pages of fewer
     /// than `TMA_MIN_PAGE` tokens, fused caches the map does not take): the same layout and
     /// threads; warpgroup 0 copies each block from the page table a block ahead and
@@ -356,6 +361,14 @@ pub mod decode_tile {
             cells,
             bytes: 1024 + cells + (threads / 32) * 4,
         }
+    }
+
+    /// The 32-bit words of the work list's walk region ([`super::DecodeParams::list_fixed`])
+    /// for a CTA of `threads` threads: each warp's cost sum and longest sequence, the part's
+    /// size, the batch's total cost, the first part's first sequence and its cost position,
+    /// then each warp's walk state (five words).
+    pub const fn walk_words(threads: usize) -> usize {
+        7 * (threads / 32) + 4
     }
 
     /// The bf16-cache form.
@@ -598,6 +611,54 @@ pub const fn split_bound(blocks: u64, tiles: u64, max_splits: u64) -> u64 {
     if cap < max_splits { cap } else { max_splits }
 }
 
+/// The work list's part size ([`DecodeParams::list_fixed`]) for a batch of summed cost
+/// `total` whose longest sequence has `most` blocks, cut into `parts` parts, with partials
+/// for `max_splits` splits: an even share, but no smaller than keeps every sequence within
+/// `max_splits` pieces (a run of `n <= (max_splits - 1) x size` blocks meets at most
+/// `max_splits` parts); one part for all where the workspace holds one split. At least 1.
+/// The decode and the host twin `plan::work_list` both call this.
+pub const fn list_share(total: u32, most: u32, parts: u32, max_splits: u32) -> u32 {
+    let bound = if max_splits >= 2 {
+        most.div_ceil(max_splits - 1)
+    } else {
+        total
+    };
+    let even = total.div_ceil(if parts < 1 { 1 } else { parts });
+    let s = if even > bound { even } else { bound };
+    if s < 1 { 1 } else { s }
+}
+
+/// The piece of part `part` (cost positions `ps..pe`, parts of `share`) in a live sequence
+/// of `blocks` KV blocks whose cost (`fixed + blocks`) starts at position `c`: its blocks
+/// `kb0..kb1`, its split index and the sequence's split count, or `None` where the part
+/// holds none of its blocks. The fixed cost comes before the blocks (a part holding only
+/// that has no piece of the sequence); a sequence of no blocks is one piece, in the part
+/// where its cost starts. Positions fit `u32` (the host bounds the batch's cost).
+pub const fn list_piece(
+    c: u32,
+    blocks: u32,
+    fixed: u32,
+    part: u32,
+    (share, ps, pe): (u32, u32, u32),
+) -> Option<(u32, u32, u32, u32)> {
+    if blocks == 0 {
+        return if c >= ps && c < pe {
+            Some((0, 0, 0, 1))
+        } else {
+            None
+        };
+    }
+    let f = c + fixed;
+    let end = f + blocks;
+    let u0 = if ps > f { ps } else { f };
+    let u1 = if pe < end { pe } else { end };
+    if u0 >= u1 {
+        return None;
+    }
+    let first = f / share;
+    Some((u0 - f, u1 - f, part - first, (end - 1) / share - first + 1))
+}
+
 /// The split count of one sequence under the on-device schedule (the kernel and its host
 /// twin `plan::schedule` both call this): `floor(blocks * target_ctas / total_blocks)`,
 /// clamped to `1..=min(split_bound(blocks, tiles, max_splits), ceil(blocks / 2^step_log2))`,
@@ -674,6 +735,14 @@ pub mod names {
     /// fp8 Q with an fp8 cache on the e4m3 tensor cores: Q and the cache raw, P in e4m3,
     /// as `DECODE_TMA_FP8KV_BF16Q` with one Q part.
     pub const DECODE_TMA_FP8: &str = "mla_decode_tma_fp8";
+    /// The three TMA decodes above on the work list (`DecodeParams::list_fixed` >= 1: each
+    /// persistent CTA runs its part of the batch's cost, cut at block granularity, and
+    /// writes the split counts; shared memory `decode_tile::TMA_LIST_SMEM_BYTES`). The
+    /// same parameters; a separate symbol, so that the cell walk's code is the list's
+    /// neither way.
+    pub const DECODE_TMA_BF16_LIST: &str = "mla_decode_tma_bf16_list";
+    pub const DECODE_TMA_FP8KV_BF16Q_LIST: &str = "mla_decode_tma_fp8kv_bf16q_list";
+    pub const DECODE_TMA_FP8_LIST: &str = "mla_decode_tma_fp8_list";
     /// The two e4m3 TMA decodes with their copies made by `cp.async` from the page table, each
     /// warpgroup copying its own block of a pair (the same parameters; the map is not read):
     /// more than `decode_tile::TMA32_ROWS` rows, or the `wgmma` tile at any rows, on pages of
@@ -930,6 +999,24 @@ pub mod kernels {
             decode_tile::TMA_SMEM_BYTES,
         )),
         sm90a(k(
+            DECODE_TMA_BF16_LIST,
+            Params::DecodeWithMap,
+            DT,
+            decode_tile::TMA_LIST_SMEM_BYTES,
+        )),
+        sm90a(k(
+            DECODE_TMA_FP8KV_BF16Q_LIST,
+            Params::DecodeWithMap,
+            DT,
+            decode_tile::TMA_LIST_SMEM_BYTES,
+        )),
+        sm90a(k(
+            DECODE_TMA_FP8_LIST,
+            Params::DecodeWithMap,
+            DT,
+            decode_tile::TMA_LIST_SMEM_BYTES,
+        )),
+        sm90a(k(
             DECODE_TMA_FP8KV_BF16Q_CP,
             Params::DecodeWithMap,
             DT,
@@ -1081,7 +1168,15 @@ pub struct DecodeParams {
     /// in turn: CTA `c` takes cells `c, c + grid.x, ...` that have work. 0: one CTA per
     /// cell of the launched grid.
     pub persist_splits: u32,
-    pub _pad: u32,
+    /// The work list of the 64-row TMA decodes' list kernels (`names::DECODE_TMA_*_LIST`,
+    /// which must get `f >= 1`; every other decode must get 0 and walks the cells above):
+    /// the decode prices each live sequence at its KV blocks plus `f` blocks of fixed cost, cuts that
+    /// cost, concatenated over the batch, into `max(1, grid.x / row tiles)` parts of equal
+    /// size (at least `ceil(longest / (max_splits - 1))` blocks, so no sequence takes more
+    /// than `max_splits` pieces), and each CTA runs its part's pieces (one per sequence it
+    /// meets, a contiguous block range) for one row tile. It writes `num_splits` itself
+    /// (a sequence's pieces are its splits, in order), so it reads neither them nor `fold`.
+    pub list_fixed: u32,
     /// Checked mode ([`fault`]): null, off; else the workspace's fault record, where a
     /// decode that meets a page-table entry outside `0..num_pages` or a length past
     /// `max_pages * page_size` records the first such fault.

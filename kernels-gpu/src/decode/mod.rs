@@ -64,7 +64,8 @@ pub(crate) use rows::{quad_max, quad_sum, red_max, red_sum, rescale_rows, write_
 #[cfg(any(mla_hw_fp8, mla_wgmma))]
 pub(crate) use rows::{red_max_of, red_sum_of, row_norm};
 pub(crate) use work::{
-    CtaWork, cell_busy, check_faults, cta_work, fold_total, grid_cell_work, visible,
+    CtaWork, cell_busy, check_faults, cta_work, fold_total, grid_cell_work, list_cost, list_find,
+    list_piece, list_share, list_sums, list_work, visible,
 };
 
 use crate::arch::{self, cp_async, cvt, ldmatrix, smem, sync};
@@ -132,6 +133,9 @@ pub trait DecodeKind {
     /// instead of tensor-map boxes (`tma32`'s producer warpgroup, `produce_cp`; the 64-row
     /// decode's warpgroup 0, `tma::cp`): pages of any size. Only those decodes read it.
     const KV_CP: bool = false;
+    /// The 64-row TMA decode walks the work list (`DecodeParams::list_fixed`) instead of
+    /// the schedule's cells (`names::DECODE_TMA_*_LIST`). Only that decode reads it.
+    const LIST: bool = false;
 }
 
 /// The rows of KV block `kb` (tokens `64 kb ..`) that hold a key some query row of the step

@@ -786,16 +786,171 @@ macro_rules! for_each_cell {
 }
 pub(crate) use for_each_cell;
 
+/// The work list's walk ([`DecodeParams::list_fixed`] >= 1, the 64-row TMA decodes' list
+/// kernels): runs `$body` with `($tile, $b, $split, $work)` bound for each piece of work
+/// that is this CTA's, in order. The virtual items `(part, row tile)`, `max(1, grid /
+/// tiles)` parts of each of the `tiles` row tiles, are the CTAs' in turn. First the CTA sums
+/// the batch's cost (each thread a run of sequences, a scan over the warps through the walk
+/// words), sizes the parts ([`decode::list_share`]) and finds the sequence where its first
+/// part starts (a later item's part: walked to from there, one sequence at a time). Then it
+/// takes each sequence the part meets that it holds blocks of ([`decode::list_piece`]), in
+/// order; `$split` is the piece's index in its sequence.
+///
+/// Between pieces the walk keeps its state in its warp's words (every lane storing the same
+/// values: no register lives through `$body` for it; held in registers, the e4m3 forms
+/// spilled) and reads it through a `shfl`, so ptxas sees uniform bounds. Words
+/// ([`mla_abi::decode_tile::walk_words`], `W` warps): the warps' sums, then their longest
+/// sequences; the part size, the total, the first part's first sequence and its cost
+/// position; five words per warp (the item, the sequence, its cost position, and where the
+/// item's part starts). `$bar` is the CTA barrier. A macro for the reason
+/// [`for_each_cell`] is one.
+///
+/// Every thread of the CTA runs it, converged warps (unsafe code inside).
+macro_rules! for_each_piece {
+    ($p:expr, $threads:expr, $words:expr, $bar:path,
+     |$tile:pat_param, $b:pat_param, $split:pat_param, $work:pat_param| $body:block) => {{
+        let p: &DecodeParams = $p;
+        let threads: u32 = $threads;
+        let warps = threads / 32;
+        // The virtual grid, recomputed where used (opaque) rather than held in registers.
+        let tiles = || arch::opaque((p.s_q * p.heads).div_ceil(BLOCK_N));
+        let word = |i: u32| $words + 4 * i;
+        let mine =
+            |i: u32| $words + 4 * (2 * warps + 4 + 5 * (arch::opaque(arch::thread_idx_x()) / 32) + i);
+        let ld = |a: u32| uniform(smem::ld_shared_f32(a).to_bits());
+        let st = |a: u32, v: u32| smem::st_shared_f32_if(a, f32::from_bits(v), 1);
+        // The parts, and a part's cost positions.
+        let parts = || (arch::grid_dim_x() / tiles()).max(1);
+        let part_span = |part: u32| {
+            let (share, total) = (ld(word(2 * warps)), ld(word(2 * warps + 1)));
+            let ps = part.saturating_mul(share);
+            (share, ps, ps.saturating_add(share).min(total))
+        };
+        {
+            let tid = arch::thread_idx_x();
+            let (lane, warp) = (tid % 32, tid / 32);
+            // Each thread's run, its summed cost and longest sequence; the warps' inclusive
+            // scan of the sums.
+            let (lo, hi, sum, most) = decode::list_sums(p, tid, threads);
+            let mut inc = sum;
+            let mut most_w = most;
+            unroll!(d in [1, 2, 4, 8, 16] {
+                let d = d as u32;
+                let up = sync::shfl_idx_f32(f32::from_bits(inc), lane.saturating_sub(d)).to_bits();
+                inc += if lane >= d { up } else { 0 };
+                most_w = most_w.max(sync::shfl_xor_f32(f32::from_bits(most_w), d).to_bits());
+            });
+            smem::st_shared_f32_if(word(warp), f32::from_bits(inc), (lane == 31) as u32);
+            smem::st_shared_f32_if(word(warps + warp), f32::from_bits(most_w), (lane == 0) as u32);
+            $bar();
+            let (mut before, mut total, mut most_all) = (0u32, 0u32, 0u32);
+            for w in 0..warps {
+                let s = smem::ld_shared_f32(word(w)).to_bits();
+                before += if w < warp { s } else { 0 };
+                total += s;
+                most_all = most_all.max(smem::ld_shared_f32(word(warps + w)).to_bits());
+            }
+            let share = decode::list_share(p, total, most_all, parts());
+            // The first part's start, when it has one: the thread whose run holds it finds
+            // the sequence (every thread walks its run; one stores).
+            let ps = (arch::block_idx_x() / tiles()).saturating_mul(share);
+            let start = before + inc - sum;
+            let owner = ps < total && start <= ps && ps < start + sum;
+            let (b0, c0) = decode::list_find(p, lo, if owner { hi } else { lo }, start, ps);
+            let w = 2 * warps;
+            smem::st_shared_f32_if(word(w), f32::from_bits(share), (tid == 0) as u32);
+            smem::st_shared_f32_if(word(w + 1), f32::from_bits(total), (tid == 0) as u32);
+            smem::st_shared_f32_if(word(w + 2), f32::from_bits(b0), owner as u32);
+            smem::st_shared_f32_if(word(w + 3), f32::from_bits(c0), owner as u32);
+            $bar();
+            let (b0, c0) = if ps < total {
+                (ld(word(w + 2)), ld(word(w + 3)))
+            } else {
+                (p.batch, 0)
+            };
+            st(mine(0), arch::block_idx_x());
+            st(mine(1), b0);
+            st(mine(2), c0);
+            st(mine(3), b0);
+            st(mine(4), c0);
+        }
+        loop {
+            let next = 'next: loop {
+                let (v, b, c) = (ld(mine(0)), ld(mine(1)), ld(mine(2)));
+                if v >= parts() * tiles() {
+                    break 'next None;
+                }
+                let part = v / tiles();
+                let (share, ps, pe) = part_span(part);
+                if b >= p.batch || c >= pe {
+                    // The item is done: the next one starts where its part does, walked
+                    // to from this part's start (parts only grow).
+                    let v = v + arch::grid_dim_x();
+                    let (mut b, mut c) = (ld(mine(3)), ld(mine(4)));
+                    let ps = part_span(v / tiles()).1;
+                    while b < p.batch {
+                        // SAFETY: b < batch entries of seq_lens.
+                        let len = uniform(*p.seq_lens.ptr().add(b as usize) as u32) as i32;
+                        let cost = decode::list_cost(p, len).1;
+                        if ps < c + cost {
+                            break;
+                        }
+                        b += 1;
+                        c += cost;
+                    }
+                    st(mine(0), v);
+                    st(mine(1), b);
+                    st(mine(2), c);
+                    st(mine(3), b);
+                    st(mine(4), c);
+                    continue;
+                }
+                // SAFETY: b < batch entries of seq_lens.
+                let glen_raw = uniform(*p.seq_lens.ptr().add(b as usize) as u32) as i32;
+                st(mine(1), b + 1);
+                st(mine(2), c + decode::list_cost(p, glen_raw).1);
+                let tile = v % tiles();
+                if let Some((split, nsplit, kb0, kb1)) =
+                    decode::list_piece(p, tile, part, b, glen_raw, c, (share, ps, pe))
+                {
+                    break 'next Some((tile, b, glen_raw, (split, nsplit), (kb0, kb1)));
+                }
+            };
+            let Some((tile, b, glen_raw, (split, nsplit), range)) = next else {
+                break;
+            };
+            let work = decode::list_work(p, tile, b, glen_raw, (split, nsplit), range);
+            let ($tile, $b, $split, $work) = (tile, b, split, work);
+            $body
+        }
+    }};
+}
+
+/// The 64-row TMA decodes' walk: [`for_each_piece`] in the list kernels (`K::LIST`), else
+/// [`for_each_cell`]; `$list` is a constant, so each kernel holds one walk.
+macro_rules! walk {
+    ($list:expr, $p:expr, $threads:expr, $words:expr, $bar:path,
+     |$tile:pat_param, $b:pat_param, $split:pat_param, $work:pat_param| $body:block) => {
+        if $list {
+            for_each_piece!($p, $threads, $words, $bar, |$tile, $b, $split, $work| $body)
+        } else {
+            for_each_cell!($p, $threads, $words, $bar, |$tile, $b, $split, $work| $body)
+        }
+    };
+}
+
 /// The kernel body (see the module docs): a persistent CTA takes the cells of the virtual
 /// grid `(row tiles, batch, persist_splits)` that are its own (`c, c + grid, ...`) and have
 /// work; it marks them 256 at a time (one bit per cell, each thread checking one), then
 /// runs each: the prologue (Q, the first pair's copies and S), per pair of blocks the page
 /// fetch and each warpgroup's step, the epilogue (row sums, stores). The mbarriers are
-/// initialised once; their phases carry on from cell to cell.
+/// initialised once; their phases carry on from cell to cell. The list kinds (`K::LIST`)
+/// walk the work list's pieces (`for_each_piece`) instead of the cells.
 ///
 /// # Safety
 /// Launched with `decode_tile::THREADS` threads, at most `tiles * batch * persist_splits`
-/// CTAs in x, and `TMA_SMEM_BYTES` of dynamic shared memory on params the host validated
+/// CTAs in x, and `TMA_SMEM_BYTES` (`TMA_LIST_SMEM_BYTES` for `K::LIST`, with
+/// `list_fixed >= 1`) of dynamic shared memory on params the host validated
 /// (bf16 Q with a bf16 or (`K::KV_FP8`) fp8 cache, or (`K::Q_FP8`) fp8 Q with an fp8 cache;
 /// pages of at least `TMA_MIN_PAGE` tokens, any in the `cp.async` forms (`K::KV_CP`: fused
 /// caches, the map not read), `persist_splits >= 1`; with an fp8 cache,
@@ -821,7 +976,8 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *cons
     // warpgroups reach the named barriers in the order the module docs give; each
     // warpgroup runs its wgmma sequences converged.
     unsafe {
-        for_each_cell!(
+        walk!(
+            K::LIST,
             &p,
             T::THREADS as u32,
             arch::opaque(aligned_base()) + T::TMA_SMEM_CELLS as u32,

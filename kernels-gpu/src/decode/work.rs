@@ -207,6 +207,159 @@ pub(crate) fn cta_work(
     })
 }
 
+/// The work list's price of a sequence of raw length `glen_raw`
+/// ([`DecodeParams::list_fixed`]): its KV blocks and its cost (blocks plus the fixed
+/// cost; 0 for padding, which the list skips).
+#[inline(always)]
+pub(crate) fn list_cost(p: &DecodeParams, glen_raw: i32) -> (u32, u32) {
+    if glen_raw <= 0 {
+        return (0, 0);
+    }
+    let blocks = seq_extent(p, glen_raw).3;
+    (blocks, blocks + p.list_fixed)
+}
+
+/// This thread's share of the batch in the work list's sums: sequences `lo..hi` (a
+/// contiguous run of `ceil(batch / threads)`), their summed cost and the most blocks of one.
+///
+/// # Safety
+/// `p` as the decode's.
+#[inline(always)]
+pub(crate) unsafe fn list_sums(p: &DecodeParams, tid: u32, threads: u32) -> (u32, u32, u32, u32) {
+    let k = p.batch.div_ceil(threads);
+    let lo = (tid * k).min(p.batch);
+    let hi = (lo + k).min(p.batch);
+    let (mut sum, mut most) = (0u32, 0u32);
+    let mut b = lo;
+    while b < hi {
+        // SAFETY: b < batch entries of seq_lens.
+        let (blocks, cost) = list_cost(p, unsafe { *p.seq_lens.ptr().add(b as usize) });
+        sum += cost;
+        most = most.max(blocks);
+        b += 1;
+    }
+    (lo, hi, sum, most)
+}
+
+/// The work list's part size ([`mla_abi::list_share`]) for this launch's workspace.
+#[inline(always)]
+pub(crate) fn list_share(p: &DecodeParams, total: u32, most: u32, parts: u32) -> u32 {
+    mla_abi::list_share(total, most, parts, p.max_splits)
+}
+
+/// The first sequence at or after `lo` (up to `hi`) whose cost runs past position `ps`, with
+/// the cost before it, starting from cost `c` at `lo`; `(hi, c)` when none does.
+///
+/// # Safety
+/// `hi <= batch`.
+#[inline(always)]
+pub(crate) unsafe fn list_find(
+    p: &DecodeParams,
+    lo: u32,
+    hi: u32,
+    mut c: u32,
+    ps: u32,
+) -> (u32, u32) {
+    let mut b = lo;
+    while b < hi {
+        // SAFETY: b < batch entries of seq_lens.
+        let cost = list_cost(p, unsafe { *p.seq_lens.ptr().add(b as usize) }).1;
+        if ps < c + cost {
+            return (b, c);
+        }
+        c += cost;
+        b += 1;
+    }
+    (hi, c)
+}
+
+/// The piece of part `part` (cost positions `ps..pe`, parts of `share`) in sequence `b`
+/// (raw length `glen_raw`), whose cost starts at `c` ([`mla_abi::list_piece`]): its split
+/// index and count and its blocks, or `None` when the part holds none of its blocks. Row
+/// tile 0's piece of split 0 writes the sequence's split count for the combine.
+///
+/// # Safety
+/// `b < batch`.
+#[inline(always)]
+pub(crate) unsafe fn list_piece(
+    p: &DecodeParams,
+    tile: u32,
+    part: u32,
+    b: u32,
+    glen_raw: i32,
+    c: u32,
+    (share, ps, pe): (u32, u32, u32),
+) -> Option<(u32, u32, u32, u32)> {
+    let (blocks, _) = list_cost(p, glen_raw);
+    if glen_raw <= 0 {
+        return None;
+    }
+    let (kb0, kb1, split, nsplit) =
+        mla_abi::list_piece(c, blocks, p.list_fixed, part, (share, ps, pe))?;
+    if split == 0 && tile == 0 && arch::thread_idx_x() == 0 {
+        // SAFETY: b < batch entries; one writer per sequence (its first piece, row tile
+        // 0), read by the combine after this grid completes.
+        unsafe { *p.num_splits.ptr().add(b as usize) = nsplit as i32 };
+    }
+    Some((split, nsplit, kb0, kb1))
+}
+
+/// The work list's piece of sequence `b` (raw length `glen_raw`, live) for row tile `tile`:
+/// blocks `kb0..kb1` as split `split` of `nsplit`, after the checked mode's look at the
+/// tokens it reads (row tile 0 only). [`cta_work`]'s rule for the lengths, kept apart so
+/// that the cell kernels' code is not the list's.
+#[inline(always)]
+pub(crate) fn list_work(
+    p: &DecodeParams,
+    tile: u32,
+    b: u32,
+    glen_raw: i32,
+    (split, nsplit): (u32, u32),
+    (kb0, kb1): (u32, u32),
+) -> CtaWork {
+    let (len_raw, len, glen, _) = seq_extent(p, glen_raw);
+    if !p.fault.is_null() && tile == 0 {
+        // SAFETY: b < batch; the tokens are this piece's, below the clamped length.
+        unsafe {
+            check_faults(
+                p,
+                b,
+                len_raw,
+                split == 0,
+                kb0 * BLOCK_N,
+                (kb1 * BLOCK_N).min(len),
+            )
+        };
+    }
+    CtaWork {
+        len,
+        glen,
+        nsplit,
+        kb0,
+        kb1,
+    }
+}
+
+/// A sequence of raw global length `glen_raw` as [`cta_work`] reads it: its raw local
+/// length, the KV length the decode works with (cut to what the page table addresses), the
+/// global length the causal rule counts from, and its 64-token blocks.
+#[inline(always)]
+fn seq_extent(p: &DecodeParams, glen_raw: i32) -> (i32, u32, u32, u32) {
+    let len_raw = p.shard.local_len(glen_raw);
+    let len = mla_abi::clamp_len(len_raw, p.max_pages.saturating_mul(p.page_size));
+    if p.shard.is_on() {
+        // As in cta_work: a rank with none of a live sequence's keys runs one empty block.
+        (
+            len_raw,
+            len,
+            mla_abi::clamp_len(glen_raw, u32::MAX),
+            len.div_ceil(BLOCK_N).max(1),
+        )
+    } else {
+        (len_raw, len, len, len.div_ceil(BLOCK_N))
+    }
+}
+
 /// Checked mode (`p.fault` non-null): the CTA's threads look at the page-table entries of
 /// sequence `b`'s tokens `t0..t1` (the ones this CTA's decode reads) and, with
 /// `check_len`, at its length; the first fault the grid meets claims the record.
