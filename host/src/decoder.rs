@@ -589,6 +589,17 @@ impl DecodePlan {
         self.ws.checked
     }
 
+    /// Whether a run of `req` takes the 64-row TMA decodes' work list: its decode then cuts
+    /// the batch itself and writes the run's split counts ([`DecodePlan::read_splits`]), a
+    /// scheduled layer's too, whatever counts [`DecodePlan::schedule_step`] wrote. The same
+    /// for every request of one shape. For tests and inspection.
+    #[doc(hidden)]
+    pub fn takes_list(&self, rt: &Runtime, req: &DecodeRequest) -> Result<bool> {
+        let parts = SplitParts::default();
+        let shape = self.check_run(rt, req, &parts)?;
+        Ok(self.takes_work_list(rt, req, &parts, &shape))
+    }
+
     /// The split counts a run of `req` writes ([`DecodePlan::read_splits`]) for its lengths
     /// `seq_lens` (the device's, on the host), computed on the host: the work list's piece
     /// counts where the run takes it (0 for padding, whose entries it leaves as they were),
