@@ -272,9 +272,13 @@ tma_decode_kernel!(mla_decode_tma_bf16, DecodeBf16);
 tma_decode_kernel!(mla_decode_tma_fp8kv_bf16q, DecodeFp8KvBf16Q);
 tma_decode_kernel!(mla_decode_tma_fp8, DecodeFp8);
 
-/// A decode kind whose 64-row TMA decode walks the work list (`DecodeKind::LIST`).
-macro_rules! list_kind {
-    ($(#[$doc:meta])* $kind:ident, q_fp8: $q_fp8:expr, kv_fp8: $kv_fp8:expr) => {
+/// A decode kind of the TMA decodes only: with `cp` its copies are made with `cp.async`
+/// (`DecodeKind::KV_CP`: pages of fewer than `TMA_MIN_PAGE` tokens, and cache layouts the
+/// tensor map does not take); with `list` its 64-row decode walks the work list
+/// (`DecodeKind::LIST`).
+macro_rules! tma_kind {
+    ($(#[$doc:meta])* $kind:ident, q_fp8: $q_fp8:expr, kv_fp8: $kv_fp8:expr,
+     cp: $cp:expr, list: $list:expr) => {
         $(#[$doc])*
         #[cfg(mla_wgmma)]
         pub struct $kind;
@@ -283,56 +287,40 @@ macro_rules! list_kind {
             type Mma = Bf16;
             const Q_FP8: bool = $q_fp8;
             const KV_FP8: bool = $kv_fp8;
-            const LIST: bool = true;
+            const KV_CP: bool = $cp;
+            const LIST: bool = $list;
         }
     };
 }
 
-list_kind!(
+tma_kind!(
     /// bf16 on the work list.
-    DecodeBf16List, q_fp8: false, kv_fp8: false
+    DecodeBf16List, q_fp8: false, kv_fp8: false, cp: false, list: true
 );
-list_kind!(
+tma_kind!(
     /// An fp8 e4m3 cache under bf16 Q on the work list.
-    DecodeFp8KvBf16QList, q_fp8: false, kv_fp8: true
+    DecodeFp8KvBf16QList, q_fp8: false, kv_fp8: true, cp: false, list: true
 );
-list_kind!(
+tma_kind!(
     /// fp8 Q and an fp8 e4m3 cache on the work list.
-    DecodeFp8List, q_fp8: true, kv_fp8: true
+    DecodeFp8List, q_fp8: true, kv_fp8: true, cp: false, list: true
 );
 tma_decode_kernel!(mla_decode_tma_bf16_list, DecodeBf16List);
 tma_decode_kernel!(mla_decode_tma_fp8kv_bf16q_list, DecodeFp8KvBf16QList);
 tma_decode_kernel!(mla_decode_tma_fp8_list, DecodeFp8List);
 
-/// A decode kind whose TMA decode copies the cache with `cp.async` (`DecodeKind::KV_CP`):
-/// pages of fewer than `TMA_MIN_PAGE` tokens, and cache layouts the tensor map does not take.
-macro_rules! cp_kind {
-    ($(#[$doc:meta])* $kind:ident, q_fp8: $q_fp8:expr, kv_fp8: $kv_fp8:expr) => {
-        $(#[$doc])*
-        #[cfg(mla_wgmma)]
-        pub struct $kind;
-        #[cfg(mla_wgmma)]
-        impl DecodeKind for $kind {
-            type Mma = Bf16;
-            const Q_FP8: bool = $q_fp8;
-            const KV_FP8: bool = $kv_fp8;
-            const KV_CP: bool = true;
-        }
-    };
-}
-
-cp_kind!(
+tma_kind!(
     /// bf16: the 64-row decode's block-ahead form, the small-row decode's producer warpgroup.
-    DecodeBf16Cp, q_fp8: false, kv_fp8: false
+    DecodeBf16Cp, q_fp8: false, kv_fp8: false, cp: true, list: false
 );
-cp_kind!(
+tma_kind!(
     /// An fp8 e4m3 cache under bf16 Q: the e4m3 path's pair loop, each warpgroup copying its
     /// own stage.
-    DecodeFp8KvBf16QCp, q_fp8: false, kv_fp8: true
+    DecodeFp8KvBf16QCp, q_fp8: false, kv_fp8: true, cp: true, list: false
 );
-cp_kind!(
+tma_kind!(
     /// fp8 Q and an fp8 e4m3 cache, as [`DecodeFp8KvBf16QCp`].
-    DecodeFp8Cp, q_fp8: true, kv_fp8: true
+    DecodeFp8Cp, q_fp8: true, kv_fp8: true, cp: true, list: false
 );
 tma_decode_kernel!(mla_decode_tma_bf16_cp, DecodeBf16Cp);
 tma_decode_kernel!(mla_decode_tma_fp8kv_bf16q_cp, DecodeFp8KvBf16QCp);
