@@ -608,7 +608,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     /// The descriptor of V^T's k-step `kk` (32 tokens) for this warpgroup's 256 dims.
     #[inline(always)]
     pub(super) fn vt_desc(&self, st: u32, kk: u32) -> u64 {
-        let at = arch::opaque(self.raw_s(st, 0) + E4_VT + self.wg * 256 * 64) + 32 * kk;
-        wgmma::smem_desc(at, 16, 512, wgmma::Swizzle::B64)
+        let at = arch::opaque(self.raw_s(st, 0) + E4_VT + self.wg * 256 * 64);
+        wgmma::Desc::new(at, 16, 512, wgmma::Swizzle::B64).at(32 * kk)
     }
 }

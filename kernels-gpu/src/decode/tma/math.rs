@@ -76,23 +76,24 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                 if Self::E4 {
                     // Two k32 steps of 32 bytes (2 in the address field) per 4 KB tile.
                     let at = slab * (SLAB / 2);
-                    let da = wgmma::smem_desc(q_s + at, 16, 512, wgmma::Swizzle::B64);
-                    let dl = wgmma::smem_desc(q_s + Q_LO + at, 16, 512, wgmma::Swizzle::B64);
-                    let db = wgmma::smem_desc(kv + at, 16, 512, wgmma::Swizzle::B64);
+                    let da = wgmma::Desc::new(q_s, 16, 512, wgmma::Swizzle::B64);
+                    let dl = wgmma::Desc::new(q_s + Q_LO, 16, 512, wgmma::Swizzle::B64);
+                    let db = wgmma::Desc::new(kv, 16, 512, wgmma::Swizzle::B64);
                     unroll!(kk in [0, 1] {
-                        let k = 2 * kk as u64;
-                        wgmma::wgmma_m64n64k32_e4m3(s, da + k, db + k, j > 0 || kk > 0);
+                        let k = 2 * kk as u32;
+                        wgmma::wgmma_m64n64k32_e4m3(s, da.at_k(at, k), db.at_k(at, k), j > 0 || kk > 0);
                         if Self::SPLIT_Q {
-                            wgmma::wgmma_m64n64k32_e4m3(s, dl + k, db + k, true);
+                            wgmma::wgmma_m64n64k32_e4m3(s, dl.at_k(at, k), db.at_k(at, k), true);
                         }
                     });
                 } else {
-                    let da = wgmma::smem_desc(q_s + slab * SLAB, 16, 1024, wgmma::Swizzle::B128);
-                    let db = wgmma::smem_desc(kv + slab * SLAB, 16, 1024, wgmma::Swizzle::B128);
+                    let da = wgmma::Desc::new(q_s, 16, 1024, wgmma::Swizzle::B128);
+                    let db = wgmma::Desc::new(kv, 16, 1024, wgmma::Swizzle::B128);
                     // k-step kk of the slab: 32 bytes on, 2 in the descriptors' address field.
                     unroll!(kk in [0, 1, 2, 3] {
-                        let k = 2 * kk as u64;
-                        wgmma::wgmma_m64n64k16_bf16(s, da + k, db + k, j > 0 || kk > 0);
+                        let k = 2 * kk as u32;
+                        let at = slab * SLAB;
+                        wgmma::wgmma_m64n64k16_bf16(s, da.at_k(at, k), db.at_k(at, k), j > 0 || kk > 0);
                     });
                 }
             });
@@ -108,12 +109,13 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     /// V's k-step t (16 tokens) of this warpgroup's 256 output dims, stage `st`.
     #[inline(always)]
     pub(super) fn v_desc(&self, st: u32, t: u32) -> u64 {
-        wgmma::smem_desc(
-            arch::opaque(self.kv_s(st) + 4 * self.wg * SLAB) + t * 16 * 128,
+        wgmma::Desc::new(
+            arch::opaque(self.kv_s(st) + 4 * self.wg * SLAB),
             SLAB,
             1024,
             wgmma::Swizzle::B128,
         )
+        .at(t * 16 * 128)
     }
 
     /// Masks S of block `blk` in place (keys past a row's visible end become `-inf`; a block
@@ -185,7 +187,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             wgmma::wgmma_fence();
             if Self::E4 {
                 unroll!(kk in [0, 1] {
-                    let da = wgmma::smem_desc(arch::opaque(self.p_s(st)) + 32 * kk as u32, 16, 512, wgmma::Swizzle::B64);
+                    let da = wgmma::Desc::new(arch::opaque(self.p_s(st)), 16, 512, wgmma::Swizzle::B64).at(32 * kk as u32);
                     let db = self.vt_desc(st, kk as u32);
                     wgmma::wgmma_m64n256k32_ss_e4m3(&mut self.o, da, db, true);
                 });
@@ -193,7 +195,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                 return;
             }
             unroll!(kk in [0, 1, 2, 3] {
-                let da = wgmma::smem_desc(arch::opaque(self.p_s(st)) + 32 * kk as u32, 16, 1024, wgmma::Swizzle::B128);
+                let da = wgmma::Desc::new(arch::opaque(self.p_s(st)), 16, 1024, wgmma::Swizzle::B128).at(32 * kk as u32);
                 let db = self.v_desc(st, kk as u32);
                 wgmma::wgmma_m64n256k16_ss_bf16::<1>(&mut self.o, da, db, true);
             });
