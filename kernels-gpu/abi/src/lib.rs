@@ -1170,12 +1170,13 @@ pub struct DecodeParams {
     pub persist_splits: u32,
     /// The work list of the 64-row TMA decodes' list kernels (`names::DECODE_TMA_*_LIST`,
     /// which must get `f >= 1`; every other decode must get 0 and walks the cells above):
-    /// the decode prices each live sequence at its KV blocks plus `f` blocks of fixed cost, cuts that
-    /// cost, concatenated over the batch, into `max(1, grid.x / row tiles)` parts of equal
-    /// size (at least `ceil(longest / (max_splits - 1))` blocks, so no sequence takes more
-    /// than `max_splits` pieces), and each CTA runs its part's pieces (one per sequence it
-    /// meets, a contiguous block range) for one row tile. It writes `num_splits` itself
-    /// (a sequence's pieces are its splits, in order), so it reads neither them nor `fold`.
+    /// the decode prices each live sequence at its KV blocks plus `f` blocks of fixed
+    /// cost, cuts that cost, concatenated over the batch, into `max(1, grid.x / row
+    /// tiles)` parts of equal size (at least `ceil(longest / (max_splits - 1))` blocks, so
+    /// no sequence takes more than `max_splits` pieces), and each CTA runs its part's
+    /// pieces (one per sequence it meets, a contiguous block range) for one row tile. It
+    /// writes `num_splits` itself (a sequence's pieces are its splits, in order), so it
+    /// reads neither them nor `fold`.
     pub list_fixed: u32,
     /// Checked mode ([`fault`]): null, off; else the workspace's fault record, where a
     /// decode that meets a page-table entry outside `0..num_pages` or a length past
