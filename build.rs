@@ -24,9 +24,6 @@
 //! - `MLA_TRACE=1`: a measurement build, not for serving: the sm_90a TMA decodes (bf16 caches)
 //!   stamp their phases into the workspace's scratch (`kernels-gpu/src/decode/trace.rs`;
 //!   `MLA_TRACE_PRINT=1 mla bench` prints them).
-//! - `MLA_DESC_HALVES=1`: an experiment, not yet run on the GPU: the sm_90a TMA decodes build
-//!   their `wgmma` descriptors as two halves, offsets added to the low one
-//!   (`kernels-gpu/src/arch/wgmma.rs`, `Desc`).
 
 use std::env;
 use std::fs;
@@ -107,7 +104,6 @@ fn main() {
         "CUDA_HOME",
         "MLA_HW_FP8",
         "MLA_TRACE",
-        "MLA_DESC_HALVES",
     ] {
         println!("cargo:rerun-if-env-changed={v}");
     }
@@ -265,10 +261,6 @@ fn compile_kernels(root: &Path, out: &Path, img: &Image, ptx_path: &Path) {
     if img.wgmma && env::var("MLA_TRACE").as_deref() == Ok("1") {
         // A measurement build: the TMA decodes' phase stamps (kernels-gpu decode::trace).
         flags.push("--cfg=mla_trace".into());
-    }
-    if img.wgmma && env::var("MLA_DESC_HALVES").as_deref() == Ok("1") {
-        // An experiment: the TMA decodes' `wgmma` descriptors as two halves (arch::wgmma::Desc).
-        flags.push("--cfg=mla_desc_halves".into());
     }
     if img.wgmma {
         flags.push("--cfg=mla_wgmma".into());

@@ -37,27 +37,16 @@ pub const fn smem_desc(addr: u32, lbo: u32, sbo: u32, swizzle: Swizzle) -> u64 {
 /// slabs and k-steps of one operand): [`Desc::at`] is `smem_desc(addr + offset, ..)`, and
 /// [`Desc::at_k`] that plus `k` in the address field.
 ///
-/// The default build computes each as [`smem_desc`] does. The `mla_desc_halves` build
-/// (`MLA_DESC_HALVES=1`; an experiment, not yet run on the GPU) keeps the two 32-bit halves
-/// instead: the high one (stride offset, swizzle) a constant, the low one (address and
-/// leading offset fields) computed once from the base, each offset one add to it. The
-/// default re-derives the address field for each descriptor (add, shift, 14-bit mask, or,
-/// and a 64-bit add per k-step: about 26 uniform instructions for a slab's 4 `wgmma`s of S
-/// against FlashMLA's 16). Equal for every base and offset whose sum stays below 256 KB
-/// (the address field's 14 bits of 16-byte units), as every shared address does.
+/// Kept as the descriptor's two 32-bit halves: the high one (stride offset, swizzle) a
+/// constant, the low one (address and leading offset fields) computed once from the base,
+/// each offset one add to it. Re-deriving the address field per descriptor (add, shift,
+/// 14-bit mask, or, a 64-bit add per k-step) took about 26 uniform instructions for a
+/// slab's 4 `wgmma`s of S; the halves take 19 (docs/PERF.md 3.21). Equal to [`smem_desc`]
+/// for every base and offset whose sum stays below 256 KB (the address field's 14 bits of
+/// 16-byte units), as every shared address does.
 #[derive(Clone, Copy)]
 pub struct Desc {
-    #[cfg(not(mla_desc_halves))]
-    addr: u32,
-    #[cfg(not(mla_desc_halves))]
-    lbo: u32,
-    #[cfg(not(mla_desc_halves))]
-    sbo: u32,
-    #[cfg(not(mla_desc_halves))]
-    swizzle: Swizzle,
-    #[cfg(mla_desc_halves)]
     lo: u32,
-    #[cfg(mla_desc_halves)]
     hi: u32,
 }
 
@@ -65,21 +54,9 @@ impl Desc {
     /// The descriptor of the matrix at `addr` (see [`smem_desc`]).
     #[inline(always)]
     pub const fn new(addr: u32, lbo: u32, sbo: u32, swizzle: Swizzle) -> Desc {
-        #[cfg(not(mla_desc_halves))]
-        {
-            Desc {
-                addr,
-                lbo,
-                sbo,
-                swizzle,
-            }
-        }
-        #[cfg(mla_desc_halves)]
-        {
-            Desc {
-                lo: (addr >> 4) | ((lbo >> 4) << 16),
-                hi: (sbo >> 4) | ((swizzle as u32) << 30),
-            }
+        Desc {
+            lo: (addr >> 4) | ((lbo >> 4) << 16),
+            hi: (sbo >> 4) | ((swizzle as u32) << 30),
         }
     }
 
@@ -92,14 +69,7 @@ impl Desc {
     /// [`Desc::at`] with `k` more in the address field (`16 k` bytes: a k-step).
     #[inline(always)]
     pub const fn at_k(self, offset: u32, k: u32) -> u64 {
-        #[cfg(not(mla_desc_halves))]
-        {
-            smem_desc(self.addr + offset, self.lbo, self.sbo, self.swizzle) + k as u64
-        }
-        #[cfg(mla_desc_halves)]
-        {
-            ((self.hi as u64) << 32) | (self.lo + (offset >> 4) + k) as u64
-        }
+        ((self.hi as u64) << 32) | (self.lo + (offset >> 4) + k) as u64
     }
 }
 
