@@ -11,8 +11,8 @@
 //!   device-to-host copy, so a captured CUDA graph of `run` stays correct while lengths,
 //!   page tables and data change between replays.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaStream;
 use cudarc::driver::sys::{CUstream, CUstreamCaptureStatus};
@@ -189,7 +189,14 @@ pub struct DecodePlan {
     /// The batch of each step slot's last [`DecodePlan::schedule_step_slot`] (0: none
     /// yet), which [`DecodePlan::run_layer_slot`] checks its request against.
     step_batch: [AtomicUsize; STEP_SLOTS],
+    /// The launch model's last answer ([`plan::list_pays`]) and what it was asked: batch,
+    /// KV blocks, CTAs. The same for every run of one shape, and a run's host path must
+    /// not rebuild a batch's piece list each launch.
+    list_memo: Mutex<Option<(ListKey, bool)>>,
 }
+
+/// What [`plan::list_pays`] is asked for one shape: batch, KV blocks, CTAs.
+type ListKey = (usize, usize, usize);
 
 impl std::fmt::Debug for DecodePlan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -344,6 +351,7 @@ impl Runtime {
             kernels,
             ws,
             step_batch: std::array::from_fn(|_| AtomicUsize::new(0)),
+            list_memo: Mutex::new(None),
         })
     }
 }
@@ -622,7 +630,7 @@ impl DecodePlan {
         }
         let cap_tokens = shape.max_seq_len().min(u32::MAX as usize);
         if self.takes_work_list(rt, req, &parts, &shape) {
-            let ctas = (rt.device().sm_count.max(1) as usize).min(self.ws.acc_ctas);
+            let ctas = self.ws.list_ctas(rt.device().sm_count);
             let parts = (ctas / self.schedule.tiles.max(1)).max(1) as u32;
             let pieces = plan::work_list(
                 seq_lens,
@@ -976,24 +984,36 @@ impl DecodePlan {
     ) -> bool {
         let k = self.kernels.decode_for_parts(req, parts, shape);
         let cap = self.ws.capacity();
-        if k.params != mla_abi::kernels::Params::DecodeWithMap
-            || self.kernels.list_fixed_for(k, shape, cap) == 0
-        {
+        if self.kernels.list_fixed_for(k, shape, cap) == 0 {
             return false;
         }
         if self.kernels.list_always {
             return true;
         }
         let len = shape.max_seq_len().min(self.config.max_seq_len);
-        let ctas = (rt.device().sm_count.max(1) as usize).min(self.ws.acc_ctas);
-        plan::list_pays(
+        let key = (
+            shape.batch,
+            len.div_ceil(mla_abi::decode_tile::BLOCK_N),
+            self.ws.list_ctas(rt.device().sm_count),
+        );
+        let memo = self.list_memo.lock().ok();
+        if let Some((k, pays)) = memo.as_deref().copied().flatten()
+            && k == key
+        {
+            return pays;
+        }
+        let pays = plan::list_pays(
             &self.schedule,
             self.kernels.grid_splits,
-            (shape.batch, len.div_ceil(mla_abi::decode_tile::BLOCK_N)),
-            ctas,
+            (key.0, key.1),
+            key.2,
             self.kernels.list_fixed,
             cap.max_splits,
-        )
+        );
+        if let Some(mut m) = memo {
+            *m = Some((key, pays));
+        }
+        pays
     }
 
     /// The schedule kernel's params for `shape`'s batch with lengths at `seq_lens`, writing

@@ -259,6 +259,13 @@ impl Drop for DecodeWorkspace {
 }
 
 impl DecodeWorkspace {
+    /// The persistent CTAs a decode may run on a device of `sm_count` SMs: one per SM, at
+    /// most what the promotion scratch holds (sized for the same SM count). A work-list
+    /// launch runs `max(1, list_ctas / tiles)` parts of every row tile.
+    pub(crate) fn list_ctas(&self, sm_count: u32) -> usize {
+        (sm_count.max(1) as usize).min(self.acc_ctas).max(1)
+    }
+
     pub(crate) fn ptrs(&self) -> WorkspacePtrs {
         self.ptrs
     }
@@ -702,7 +709,7 @@ impl Runtime {
         }
         // The work list: the TMA decode's list kernel cuts the batch itself and writes the
         // runs' counts, whatever array a scheduled layer would have read.
-        let list = if persistent && list {
+        let list = if list {
             kernels.list_fixed_for(kernel, shape, ws.capacity)
         } else {
             0
@@ -721,9 +728,7 @@ impl Runtime {
         let grid = LaunchShape {
             grid: if p.list_fixed > 0 {
                 // Whole parts: `max(1, CTAs / tiles)` parts of every row tile.
-                let cap = (self.device().sm_count.max(1) as usize)
-                    .min(ws.acc_ctas)
-                    .max(1);
+                let cap = ws.list_ctas(self.device().sm_count);
                 let tiles = cells.0.max(1) as usize;
                 let ctas = if tiles <= cap {
                     cap / tiles * tiles
