@@ -7,13 +7,15 @@ same 256 MB: `tools/timeline.py`'s `l2_flushes`).
     ncu --cache-control none --clock-control none --kernel-name regex:"splitkv_mla|mla_decode" \\
         --launch-skip 4 --launch-count 2 \\
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \\
-        python3 tools/l2probe.py flashmla_bf16|mla_rs zero|read|fill|bump H,S_q,B,L [--kit stage/peers]
+        python3 tools/l2probe.py PEER zero|read|fill|bump H,S_q,B,L [--kit stage/peers]
+
+PEER: flashmla_bf16, or ours: mla_rs (bf16), mla_rs_fp8 (fp8 cache, bf16 Q), mla_rs_fp8q_fp8.
 
 With `--graph` the call is captured once and replayed after each flush, as the harness times it
 (add `--graph-profiling node` to ncu; the launch counts then count the graph's kernel nodes).
 
-Needs the staged peers' kit (`tests/gpu/stage.sh --peers`) and, for `mla_rs`, the staged
-`libmla.so` (`benches/peer_plugin.py`). The harness's inputs (seed 1234), page 64 unless
+Needs the staged peers' kit (`tests/gpu/stage.sh --peers`) and, for ours, the staged
+`libmla.so` (`benches/peer_plugin.py`, `benches/peer_plugin_fp8q.py`). The harness's inputs (seed 1234), page 64 unless
 `--page` says otherwise.
 """
 import argparse
@@ -25,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("peer", choices=["flashmla_bf16", "mla_rs"])
+    ap.add_argument("peer", choices=["flashmla_bf16", "mla_rs", "mla_rs_fp8", "mla_rs_fp8q_fp8"])
     ap.add_argument("flush", choices=["zero", "read", "fill", "bump"])
     ap.add_argument("shape", help="H,S_q,B,L")
     ap.add_argument("--kit", default=str(ROOT / "stage" / "peers"))
@@ -42,7 +44,10 @@ def main():
     from timeline import l2_flushes, peer_call
 
     h, sq, b, seq = (int(x) for x in args.shape.split(","))
-    plugins, _ = bm.load_plugins([str(ROOT / "benches" / "peer_plugin.py")], lambda *a: None)
+    plugins, _ = bm.load_plugins(
+        [str(ROOT / "benches" / p) for p in ("peer_plugin.py", "peer_plugin_fp8q.py")],
+        lambda *a: None,
+    )
     peers = bm.Peers({args.peer}, lambda k, s: None, plugins)
     inputs = bm.make_inputs(b, seq, h, sq, 1234, page=args.page)
     fn = peer_call(peers, args.peer, inputs, sq > 1, bm.D_QK ** -0.5)
