@@ -569,6 +569,10 @@ impl DecodePlan {
             crate::choice::WORK_LIST_FIXED
         };
         self.kernels = self.kernels.with_work_list(fixed, force == Some(true));
+        // The launch model's answer depends on the list's fixed cost.
+        if let Ok(memo) = self.list_memo.get_mut() {
+            *memo = None;
+        }
     }
 
     /// Decode context parallelism for the runs launched from now on: this plan decodes
