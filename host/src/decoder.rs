@@ -1001,8 +1001,8 @@ impl DecodePlan {
             self.ws.list_ctas(rt.device().sm_count),
         );
         let memo = self.list_memo.lock().ok();
-        if let Some((k, pays)) = memo.as_deref().copied().flatten()
-            && k == key
+        if let Some((asked, pays)) = memo.as_deref().copied().flatten()
+            && asked == key
         {
             return pays;
         }

@@ -53,7 +53,7 @@ pub enum Counts {
 pub struct DecodeWorkspace {
     /// Freed only once the context has synchronized (see the `Drop` impl).
     bufs: ManuallyDrop<WorkspaceBuffers>,
-    pub(crate) acc_ctas: usize,
+    acc_ctas: usize,
     /// Decodes on this workspace run in checked mode (they get the fault record).
     pub(crate) checked: bool,
     /// The rank's share of the KV that decodes on this workspace read ([`mla_abi::Shard`]).

@@ -169,13 +169,7 @@ pub fn work_list(
 ) -> Option<Vec<ListPiece>> {
     let blocks: Vec<Option<u32>> = seq_lens
         .iter()
-        .map(|&g| {
-            (g > 0).then(|| {
-                let len = mla_abi::clamp_len(shard.local_len(g), cap_tokens);
-                let b = len.div_ceil(BLOCK_N as u32);
-                if shard.is_on() { b.max(1) } else { b }
-            })
-        })
+        .map(|&g| (g > 0).then(|| shard.schedule_blocks(g, cap_tokens) as u32))
         .collect();
     let cost = |b: &Option<u32>| b.map_or(0u64, |b| b as u64 + fixed as u64);
     let total = blocks.iter().map(cost).sum::<u64>();
