@@ -242,12 +242,39 @@ macro_rules! e4m3_sites {
         )
     };
 }
-/// The e4m3 path (either Q): per S, the tail zeroing's warpgroup barrier, the V^T
-/// transpose's, and the one before the V^T cleaning of a block with keys only the step's
-/// later tokens see; in the prologue and each pair step.
-const E4M3_SITES: SyncSites = e4m3_sites!(7, 6);
-/// Its `cp.async` forms (see their rows): no tail zeroing.
+/// The e4m3 path's `cp.async` forms (either Q): per S, the V^T transpose's warpgroup
+/// barrier and the one before the V^T cleaning of a block with keys only the step's later
+/// tokens see; in the prologue and each pair step (their copies land rows past the end as
+/// zeros, so no tail is zeroed).
 const E4M3_CP_SITES: SyncSites = e4m3_sites!(7, 4);
+/// The e4m3 tensor-map forms, with the transposer warpgroup: CTA barriers, the init's and
+/// the marking's (or the list scan's) two in each of the two walks; the consumers' CTA
+/// barrier (9: the prologue's, the epilogue's, the staged store's two); the pair steps'
+/// exchange barriers (1-4); each consumer's wait for a stage's V^T (10-13, one site each)
+/// and its releases (7: warpgroup 0's, warpgroup 1's two predicated ones; 8: warpgroup 0's
+/// in both branches of its S, warpgroup 1's); the transposer's waits for the releases
+/// (numbered in a register, and its two after the walk), its own barrier before a V^T
+/// cleaning (14) and its two arrivals on the ready barriers (in registers).
+const E4M3_XPOSE_SITES: SyncSites = (
+    8,
+    &[
+        (0, 5),
+        (1, 1),
+        (2, 1),
+        (3, 1),
+        (4, 1),
+        (7, 1),
+        (8, 1),
+        (9, 4),
+        (10, 1),
+        (11, 1),
+        (12, 1),
+        (13, 1),
+        (14, 1),
+        (REG_ID, 1),
+    ],
+    &[(1, 1), (2, 1), (3, 1), (4, 1), (7, 3), (8, 3), (REG_ID, 2)],
+);
 const SYNC_SITES: &[(&str, SyncSites)] = &[
     // CTA barriers: the one after the mbarriers' init, two around each marking of a
     // persistent CTA's cells, the prologue's, the epilogue's, two in the staged output store.
@@ -266,14 +293,10 @@ const SYNC_SITES: &[(&str, SyncSites)] = &[
         "mla_decode_tma_bf16_cp",
         (3, &[(0, 6), (3, 1), (4, 1)], &[(3, 1), (4, 1)]),
     ),
-    // An fp8 cache under either Q (the e4m3 path): the bf16 sites, with three warpgroup
-    // barriers per S (the tail zeroing of the raw rows before it, the V^T transpose after
-    // it, and the V^T cleaning's; in the prologue and each pair step) instead of
-    // `zero_tail`'s one; each pair step
-    // waits before its transpose for the other warpgroup's P.V of the stage (7, 8), whose
-    // arrivals sit after a P.V wait (warpgroup 0's in both branches of its S).
-    ("mla_decode_tma_fp8kv_bf16q", E4M3_SITES),
-    ("mla_decode_tma_fp8", E4M3_SITES),
+    // An fp8 cache under either Q (the e4m3 path), with the transposer warpgroup: see
+    // E4M3_XPOSE_SITES.
+    ("mla_decode_tma_fp8kv_bf16q", E4M3_XPOSE_SITES),
+    ("mla_decode_tma_fp8", E4M3_XPOSE_SITES),
     // The work list's kernels: the sites of the cell kernels above, with the work list
     // scan's two CTA barriers in place of the marking's two.
     (
@@ -284,10 +307,8 @@ const SYNC_SITES: &[(&str, SyncSites)] = &[
             &[(1, 1), (2, 1), (3, 1), (4, 1)],
         ),
     ),
-    ("mla_decode_tma_fp8kv_bf16q_list", E4M3_SITES),
-    ("mla_decode_tma_fp8_list", E4M3_SITES),
-    // Their `cp.async` forms: the same sites but the tail zeroing's warpgroup barrier (the
-    // copies land rows past the end as zeros).
+    ("mla_decode_tma_fp8kv_bf16q_list", E4M3_XPOSE_SITES),
+    ("mla_decode_tma_fp8_list", E4M3_XPOSE_SITES),
     ("mla_decode_tma_fp8kv_bf16q_cp", E4M3_CP_SITES),
     ("mla_decode_tma_fp8_cp", E4M3_CP_SITES),
     // The small-row TMA decodes: S^T's wait and P.V's four; the consumer's row exchange
@@ -398,6 +419,11 @@ fn ptx_sync_counts(body: &str) -> SyncCounts {
     let mut waits = 0;
     let mut bars = BTreeMap::new();
     for l in body.lines().map(str::trim) {
+        // A predicate (`@p `) is part of the instruction, not of the site count.
+        let l = match l.strip_prefix('@') {
+            Some(rest) => rest.split_once(' ').map_or(l, |(_, op)| op.trim_start()),
+            None => l,
+        };
         if l.starts_with("wgmma.wait_group") {
             waits += 1;
         }

@@ -267,6 +267,16 @@ pub mod decode_tile {
     pub const TMA_MIN_PAGE: usize = 16;
     const _: () = assert!(TMA_SMEM_BYTES <= 227 * 1024);
     const _: () = assert!(TMA_LIST_SMEM_BYTES <= 227 * 1024);
+    /// The e4m3 TMA decodes' tensor-map forms (`names::DECODE_TMA_FP8KV_BF16Q`,
+    /// `names::DECODE_TMA_FP8` and their `_LIST` forms): the two warpgroups above and a
+    /// third that writes each block's V^T (`setmaxnreg`: 240 registers a consumer thread,
+    /// 32 a transposer thread); the same layout, except that the walk words of their 12
+    /// warps (marks, or the work list's [`walk_words`]) sit at `TMA_E4_WORDS`, in the half
+    /// of the first warpgroup's P slab that an e4m3 P (64 x 64 bytes) leaves free.
+    pub const TMA_E4_THREADS: usize = 384;
+    pub const TMA_E4_WORDS: usize = TMA_SMEM_P0 + TMA_E4_SLAB;
+    pub const TMA_E4_SMEM_BYTES: usize = 1024 + TMA_SMEM_CELLS;
+    const _: () = assert!(TMA_E4_SLAB + 4 * walk_words(TMA_E4_THREADS) <= WG_SLAB_BYTES);
     /// The bf16 TMA decode's `cp.async` form (`names::DECODE_TMA_BF16_CP`: pages of fewer
     /// than `TMA_MIN_PAGE` tokens, fused caches the map does not take): the same layout and
     /// threads; warpgroup 0 copies each block from the page table a block ahead and
@@ -767,7 +777,14 @@ pub mod names {
     /// decode's fp8 forms, 384 threads at 168 registers, consumers raised to 232): they may
     /// keep a few per-cell values in local memory (at most `REGISTER_SPLIT_LOCAL_BYTES` of
     /// stack a thread), never inside their `wgmma` loop (`tests/ptx_check.rs`).
-    pub const REGISTER_SPLIT: &[&str] = &[DECODE_TMA32_FP8KV_BF16Q, DECODE_TMA32_FP8];
+    pub const REGISTER_SPLIT: &[&str] = &[
+        DECODE_TMA32_FP8KV_BF16Q,
+        DECODE_TMA32_FP8,
+        DECODE_TMA_FP8KV_BF16Q,
+        DECODE_TMA_FP8,
+        DECODE_TMA_FP8KV_BF16Q_LIST,
+        DECODE_TMA_FP8_LIST,
+    ];
     pub const REGISTER_SPLIT_LOCAL_BYTES: u32 = 64;
     /// The bf16 small-row TMA decode with its copies made by `cp.async` from the page table
     /// by a producer warpgroup (the same parameters; the map is not read; launch shape
@@ -989,14 +1006,14 @@ pub mod kernels {
         sm90a(k(
             DECODE_TMA_FP8KV_BF16Q,
             Params::DecodeWithMap,
-            DT,
-            decode_tile::TMA_SMEM_BYTES,
+            decode_tile::TMA_E4_THREADS,
+            decode_tile::TMA_E4_SMEM_BYTES,
         )),
         sm90a(k(
             DECODE_TMA_FP8,
             Params::DecodeWithMap,
-            DT,
-            decode_tile::TMA_SMEM_BYTES,
+            decode_tile::TMA_E4_THREADS,
+            decode_tile::TMA_E4_SMEM_BYTES,
         )),
         sm90a(k(
             DECODE_TMA_BF16_LIST,
@@ -1007,14 +1024,14 @@ pub mod kernels {
         sm90a(k(
             DECODE_TMA_FP8KV_BF16Q_LIST,
             Params::DecodeWithMap,
-            DT,
-            decode_tile::TMA_LIST_SMEM_BYTES,
+            decode_tile::TMA_E4_THREADS,
+            decode_tile::TMA_E4_SMEM_BYTES,
         )),
         sm90a(k(
             DECODE_TMA_FP8_LIST,
             Params::DecodeWithMap,
-            DT,
-            decode_tile::TMA_LIST_SMEM_BYTES,
+            decode_tile::TMA_E4_THREADS,
+            decode_tile::TMA_E4_SMEM_BYTES,
         )),
         sm90a(k(
             DECODE_TMA_FP8KV_BF16Q_CP,

@@ -58,6 +58,39 @@ pub unsafe fn bar_arrive_named<const ID: u32, const THREADS: u32>() {
     unsafe { asm!("bar.arrive {i}, {n};", i = const ID, n = const THREADS, options(nostack)) }
 }
 
+/// [`bar_arrive_named`] with the barrier's number in a register.
+///
+/// # Safety
+/// As [`bar_sync_named`], for barrier `id < 16`.
+#[inline(always)]
+pub unsafe fn bar_arrive_id<const THREADS: u32>(id: u32) {
+    // SAFETY: forwarded from the caller.
+    unsafe { asm!("bar.arrive {i}, {n};", i = in(reg32) id, n = const THREADS, options(nostack)) }
+}
+
+/// [`bar_arrive_named`] predicated on `cond` (no branch, so that no instruction around it
+/// is copied into two paths).
+///
+/// # Safety
+/// As [`bar_sync_named`]; `cond` is the same in every thread of the warp.
+#[inline(always)]
+pub unsafe fn bar_arrive_named_if<const ID: u32, const THREADS: u32>(cond: bool) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        asm!(
+            "{{",
+            ".reg .pred p;",
+            "setp.ne.u32 p, {c}, 0;",
+            "@p bar.arrive {i}, {n};",
+            "}}",
+            c = in(reg32) cond as u32,
+            i = const ID,
+            n = const THREADS,
+            options(nostack)
+        )
+    }
+}
+
 /// `bar.warp.sync 0xffffffff;`: the warp's lanes meet here, and their shared-memory
 /// accesses before it are ordered before those after it (a lane reads what another lane's
 /// completed `cp.async` wrote).

@@ -76,6 +76,23 @@ const BAR_WG: [u32; 2] = [5, 6];
 const BAR_VT0: u32 = 7;
 /// The e4m3 path: warpgroup 0's P.V of block B is done (stage 1's V^T is free).
 const BAR_VT1: u32 = 8;
+/// The transposer's kernels ([`Cta::XPOSE`]): the two consumer warpgroups' CTA barrier
+/// (the transposer takes no part in the cells' prologue, epilogue and output store).
+const BAR_CONS: u32 = 9;
+/// The transposer's kernels: stage `st`'s V^T is written, for consumer warpgroup `c`
+/// (barrier `BAR_VT_READY + 2 st + c`: the transposer arrives, the consumer waits before
+/// its P.V). [`BAR_VT0`] and [`BAR_VT1`] (`BAR_VT0 + st`) then say that both consumers'
+/// P.V of the stage is done (both arrive, the transposer waits before it writes the stage
+/// again).
+const BAR_VT_READY: u32 = 10;
+/// The transposer warpgroup's own barrier (a V^T cleaned after the whole transpose).
+const BAR_XPOSE: u32 = 14;
+/// Threads of the transposer's kernels: two consumer warpgroups and the transposer.
+const XPOSE_THREADS: u32 = 384;
+/// Registers a thread of the transposer's kernels (`setmaxnreg`; 2 x 128 x 240 + 128 x 32
+/// is the register file).
+const REGS_CONSUMER: u32 = 232;
+const REGS_XPOSE: u32 = 48;
 
 mod cp;
 pub(crate) mod e4m3;
@@ -203,6 +220,57 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     const CP: bool = K::KV_CP;
     /// The block-ahead form ([`cp`]: a bf16 cache, `K::KV_CP`).
     const CP_AHEAD: bool = K::KV_CP && !K::KV_FP8;
+    /// The e4m3 path's tensor-map forms: a third warpgroup (warps 8-11, [`xpose_cell`])
+    /// writes every block's V^T, so the consumers' S goes straight on to the softmax; the
+    /// consumers wait for a stage's V^T before their P.V of it ([`BAR_VT_READY`]) and
+    /// release it after ([`BAR_VT0`], [`BAR_VT1`]).
+    const XPOSE: bool = K::KV_FP8 && !K::KV_CP;
+
+    /// The cell's CTA barrier: every thread, or the two consumer warpgroups where a
+    /// transposer runs beside them ([`Cta::XPOSE`]).
+    ///
+    /// # Safety
+    /// Every thread that takes part, converged warps.
+    #[inline(always)]
+    unsafe fn cta_sync() {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            if Self::XPOSE {
+                sync::bar_sync_named::<BAR_CONS, 256>();
+            } else {
+                sync::bar_sync();
+            }
+        }
+    }
+
+    /// Waits until the transposer has written a stage's V^T for this warpgroup (barrier
+    /// `ID`: [`BAR_VT_READY`] `+ 2 st + wg`; a constant, as a barrier number in a register
+    /// made ptxas spill inside the pair loop).
+    ///
+    /// # Safety
+    /// The whole warpgroup, once per block of the stage, before its P.V of it.
+    #[inline(always)]
+    unsafe fn vt_ready<const ID: u32>() {
+        if Self::XPOSE {
+            // SAFETY: forwarded from the caller.
+            unsafe { sync::bar_sync_named::<ID, 256>() };
+        }
+    }
+
+    /// This warpgroup's P.V of a stage's V^T is done (barrier `ID`: [`BAR_VT0`] or
+    /// [`BAR_VT1`]), if `cond`: the transposer may write it again.
+    ///
+    /// # Safety
+    /// The whole warpgroup, once per block of the stage, after the P.Vs that read it
+    /// completed; `cond` warp-uniform.
+    #[inline(always)]
+    unsafe fn vt_release<const ID: u32>(cond: bool) {
+        if Self::XPOSE {
+            // SAFETY: forwarded from the caller. Predicated, not branched: a branch had
+            // LLVM copy the `wgmma` wait before it into both paths.
+            unsafe { sync::bar_arrive_named_if::<ID, XPOSE_THREADS>(cond) };
+        }
+    }
 
     #[inline(always)]
     fn kv_s(&self, st: u32) -> u32 {
@@ -256,6 +324,10 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             if self.issuer && !Self::CP {
                 bulk::prefetch_tensormap(self.tmap);
             }
+            // The transposer's kernels initialised the mbarriers before their walk.
+            if Self::XPOSE {
+                return;
+            }
             if arch::thread_idx_x() == 0 {
                 // The `cp.async` form: a slab completes on its copying warpgroup's 128
                 // `.noinc` arrivals.
@@ -297,7 +369,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             }
             cp_async::cp_async_wait_group::<0>();
             wgmma::fence_proxy_async_shared();
-            sync::bar_sync();
+            Self::cta_sync();
             if Self::SPLIT_Q {
                 let down = self.ld_rows(2);
                 self.scale_r = [self.scale_r[0] * down[0], self.scale_r[1] * down[1]];
@@ -427,6 +499,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                 self.l_run[1] * scale0[1] + l_a[1],
             ];
             let a = frags_of::<K>(s);
+            Self::vt_ready::<BAR_VT_READY>();
             self.pv_regs(&a, 0);
             // The e4m3 path: stage 0's raw slabs were last read by S of A and its transpose.
             if Self::E4 {
@@ -439,6 +512,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             self.store_p(&scaled::<K>(&a, scale1), self.p_s(0));
             sync::bar_arrive_named::<BAR_P0, 256>();
             wgmma::wgmma_wait_group::<0>();
+            Self::vt_release::<BAR_VT0>(true);
             // Slabs 0-3 and 8 of stage 0: last read by the P.V above (and S of A).
             if !Self::E4 {
                 self.reissue(next_a, blk_a + 2, 0, 0);
@@ -451,6 +525,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             self.l_run = [self.l_run[0] * scale1[0], self.l_run[1] * scale1[1]];
             if has_b {
                 sync::bar_sync_named::<BAR_P1, 256>();
+                Self::vt_ready::<{ BAR_VT_READY + 2 }>();
                 self.pv_shared(1);
             }
             // Slabs 0-3 and 8 (B's P) of stage 1: last read by the P.V above (the e4m3
@@ -465,6 +540,8 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                     }
                     if !Self::E4 {
                         self.reissue(next_b, blk_b + 2, 1, 0);
+                    } else if Self::XPOSE {
+                        Self::vt_release::<BAR_VT1>(true);
                     } else if next_b {
                         sync::bar_arrive_named::<BAR_VT1, 256>();
                     }
@@ -472,7 +549,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             };
             // The e4m3 path: warpgroup 1's P.V of A (stage 0's V^T) is done.
             let vt_free = || {
-                if Self::E4 {
+                if Self::E4 && !Self::XPOSE {
                     sync::bar_sync_named::<BAR_VT0, 256>();
                 }
             };
@@ -548,16 +625,25 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                 // A's P.V first: it frees stage 0's V^T, which warpgroup 0's next transpose
                 // overwrites.
                 sync::bar_sync_named::<BAR_P0, 256>();
+                Self::vt_ready::<{ BAR_VT_READY + 1 }>();
                 self.pv_shared(0);
+                if has_b {
+                    Self::vt_ready::<{ BAR_VT_READY + 3 }>();
+                }
                 self.pv_regs(&a, has_b as u32);
                 // Stage 1's raw slabs were last read by S of B and its transpose.
                 self.reissue_stage(next_b, blk_b + 2, 1);
                 wgmma::wgmma_wait_group::<1>();
-                if next_a {
+                if Self::XPOSE {
+                    // Without a block B the P.V above read stage 0 as well.
+                    Self::vt_release::<BAR_VT0>(has_b);
+                } else if next_a {
                     // Stage 0's V^T is free for warpgroup 0's next transpose.
                     sync::bar_arrive_named::<BAR_VT0, 256>();
                 }
                 wgmma::wgmma_wait_group::<0>();
+                Self::vt_release::<BAR_VT0>(!has_b);
+                Self::vt_release::<BAR_VT1>(has_b);
             } else {
                 // B's own P.V first, before waiting for A's P: stage 1's slabs 4-7 (read
                 // only by this warpgroup, and first by its next S) go out as soon as it is
@@ -577,7 +663,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                 self.promote(m1, first);
             }
             let vt_free = || {
-                if Self::E4 {
+                if Self::E4 && !Self::XPOSE {
                     sync::bar_sync_named::<BAR_VT1, 256>();
                 }
             };
@@ -614,7 +700,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                 decode::quad_sum(self.l_run[1]),
             ];
             self.st_rows(4 + wg, l_own);
-            sync::bar_sync();
+            Self::cta_sync();
             let l_other = self.ld_rows(5 - wg);
             let l_tot = [l_own[0] + l_other[0], l_own[1] + l_other[1]];
             if self.nsplit == 1 {
@@ -705,9 +791,9 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             if tid < end {
                 smem::st_shared_u64(offs + 8 * tid, decode::out_row(p, self.b, self.row0 + tid));
             }
-            sync::bar_sync();
+            Self::cta_sync();
             decode::store_staged_rows(p, stage, offs, (tid / 64, 4, end), tid % 64);
-            sync::bar_sync();
+            Self::cta_sync();
         }
     }
 }
@@ -939,18 +1025,143 @@ macro_rules! walk {
     };
 }
 
-/// The kernel body (see the module docs): a persistent CTA takes the cells of the virtual
-/// grid `(row tiles, batch, persist_splits)` that are its own (`c, c + grid, ...`) and have
-/// work; it marks them 256 at a time (one bit per cell, each thread checking one), then
-/// runs each: the prologue (Q, the first pair's copies and S), per pair of blocks the page
-/// fetch and each warpgroup's step, the epilogue (row sums, stores). The mbarriers are
-/// initialised once; their phases carry on from cell to cell. The list kinds (`K::LIST`)
-/// walk the work list's pieces (`for_each_piece`) instead of the cells.
+/// One cell of the consumer warpgroups (warps 0-7): the prologue, the pair steps, the
+/// epilogue; `phase` (bit `st`: the parity of stage `st`'s next mbarrier phase; bit 2:
+/// initialised) carries on to the next cell.
 ///
 /// # Safety
-/// Launched with `decode_tile::THREADS` threads, at most `tiles * batch * persist_splits`
-/// CTAs in x, and `TMA_SMEM_BYTES` (`TMA_LIST_SMEM_BYTES` for `K::LIST`, with
-/// `list_fixed >= 1`) of dynamic shared memory on params the host validated
+/// Both consumer warpgroups, converged, for each of the walk's cells in order (see
+/// [`decode_tma`]).
+#[inline(always)]
+unsafe fn consume_cell<K: DecodeKind<Mma = Bf16>>(
+    p: &DecodeParams,
+    tmap: *const u8,
+    (tile, b, split): (u32, u32, u32),
+    work: decode::CtaWork,
+    phase: &mut u32,
+    (traced, cell_no): (bool, &mut u32),
+) {
+    if traced {
+        trace::cell_begin(p, *cell_no, b, work.kb1 - work.kb0);
+    }
+    let mut cta = Cta::<K>::new(p, tmap, work, tile, b, split);
+    // Declared per cell: S is dead between cells (its first wgmma overwrites it).
+    let mut s = [0.0f32; 32];
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if *phase & 4 == 0 {
+            cta.init_once();
+            *phase |= 4;
+        }
+        cta.prologue(&mut s, *phase);
+        if traced {
+            trace::cell_stamp(p, *cell_no, 1);
+        }
+        let mut pair = 0u32;
+        let mut blk_a = cta.kb0;
+        while blk_a < cta.kb1 {
+            // The e4m3 path: O into the f32 scratch every few pairs of a long split (not
+            // after its last pair).
+            let promote = (Cta::<K>::E4
+                && (pair + 1).is_multiple_of(T::E4M3_PROMOTE_PAIRS)
+                && blk_a + 2 < cta.kb1)
+                .then_some(pair + 1 == T::E4M3_PROMOTE_PAIRS);
+            cta.fetch_next_pages(blk_a);
+            if cta.wg == 0 {
+                cta.step_a(&mut s, blk_a, (*phase + pair) & 1, promote);
+            } else {
+                cta.step_b(&mut s, blk_a, ((*phase >> 1) + pair) & 1, promote);
+            }
+            pair += 1;
+            blk_a += 2;
+        }
+        *phase = next_phase(*phase, cta.kb1 - cta.kb0);
+        if traced {
+            trace::cell_stamp(p, *cell_no, 2);
+        }
+        cta.epilogue();
+        if traced {
+            trace::cell_end(p, cell_no);
+        }
+    }
+}
+
+/// The stages' mbarrier parities after a cell of `blocks` blocks: stage 0 took
+/// `ceil(blocks / 2)` phases, stage 1 `floor(blocks / 2)`.
+#[inline(always)]
+fn next_phase(phase: u32, blocks: u32) -> u32 {
+    phase ^ ((blocks.div_ceil(2) & 1) | (((blocks / 2) & 1) << 1))
+}
+
+/// The transposer's part of a cell ([`Cta::XPOSE`]; warpgroup 2, thread `t` of its 128):
+/// each block's V^T into its stage ([`e4m3::transpose_vt_part`], warp `t / 32` doing part
+/// `t / 32`), block `kb0 + i` into stage `i % 2` as the consumers take them, once its raw
+/// slabs 0-7 have landed and both consumers' P.V of the stage's last block is done (`used`:
+/// bit `st`, the stage has been written before, in this cell or an earlier one). Tokens
+/// past the sequence end enter V^T as zeros, with no read of their raw rows; a block with
+/// keys only later query tokens see has each NaN of its V^T cleaned. Then a proxy fence and
+/// an arrival on the stage's two ready barriers.
+///
+/// # Safety
+/// The whole transposer warpgroup, converged, for each of the walk's cells in order, with
+/// the consumers in [`consume_cell`]; `phase` as theirs.
+#[inline(always)]
+unsafe fn xpose_cell(p: &DecodeParams, work: decode::CtaWork, phase: u32, used: &mut u32) {
+    // SAFETY: converged warps.
+    let (len, kb0, kb1) = unsafe { (uniform(work.len), uniform(work.kb0), uniform(work.kb1)) };
+    let t = arch::opaque(arch::thread_idx_x()) % 128;
+    let mut blk = kb0;
+    while blk < kb1 {
+        let i = blk - kb0;
+        let st = i % 2;
+        let parity = ((phase >> st) + i / 2) & 1;
+        let base = arch::opaque(aligned_base());
+        let raw = base + SLAB_TILE + st * SLAB_TILE;
+        let bars = base + T::TMA_SMEM_BARS as u32 + 72 * st;
+        let valid = len.saturating_sub(blk * BLOCK_N).min(BLOCK_N);
+        // SAFETY: forwarded from the caller; the stage's raw slabs are read once landed,
+        // its V^T written once both consumers released it; named barriers as the
+        // consumers' steps pass them.
+        unsafe {
+            if *used & (1 << st) != 0 {
+                sync::bar_sync_id::<XPOSE_THREADS>(BAR_VT0 + st);
+            }
+            *used |= 1 << st;
+            for s in 0..8 {
+                arch::no_unroll();
+                bulk::mbarrier_wait_parity_warp(bars + 8 * s, parity);
+            }
+            let vt = raw + T::TMA_E4_VT as u32;
+            e4m3::transpose_vt_part::<true, false>(raw, vt, t / 32, t % 32, valid);
+            let (first, valid) = decode::unseen_rows(p, len, blk);
+            if first < valid {
+                sync::bar_sync_named::<BAR_XPOSE, 128>();
+                e4m3::clean_vt(vt, t, 128);
+            }
+            wgmma::fence_proxy_async_shared();
+            sync::bar_arrive_id::<256>(BAR_VT_READY + 2 * st);
+            sync::bar_arrive_id::<256>(BAR_VT_READY + 2 * st + 1);
+        }
+        blk += 1;
+    }
+}
+
+/// The kernel body (see the module docs): a persistent CTA takes the cells of the virtual
+/// grid `(row tiles, batch, persist_splits)` that are its own (`c, c + grid, ...`) and have
+/// work; it marks them a CTA's threads at a time (one bit per cell, each thread checking
+/// one), then runs each: the prologue (Q, the first pair's copies and S), per pair of
+/// blocks the page fetch and each warpgroup's step, the epilogue (row sums, stores). The
+/// mbarriers are initialised once; their phases carry on from cell to cell. The list kinds
+/// (`K::LIST`) walk the work list's pieces (`for_each_piece`) instead of the cells. The
+/// e4m3 tensor-map forms ([`Cta::XPOSE`]) run a third warpgroup that writes the V^Ts
+/// ([`xpose_cell`]), walking the same cells; `setmaxnreg` gives the consumers
+/// [`REGS_CONSUMER`] registers a thread and it [`REGS_XPOSE`].
+///
+/// # Safety
+/// Launched with `decode_tile::THREADS` threads (`decode_tile::TMA_E4_THREADS` for
+/// [`Cta::XPOSE`]), at most `tiles * batch * persist_splits` CTAs in x, and
+/// `TMA_SMEM_BYTES` (`TMA_LIST_SMEM_BYTES` for `K::LIST`, with `list_fixed >= 1`; the
+/// `TMA_E4_` sizes for [`Cta::XPOSE`]) of dynamic shared memory on params the host validated
 /// (bf16 Q with a bf16 or (`K::KV_FP8`) fp8 cache, or (`K::Q_FP8`) fp8 Q with an fp8 cache;
 /// pages of at least `TMA_MIN_PAGE` tokens, any in the `cp.async` forms (`K::KV_CP`: fused
 /// caches, the map not read), `persist_splits >= 1`; with an fp8 cache,
@@ -971,6 +1182,68 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *cons
     if traced {
         trace::begin(&p);
     }
+    let marks = || arch::opaque(aligned_base()) + T::TMA_SMEM_CELLS as u32;
+    if Cta::<K>::XPOSE {
+        let marks = || arch::opaque(aligned_base()) + T::TMA_E4_WORDS as u32;
+        let tid = arch::thread_idx_x();
+        // SAFETY: every thread walks the same cells in the same order (the marks and the
+        // list's words come from shared memory after CTA barriers), so the consumers and
+        // the transposer reach the named barriers in the order [`xpose_cell`] gives;
+        // `setmaxnreg` by whole warpgroups, their limits summing to the launch's 384 x 168.
+        unsafe {
+            if tid == 0 {
+                let bars = arch::opaque(aligned_base()) + T::TMA_SMEM_BARS as u32;
+                for k in 0..18 {
+                    bulk::mbarrier_init(bars + 8 * k, 1);
+                }
+                bulk::fence_mbarrier_init();
+            }
+            sync::bar_sync();
+            if tid < 256 {
+                wgmma::setmaxnreg_inc::<REGS_CONSUMER>();
+                walk!(
+                    K::LIST,
+                    &p,
+                    XPOSE_THREADS,
+                    marks(),
+                    sync::bar_sync,
+                    |tile, b, split, work| {
+                        consume_cell::<K>(
+                            &p,
+                            tmap,
+                            (tile, b, split),
+                            work,
+                            &mut phase,
+                            (false, &mut cell_no),
+                        );
+                    }
+                );
+            } else {
+                wgmma::setmaxnreg_dec::<REGS_XPOSE>();
+                let mut used = 0u32;
+                walk!(
+                    K::LIST,
+                    &p,
+                    XPOSE_THREADS,
+                    marks(),
+                    sync::bar_sync,
+                    |_, _, _, work| {
+                        let blocks = work.kb1 - work.kb0;
+                        xpose_cell(&p, work, phase, &mut used);
+                        phase = next_phase(phase, blocks);
+                    }
+                );
+                // The consumers' releases of each stage's last block.
+                if used & 1 != 0 {
+                    sync::bar_sync_named::<BAR_VT0, XPOSE_THREADS>();
+                }
+                if used & 2 != 0 {
+                    sync::bar_sync_named::<BAR_VT1, XPOSE_THREADS>();
+                }
+            }
+        }
+        return;
+    }
     // SAFETY: every thread runs every phase (the marks come from shared memory after a
     // CTA barrier, loop bounds and has_b / next flags are CTA-uniform), so both
     // warpgroups reach the named barriers in the order the module docs give; each
@@ -980,51 +1253,17 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *cons
             K::LIST,
             &p,
             T::THREADS as u32,
-            arch::opaque(aligned_base()) + T::TMA_SMEM_CELLS as u32,
+            marks(),
             sync::bar_sync,
             |tile, b, split, work| {
-                if traced {
-                    trace::cell_begin(&p, cell_no, b, work.kb1 - work.kb0);
-                }
-                let mut cta = Cta::<K>::new(&p, tmap, work, tile, b, split);
-                // Declared per cell: S is dead between cells (its first wgmma overwrites it).
-                let mut s = [0.0f32; 32];
-                if phase & 4 == 0 {
-                    cta.init_once();
-                    phase |= 4;
-                }
-                cta.prologue(&mut s, phase);
-                if traced {
-                    trace::cell_stamp(&p, cell_no, 1);
-                }
-                let mut pair = 0u32;
-                let mut blk_a = cta.kb0;
-                while blk_a < cta.kb1 {
-                    // The e4m3 path: O into the f32 scratch every few pairs of a long split
-                    // (not after its last pair).
-                    let promote = (Cta::<K>::E4
-                        && (pair + 1).is_multiple_of(T::E4M3_PROMOTE_PAIRS)
-                        && blk_a + 2 < cta.kb1)
-                        .then_some(pair + 1 == T::E4M3_PROMOTE_PAIRS);
-                    cta.fetch_next_pages(blk_a);
-                    if cta.wg == 0 {
-                        cta.step_a(&mut s, blk_a, (phase + pair) & 1, promote);
-                    } else {
-                        cta.step_b(&mut s, blk_a, ((phase >> 1) + pair) & 1, promote);
-                    }
-                    pair += 1;
-                    blk_a += 2;
-                }
-                // Stage 0 took ceil(blocks / 2) phases, stage 1 floor(blocks / 2).
-                let blocks = cta.kb1 - cta.kb0;
-                phase ^= (blocks.div_ceil(2) & 1) | (((blocks / 2) & 1) << 1);
-                if traced {
-                    trace::cell_stamp(&p, cell_no, 2);
-                }
-                cta.epilogue();
-                if traced {
-                    trace::cell_end(&p, &mut cell_no);
-                }
+                consume_cell::<K>(
+                    &p,
+                    tmap,
+                    (tile, b, split),
+                    work,
+                    &mut phase,
+                    (traced, &mut cell_no),
+                );
             }
         );
     }

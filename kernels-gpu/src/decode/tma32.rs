@@ -731,9 +731,9 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
             let w = arch::opaque(self.tid) / 32;
             let (raw, vt) = (sm.raw(at.slot), sm.vt(self.cw));
             if valid >= BLOCK_N {
-                transpose_vt_part::<false>(raw, vt, w, lane, BLOCK_N);
+                transpose_vt_part::<false, true>(raw, vt, w, lane, BLOCK_N);
             } else {
-                transpose_vt_part::<true>(raw, vt, w, lane, valid);
+                transpose_vt_part::<true, true>(raw, vt, w, lane, valid);
             }
             wgmma::wgmma_wait_group::<0>();
             // Every warp's transpose has read the slabs before thread 0 frees them.

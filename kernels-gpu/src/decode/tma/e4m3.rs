@@ -122,13 +122,14 @@ pub(crate) unsafe fn clean_vt(vt: u32, tid: u32, threads: u32) {
 /// bytes per dim, two `stmatrix.x4.trans` whose stored rows are V^T rows' 16-byte token
 /// chunks. Matrix `i` of store `a` holds dims `16 ((j / 2 + w) % 4) + 8 a + 2 i + j % 2` (row
 /// `j`), whose 64-byte swizzle is `i`, so its eight rows meet every bank once. With `MASK`,
-/// tokens from `valid` on enter V^T as zeros (their raw rows are not read). The four parts
+/// tokens from `valid` on enter V^T as zeros (their raw rows are not read). `WIDE` has two
+/// slabs' loads in flight before their `prmt`s, else one (fewer registers). The four parts
 /// make the whole V^T; the caller fences and synchronises.
 ///
 /// # Safety
 /// A converged warp; slabs 0-7 landed; no `wgmma` still reads the V^T tiles.
 #[inline(always)]
-pub(crate) unsafe fn transpose_vt_part<const MASK: bool>(
+pub(crate) unsafe fn transpose_vt_part<const MASK: bool, const WIDE: bool>(
     raw: u32,
     vt: u32,
     w: u32,
@@ -151,33 +152,44 @@ pub(crate) unsafe fn transpose_vt_part<const MASK: bool>(
     let (i, j) = (l / 8, l % 8);
     let n = 16 * ((j / 2 + w) % 4) + 2 * i + j % 2;
     let vt = vt + n * 64 + (((j / 2) ^ i) << 4);
-    // Two slabs at a time: both slabs' loads are in flight before the first `prmt`.
-    unroll!(h in [0, 1, 2, 3] {
-        let at = 2 * h as u32 * E4_SLAB;
-        // SAFETY: tokens < 64 and a 16-byte chunk < 64 of raw slabs 2 h, 2 h + 1 < 8; V^T
-        // rows n + 8 a < 64 of those tiles, 16-byte chunks < 4; the warp is converged.
-        unsafe {
-            let ld = |addr: u32, tok: u32| {
-                if !MASK || tok < valid {
-                    smem::ld_shared_v4(addr)
-                } else {
-                    [0; 4]
-                }
-            };
+    let ld = |addr: u32, tok: u32| {
+        if !MASK || tok < valid {
+            // SAFETY: a 16-byte chunk < 64 of a token < 64's row of a raw slab < 8 (the
+            // caller's).
+            unsafe { smem::ld_shared_v4(addr) }
+        } else {
+            [0; 4]
+        }
+    };
+    // The `prmt`s and stores of slab `2 h + e`, from its two tokens' loads.
+    let store = |x: [u32; 4], y: [u32; 4], at: u32| {
+        unroll!(a in [0, 1] {
+            let r = [0, 1, 2, 3].map(|m| {
+                let k = 2 * a + m / 2;
+                cvt::prmt(x[k], y[k], if m % 2 == 0 { sel_lo } else { sel_hi })
+            });
+            // SAFETY: V^T rows n + 8 a < 64 of the slab's tile, 16-byte chunks < 4; the
+            // warp is converged (the caller's).
+            unsafe { ldmatrix::stmatrix_x4_trans(vt + at + 512 * a as u32, r) };
+        });
+    };
+    if WIDE {
+        // Two slabs at a time: both slabs' loads are in flight before the first `prmt`.
+        unroll!(h in [0, 1, 2, 3] {
+            let at = 2 * h as u32 * E4_SLAB;
             let x = [0, 1].map(|e| ld(ld0 + at + e * E4_SLAB, tok0));
             let y = [0, 1].map(|e| ld(ld1 + at + e * E4_SLAB, tok1));
             unroll!(e in [0, 1] {
-                unroll!(a in [0, 1] {
-                    let r = [0, 1, 2, 3].map(|m| {
-                        let k = 2 * a + m / 2;
-                        cvt::prmt(x[e][k], y[e][k], if m % 2 == 0 { sel_lo } else { sel_hi })
-                    });
-                    let to = vt + at + e as u32 * E4_SLAB + 512 * a as u32;
-                    ldmatrix::stmatrix_x4_trans(to, r);
-                });
+                store(x[e], y[e], at + e as u32 * E4_SLAB);
             });
-        }
-    });
+        });
+    } else {
+        // One slab at a time (fewer registers: the transposer warpgroup's form).
+        unroll!(h in [0, 1, 2, 3, 4, 5, 6, 7] {
+            let at = h as u32 * E4_SLAB;
+            store(ld(ld0 + at, tok0), ld(ld1 + at, tok1), at);
+        });
+    }
 }
 
 /// fp8 Q rows `row0 .. row0 + n` of sequence `b` into nine 64-byte-swizzled tiles with
@@ -444,7 +456,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         let t = arch::opaque(arch::thread_idx_x() % 128);
         let raw = arch::opaque(self.raw_s(st, 0));
         // SAFETY: forwarded from the caller; the stage's raw slabs and V^T.
-        unsafe { transpose_vt_part::<false>(raw, raw + E4_VT, t / 32, t % 32, BLOCK_N) };
+        unsafe { transpose_vt_part::<false, true>(raw, raw + E4_VT, t / 32, t % 32, BLOCK_N) };
         let (first, valid) = decode::unseen_rows(self.p, self.len, blk);
         if first < valid {
             // SAFETY: the whole warpgroup (forwarded); every part is written (the barrier).

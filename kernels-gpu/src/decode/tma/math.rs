@@ -58,7 +58,8 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         // it landed; the descriptors address Q and the stage.
         unsafe {
             // The `cp.async` form's copies land rows past the end as zeros.
-            if Self::E4 && !Self::CP {
+            // (The transposer's kernels mask those rows in the transpose instead.)
+            if Self::E4 && !Self::CP && !Self::XPOSE {
                 self.zero_raw_tail(st, parity, blk);
             }
             wgmma::wgmma_fence();
@@ -99,7 +100,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             });
             wgmma::wgmma_commit_group();
             // The e4m3 path: the block's V^T, while S runs.
-            if Self::E4 {
+            if Self::E4 && !Self::XPOSE {
                 pre_vt();
                 self.transpose_vt(st, blk);
             }
