@@ -491,7 +491,7 @@ fn sass_sync_counts(sass: &str) -> SyncCounts {
 
 /// Bytes of stack and spill stores and loads a register-split kernel may have (see
 /// [`local_in_mma_span`]; its stack alone at most `names::REGISTER_SPLIT_LOCAL_BYTES`).
-const SPLIT_LOCAL_BYTES: u32 = 256;
+const SPLIT_LOCAL_BYTES: u32 = 384;
 
 /// Local-memory instructions (`LDL`, `STL`) between a kernel's first and last tensor-core
 /// instruction (`HGMMA`, `QGMMA`, `HMMA`): its block loop.

@@ -269,8 +269,8 @@ pub mod decode_tile {
     const _: () = assert!(TMA_LIST_SMEM_BYTES <= 227 * 1024);
     /// The e4m3 TMA decodes' tensor-map forms (`names::DECODE_TMA_FP8KV_BF16Q`,
     /// `names::DECODE_TMA_FP8` and their `_LIST` forms): the two warpgroups above and a
-    /// third that writes each block's V^T (`setmaxnreg`: 240 registers a consumer thread,
-    /// 32 a transposer thread); the same layout, except that the walk words of their 12
+    /// third that writes each block's V^T (`setmaxnreg`: 232 registers a consumer thread,
+    /// 40 a transposer thread); the same layout, except that the walk words of their 12
     /// warps (marks, or the work list's [`walk_words`]) sit at `TMA_E4_WORDS`, in the half
     /// of the first warpgroup's P slab that an e4m3 P (64 x 64 bytes) leaves free.
     pub const TMA_E4_THREADS: usize = 384;

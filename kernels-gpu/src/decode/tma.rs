@@ -89,10 +89,12 @@ const BAR_VT_READY: u32 = 10;
 const BAR_XPOSE: u32 = 14;
 /// Threads of the transposer's kernels: two consumer warpgroups and the transposer.
 const XPOSE_THREADS: u32 = 384;
-/// Registers a thread of the transposer's kernels (`setmaxnreg`; 2 x 128 x 240 + 128 x 32
-/// is the register file).
+/// Registers a thread of the transposer's kernels (`setmaxnreg`): the consumers' and the
+/// transposer's sum to the launch's 384 x 168 (`setmaxnreg.inc` waits for registers the
+/// CTA does not have otherwise).
 const REGS_CONSUMER: u32 = 232;
-const REGS_XPOSE: u32 = 48;
+const REGS_XPOSE: u32 = 40;
+const _: () = assert!(256 * REGS_CONSUMER + 128 * REGS_XPOSE <= XPOSE_THREADS * 168);
 
 mod cp;
 pub(crate) mod e4m3;
