@@ -34,9 +34,12 @@
 //!   outside `0..num_pages`, read as zeros (TMA's out-of-bounds fill); V rows of a page
 //!   past the end are zeroed in shared memory.
 //! - The e4m3 path (an fp8 cache, [`e4m3`]) reads a stage's raw slabs only in its owner's
-//!   S and V^T transpose, so the owner reloads its whole stage for the next pair as soon as
-//!   its P.V of the current block is issued (warpgroup 0 stage 0, warpgroup 1 stage 1); the
-//!   V^T the next transpose overwrites is guarded by [`BAR_VT0`] / [`BAR_VT1`] instead.
+//!   S and the block's V^T transpose, so the owner reloads its whole stage for the next pair
+//!   as soon as its P.V of the current block is issued (warpgroup 0 stage 0, warpgroup 1
+//!   stage 1); the V^T the next transpose overwrites is guarded by [`BAR_VT0`] /
+//!   [`BAR_VT1`] instead. In the tensor-map forms a third warpgroup writes every V^T
+//!   ([`Cta::XPOSE`], [`xpose_cell`]); in the `cp.async` forms each owner writes its own
+//!   while its S runs.
 //! - Named barriers (one warpgroup arrives, the other waits; 0 is the CTA barrier):
 //!   [`BAR_SCALE0`], [`BAR_SCALE1`], [`BAR_P0`], [`BAR_P1`]; each warpgroup passes its
 //!   arrivals in an order that keeps every shared buffer's reader ahead of its next

@@ -4,11 +4,12 @@
 //! - Q lands raw with `cp.async` in nine 4 KB tiles of 64 rows x 64 bytes (64-byte swizzle,
 //!   `decode_tile::TMA_E4_SLAB` apart); each box of the cache lands the same way through the
 //!   map's 64-byte swizzle. S of a block is 18 `m64n64k32` e4m3 steps, two per slab.
-//! - e4m3 `wgmma` reads B only K-major, so V is transposed: the warpgroup that computes a
-//!   block's S writes its V^T (512 dim rows of 64 tokens, `TMA_E4_VT`) while S runs, two
-//!   tokens' bytes paired per dim by `prmt` and stored transposed by `stmatrix`. In a
-//!   sequence's last block the raw rows past the end are zeroed first (`zero_raw_tail`), so
-//!   V^T holds zeros there. V^T's k-positions are in [`vt_token`] order, the order in which
+//! - e4m3 `wgmma` reads B only K-major, so V is transposed into each stage's V^T (512 dim
+//!   rows of 64 tokens, `TMA_E4_VT`), two tokens' bytes paired per dim by `prmt` and stored
+//!   transposed by `stmatrix`: in the tensor-map forms by a third warpgroup
+//!   (`tma::xpose_cell`, tokens past the sequence end entering as zeros through the
+//!   transpose's mask), in the `cp.async` forms by the warpgroup that computes the block's S,
+//!   while S runs (those forms' copies land rows past the end as zeros). V^T's k-positions are in [`vt_token`] order, the order in which
 //!   a lane's S accumulators sit, so P packs from the accumulators into the A registers of
 //!   `m64n256k32` in place.
 //! - P is quantised per row with the row's running max at `2^8` (`exp2(S - m + 8)`, at most
@@ -447,8 +448,8 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     /// it after a named barrier this warpgroup arrives at later.
     ///
     /// # Safety
-    /// The whole warpgroup, converged, after waiting for slabs 0-7 of the block (with rows
-    /// past the sequence end zeroed, [`Cta::zero_raw_tail`]); no `wgmma` still reads the
+    /// The whole warpgroup, converged, after waiting for slabs 0-7 of the block (the
+    /// `cp.async` forms': rows past the sequence end landed as zeros); no `wgmma` still reads the
     /// stage's V^T (its last P.V completed before the slabs were reissued).
     #[inline(always)]
     pub(super) unsafe fn transpose_vt(&self, st: u32, blk: u32) {
@@ -468,40 +469,6 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         wgmma::fence_proxy_async_shared();
         // SAFETY: the whole warpgroup (forwarded).
         unsafe { self.wg_sync() };
-    }
-
-    /// The last block of a sequence (`valid < 64` tokens): waits for its raw slabs 0-7 and
-    /// zeroes their rows past the end, so that V^T holds zeros there (P's zeros must not
-    /// meet NaN). Rolled: cold code beside the pair loop. S masks those keys anyway.
-    ///
-    /// # Safety
-    /// The whole warpgroup, converged, before S of the block is issued (a warpgroup barrier
-    /// inside, behind a uniform branch); the slabs' copies are issued on the stage's
-    /// mbarriers (phase `parity`).
-    #[inline(always)]
-    pub(super) unsafe fn zero_raw_tail(&self, st: u32, parity: u32, blk: u32) {
-        let valid = self.len.saturating_sub(blk * BLOCK_N);
-        if valid < BLOCK_N {
-            // SAFETY: forwarded from the caller; rows valid .. 64 of slabs 0-7.
-            unsafe {
-                for s in 0..8 {
-                    arch::no_unroll();
-                    crate::arch::bulk::mbarrier_wait_parity_warp(self.bars(st) + 8 * s, parity);
-                }
-                let mut i = arch::thread_idx_x() % 128;
-                while i < (BLOCK_N - valid) * 32 {
-                    arch::no_unroll();
-                    let (s, r, ch) = (
-                        i / (4 * (BLOCK_N - valid)),
-                        valid + (i / 4) % (BLOCK_N - valid),
-                        i % 4,
-                    );
-                    smem::st_shared_v4(self.raw_s(st, s) + r * 64 + 16 * ch, [0; 4]);
-                    i += 128;
-                }
-                self.wg_sync();
-            }
-        }
     }
 
     /// Stores P's e4m3 fragments ([`frags_e4m3`]) as the 64 x 64 byte K-major tile at `ps`

@@ -171,8 +171,8 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     #[inline(always)]
     pub(super) unsafe fn zero_tail(&self, st: u32, blk: u32) {
         let (first, valid) = decode::unseen_rows(self.p, self.len, blk);
-        // The e4m3 path zeroed its raw rows before the transpose ([`Cta::zero_raw_tail`])
-        // and cleans its V^T ([`Cta::transpose_vt`]).
+        // The e4m3 path's transposes write zeros past the end (the `cp.async` forms' copies
+        // land those rows as zeros; the transposer masks them) and clean its V^T.
         if first < BLOCK_N && !Self::E4 {
             // SAFETY: rows < 64 of the stage's slabs 0-7; S of the block is done, and its
             // P.Vs wait for the barrier below.

@@ -57,11 +57,6 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         // SAFETY: forwarded from the caller; each slab is read only once its mbarrier says
         // it landed; the descriptors address Q and the stage.
         unsafe {
-            // The `cp.async` form's copies land rows past the end as zeros.
-            // (The transposer's kernels mask those rows in the transpose instead.)
-            if Self::E4 && !Self::CP && !Self::XPOSE {
-                self.zero_raw_tail(st, parity, blk);
-            }
             wgmma::wgmma_fence();
             unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
                 if j == 5 {
