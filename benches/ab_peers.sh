@@ -2,7 +2,8 @@
 # A/B of kernel builds in the peers' harness, on the GPU machine from the repo root after
 # `bash tests/gpu/stage.sh --peers` (and tests/gpu/stage_variant.sh for each variant): the
 # staged build ("main") and every stage/variants/NAME.cubin (loaded through
-# MLA_IMAGE_FILE: same kernel ABI as the staged host), our peers timed on the shapes file
+# MLA_IMAGE_FILE: same kernel ABI as the staged host; a variant staged with --host runs its
+# own libmla.so through MLA_LIB instead), our peers timed on the shapes file
 # $1 in MLA_AB_PASSES (default 2) passes, the variants alternating inside each pass so that
 # clock drift hits all alike; the peers (MLA_AB_REF, default FlashMLA bf16 and fp8,
 # FlashInfer, FA3-MLA; empty: none) once. Extra arguments go to the harness. Then
@@ -35,7 +36,12 @@ fi
 for pass in $(seq 1 "${MLA_AB_PASSES:-2}"); do
   for v in "${variants[@]}"; do
     img=()
-    [[ $v == main ]] || img=(env "MLA_IMAGE_FILE=$PWD/stage/variants/$v.cubin")
+    if [[ -f stage/variants/$v/lib/libmla.so ]]; then
+      # A host variant (stage_variant.sh --host): its own library, kernels and launch shapes.
+      img=(env "MLA_LIB=$PWD/stage/variants/$v/lib/libmla.so")
+    elif [[ $v != main ]]; then
+      img=(env "MLA_IMAGE_FILE=$PWD/stage/variants/$v.cubin")
+    fi
     "${img[@]}" "${harness[@]}" --peers "$ours" --json "$out/$v-$pass.json" "$@" \
       >"$out/$v-$pass.log" 2>&1 || echo "variant $v pass $pass: harness exit $?"
   done
