@@ -74,15 +74,16 @@ pub(super) fn frags_e4m3(s: &[f32; 32]) -> [[u32; 4]; 4] {
 }
 
 /// [`frags_e4m3`] times a per-row factor (words 0 and 2: `f[0]`, 1 and 3: `f[1]`),
-/// requantised.
+/// requantised (widened by the hardware conversion in every build: the software one's
+/// registers made the consumers spill inside their `wgmma` loop).
 #[inline(always)]
 pub(super) fn scaled_e4m3(a: &[[u32; 4]; 4], f: [f32; 2]) -> [[u32; 4]; 4] {
     let mut out = [[0u32; 4]; 4];
     unroll!(kk in [0, 1] {
         unroll!(w in [0, 1, 2, 3] {
             let x = a[kk][w];
-            let (v0, v1) = cvt::e4m3x2_to_f32x2(x & 0xffff);
-            let (v2, v3) = cvt::e4m3x2_to_f32x2(x >> 16);
+            let (v0, v1) = cvt::e4m3x2_to_f32x2_hw(x & 0xffff);
+            let (v2, v3) = cvt::e4m3x2_to_f32x2_hw(x >> 16);
             let k = f[w % 2];
             out[kk][w] = cvt::pack_e4m3x4([v0 * k, v1 * k, v2 * k, v3 * k]);
         });
