@@ -30,8 +30,9 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     /// slab after its own mbarrier (bf16 Q with an fp8 cache: each k-step twice, Q's `hi`
     /// and `lo` parts, [`Cta::load_q_split`]). `mid` runs
     /// once this warpgroup's first half is issued and committed (its own group), before
-    /// the second; `pre_vt` on the e4m3 path once all of S is issued, before the block's
-    /// V^T transpose (the wait for the stage's V^T to be free).
+    /// the second; `pre_vt` on the e4m3 path's `cp.async` forms once all of S is issued,
+    /// before the block's V^T transpose (the wait for the stage's V^T to be free; the
+    /// tensor-map forms' transposer writes V^T instead).
     ///
     /// # Safety
     /// Converged warpgroup; the block's copies are issued on the stage's mbarriers.
@@ -94,7 +95,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                 }
             });
             wgmma::wgmma_commit_group();
-            // The e4m3 path: the block's V^T, while S runs.
+            // The e4m3 path's `cp.async` forms: the block's V^T, while S runs.
             if Self::E4 && !Self::XPOSE {
                 pre_vt();
                 self.transpose_vt(st, blk);
