@@ -279,7 +279,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
 
     #[inline(always)]
     fn kv_s(&self, st: u32) -> u32 {
-        self.base + SLAB_TILE + st * SLAB_TILE
+        stage_s(self.base, st)
     }
 
     /// P of block A (warpgroup 0's) in its own slab; P of block B in stage 1's slab 8,
@@ -304,7 +304,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
     /// Stage `st`'s mbarriers, one per slab (slab `s` at `+ 8 s`).
     #[inline(always)]
     fn bars(&self, st: u32) -> u32 {
-        self.base + T::TMA_SMEM_BARS as u32 + 72 * st
+        stage_bars(self.base, st)
     }
 
     /// The issuer's page entries of the next pair's two blocks.
@@ -336,11 +336,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             if arch::thread_idx_x() == 0 {
                 // The `cp.async` form: a slab completes on its copying warpgroup's 128
                 // `.noinc` arrivals.
-                let count = if Self::CP { 128 } else { 1 };
-                for k in 0..18 {
-                    bulk::mbarrier_init(self.bars(0) + 8 * k, count);
-                }
-                bulk::fence_mbarrier_init();
+                init_bars(self.base, if Self::CP { 128 } else { 1 });
             }
             sync::bar_sync();
         }
@@ -1091,6 +1087,34 @@ unsafe fn consume_cell<K: DecodeKind<Mma = Bf16>>(
     }
 }
 
+/// Stage `st`'s shared memory (its slabs) from the CTA's aligned base.
+#[inline(always)]
+fn stage_s(base: u32, st: u32) -> u32 {
+    base + SLAB_TILE + st * SLAB_TILE
+}
+
+/// Stage `st`'s mbarriers, one per slab (slab `s` at `+ 8 s`), from the CTA's aligned base.
+#[inline(always)]
+fn stage_bars(base: u32, st: u32) -> u32 {
+    base + T::TMA_SMEM_BARS as u32 + 72 * st
+}
+
+/// Initialises both stages' mbarriers (`count` arrivals a phase) and fences the init; a
+/// CTA barrier after it publishes them.
+///
+/// # Safety
+/// One thread of the CTA, once, before any copy or arrival on them.
+#[inline(always)]
+unsafe fn init_bars(base: u32, count: u32) {
+    // SAFETY: forwarded from the caller; 18 mbarriers of the CTA's own.
+    unsafe {
+        for k in 0..18 {
+            bulk::mbarrier_init(stage_bars(base, 0) + 8 * k, count);
+        }
+        bulk::fence_mbarrier_init();
+    }
+}
+
 /// The stages' mbarrier parities after a cell of `blocks` blocks: stage 0 took
 /// `ceil(blocks / 2)` phases, stage 1 `floor(blocks / 2)`.
 #[inline(always)]
@@ -1121,9 +1145,8 @@ unsafe fn xpose_cell(p: &DecodeParams, work: decode::CtaWork, phase: u32, used: 
         let st = i % 2;
         let parity = ((phase >> st) + i / 2) & 1;
         let base = arch::opaque(aligned_base());
-        let raw = base + SLAB_TILE + st * SLAB_TILE;
-        let bars = base + T::TMA_SMEM_BARS as u32 + 72 * st;
-        let valid = len.saturating_sub(blk * BLOCK_N).min(BLOCK_N);
+        let (raw, bars) = (stage_s(base, st), stage_bars(base, st));
+        let (first, valid) = decode::unseen_rows(p, len, blk);
         // SAFETY: forwarded from the caller; the stage's raw slabs are read once landed,
         // its V^T written once both consumers released it; named barriers as the
         // consumers' steps pass them.
@@ -1138,7 +1161,6 @@ unsafe fn xpose_cell(p: &DecodeParams, work: decode::CtaWork, phase: u32, used: 
             }
             let vt = raw + T::TMA_E4_VT as u32;
             e4m3::transpose_vt_part::<true, false>(raw, vt, t / 32, t % 32, valid);
-            let (first, valid) = decode::unseen_rows(p, len, blk);
             if first < valid {
                 sync::bar_sync_named::<BAR_XPOSE, 128>();
                 e4m3::clean_vt(vt, t, 128);
@@ -1197,11 +1219,7 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *cons
         // `setmaxnreg` by whole warpgroups, their limits summing to the launch's 384 x 168.
         unsafe {
             if tid == 0 {
-                let bars = arch::opaque(aligned_base()) + T::TMA_SMEM_BARS as u32;
-                for k in 0..18 {
-                    bulk::mbarrier_init(bars + 8 * k, 1);
-                }
-                bulk::fence_mbarrier_init();
+                init_bars(arch::opaque(aligned_base()), 1);
             }
             sync::bar_sync();
             if tid < 256 {

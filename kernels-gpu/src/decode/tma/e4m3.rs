@@ -9,9 +9,9 @@
 //!   transposed by `stmatrix`: in the tensor-map forms by a third warpgroup
 //!   (`tma::xpose_cell`, tokens past the sequence end entering as zeros through the
 //!   transpose's mask), in the `cp.async` forms by the warpgroup that computes the block's S,
-//!   while S runs (those forms' copies land rows past the end as zeros). V^T's k-positions are in [`vt_token`] order, the order in which
-//!   a lane's S accumulators sit, so P packs from the accumulators into the A registers of
-//!   `m64n256k32` in place.
+//!   while S runs (those forms' copies land rows past the end as zeros). V^T's k-positions
+//!   are in [`vt_token`] order, the order in which a lane's S accumulators sit, so P packs
+//!   from the accumulators into the A registers of `m64n256k32` in place.
 //! - P is quantised per row with the row's running max at `2^8` (`exp2(S - m + 8)`, at most
 //!   256 of e4m3's 448): the row sums carry the same factor, so the normalised output needs
 //!   nothing and the log-sum-exp subtracts 8 (log2) once, in the epilogue.
