@@ -775,9 +775,9 @@ pub mod names {
     pub const DECODE_TMA32_FP8: &str = "mla_decode_tma32_fp8";
     /// The kernels that move registers between their warpgroups (`setmaxnreg`: the small-row
     /// decode's fp8 forms and the 64-row e4m3 TMA decodes' tensor-map forms, 384 threads at
-    /// 168 registers, consumers raised to 232): they may
-    /// keep a few per-cell values in local memory (at most `REGISTER_SPLIT_LOCAL_BYTES` of
-    /// stack a thread), never inside their `wgmma` loop (`tests/ptx_check.rs`).
+    /// 168 registers, consumers raised to 232): they may keep a few per-cell values in
+    /// local memory (at most `REGISTER_SPLIT_LOCAL_BYTES` of stack a thread), never inside
+    /// their `wgmma` loop (`tests/ptx_check.rs`).
     pub const REGISTER_SPLIT: &[&str] = &[
         DECODE_TMA32_FP8KV_BF16Q,
         DECODE_TMA32_FP8,
