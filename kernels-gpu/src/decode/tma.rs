@@ -1106,12 +1106,25 @@ fn stage_bars(base: u32, st: u32) -> u32 {
 /// One thread of the CTA, once, before any copy or arrival on them.
 #[inline(always)]
 unsafe fn init_bars(base: u32, count: u32) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        init_stage_bars(base, count);
+        bulk::fence_mbarrier_init();
+    }
+}
+
+/// [`init_bars`] without the fence, for a kernel that initialises more mbarriers of its own
+/// before one fence covers them all.
+///
+/// # Safety
+/// As [`init_bars`]; the caller fences the init before the CTA barrier that publishes it.
+#[inline(always)]
+unsafe fn init_stage_bars(base: u32, count: u32) {
     // SAFETY: forwarded from the caller; 18 mbarriers of the CTA's own.
     unsafe {
         for k in 0..18 {
             bulk::mbarrier_init(stage_bars(base, 0) + 8 * k, count);
         }
-        bulk::fence_mbarrier_init();
     }
 }
 

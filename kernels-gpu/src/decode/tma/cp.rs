@@ -190,9 +190,7 @@ pub(super) unsafe fn decode_cp<K: DecodeKind<Mma = Bf16>>(p: DecodeParams) {
     unsafe {
         if tid == 0 {
             let base = aligned_base();
-            for k in 0..18 {
-                bulk::mbarrier_init(base + T::TMA_SMEM_BARS as u32 + 8 * k, 128);
-            }
+            super::init_stage_bars(base, 128);
             for k in 0..2 {
                 bulk::mbarrier_init(base + T::TMA_CP_SMEM_FREE as u32 + 8 * k, 4);
             }
