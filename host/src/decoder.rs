@@ -98,6 +98,50 @@ impl DecodeConfig {
     }
 }
 
+impl DecodeConfig {
+    /// Whether a validated request `shape` fits this config: the same heads, query tokens,
+    /// dtypes and page size, and at most `max_batch` sequences. A typed error naming the
+    /// first field that does not (what every run of a plan, and a tuning sample, checks).
+    pub fn check_shape(&self, shape: &DecodeShape) -> Result<()> {
+        let c = self;
+        let mismatch = |field: &'static str, want: String, got: String| {
+            Err(MlaError::InvalidShape {
+                field,
+                expected: format!("{want} (as planned)"),
+                got,
+            })
+        };
+        if shape.heads != c.heads {
+            return mismatch(
+                "q.shape[2] (heads)",
+                c.heads.to_string(),
+                shape.heads.to_string(),
+            );
+        }
+        if shape.s_q != c.s_q {
+            return mismatch("q.shape[1] (s_q)", c.s_q.to_string(), shape.s_q.to_string());
+        }
+        if shape.dtypes != c.dtypes {
+            return mismatch("dtypes", c.dtypes.name().into(), shape.dtypes.name().into());
+        }
+        if shape.page_size != c.page_size {
+            return mismatch(
+                "kv_cache.shape[1] (page_size)",
+                c.page_size.to_string(),
+                shape.page_size.to_string(),
+            );
+        }
+        if shape.batch > c.max_batch {
+            return mismatch(
+                "q.shape[0] (batch)",
+                format!("<= {}", c.max_batch),
+                shape.batch.to_string(),
+            );
+        }
+        Ok(())
+    }
+}
+
 /// A fault a checked decode met ([`DecodePlan::set_checked`]): the first one any CTA
 /// recorded since the plan was made or its record was cleared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -408,6 +452,9 @@ impl Runtime {
             });
         }
         let shape = validate_decode(sample)?;
+        // Before the tuner's cache: a hit keyed by a sample of another geometry would
+        // hand back a tactic tuned for that geometry, not for `config`.
+        config.check_shape(&shape)?;
         if tuner.mode == TuneMode::Off {
             // The plan's own default, for its exact size: the tuner's key rounds the batch
             // and length up to powers of two, and its default for that size may differ.
@@ -1109,42 +1156,7 @@ impl DecodePlan {
     }
 
     fn check_request(&self, shape: &DecodeShape) -> Result<()> {
-        let c = &self.config;
-        let mismatch = |field: &'static str, want: String, got: String| {
-            Err(MlaError::InvalidShape {
-                field,
-                expected: format!("{want} (as planned)"),
-                got,
-            })
-        };
-        if shape.heads != c.heads {
-            return mismatch(
-                "q.shape[2] (heads)",
-                c.heads.to_string(),
-                shape.heads.to_string(),
-            );
-        }
-        if shape.s_q != c.s_q {
-            return mismatch("q.shape[1] (s_q)", c.s_q.to_string(), shape.s_q.to_string());
-        }
-        if shape.dtypes != c.dtypes {
-            return mismatch("dtypes", c.dtypes.name().into(), shape.dtypes.name().into());
-        }
-        if shape.page_size != c.page_size {
-            return mismatch(
-                "kv_cache.shape[1] (page_size)",
-                c.page_size.to_string(),
-                shape.page_size.to_string(),
-            );
-        }
-        if shape.batch > c.max_batch {
-            return mismatch(
-                "q.shape[0] (batch)",
-                format!("<= {}", c.max_batch),
-                shape.batch.to_string(),
-            );
-        }
-        Ok(())
+        self.config.check_shape(shape)
     }
 }
 
