@@ -556,6 +556,27 @@ fn table_view(ptr: u64, batch: usize, max_pages: u32, stride: u64) -> TensorView
     )
 }
 
+/// The rope part's strides describe `kpe_cache`: with no rope part (`kpe_cache` 0, a fused
+/// cache) a nonzero one would be silently ignored, so it is refused by name.
+fn rope_strides_need_a_part(sp: &MlaSplitArgs) -> Result<(), MlaError> {
+    if sp.kpe_cache != 0 {
+        return Ok(());
+    }
+    for (field, v) in [
+        ("split.kpe_page_stride", sp.kpe_page_stride),
+        ("split.kpe_token_stride", sp.kpe_token_stride),
+    ] {
+        if v != 0 {
+            return Err(MlaError::shape(
+                field,
+                "0 (split.kpe_cache is 0: the cache is fused, it has no rope part)",
+                v,
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The request and split parts of the C args (fused where `sp`'s pointers are 0).
 fn request_split_of(
     plan: &DecodePlan,
@@ -694,7 +715,10 @@ unsafe fn decode_split_c(
             return Err(MlaError::NullArgument { field: "split" });
         }
         // SAFETY: checked non-null; the caller guarantees validity.
-        let (req, parts) = request_split_of(plan, unsafe { &*args }, unsafe { &*split });
+        let sp = unsafe { &*split };
+        rope_strides_need_a_part(sp)?;
+        // SAFETY: checked non-null; the caller guarantees validity.
+        let (req, parts) = request_split_of(plan, unsafe { &*args }, sp);
         // SAFETY: forwarded from the caller.
         unsafe {
             plan.run_split_slot_raw(
@@ -1108,4 +1132,52 @@ pub unsafe extern "C" fn mla_get_version(
 #[unsafe(no_mangle)]
 pub extern "C" fn mla_last_error() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_strides_without_a_rope_part_are_refused_by_name() {
+        assert!(rope_strides_need_a_part(&MlaSplitArgs::default()).is_ok());
+        let with_part = MlaSplitArgs {
+            kpe_cache: 0x1000,
+            kpe_page_stride: 64 * 64,
+            kpe_token_stride: 64,
+            ..Default::default()
+        };
+        assert!(rope_strides_need_a_part(&with_part).is_ok());
+        // The fused cache's own token stride is not a rope stride.
+        let fused = MlaSplitArgs {
+            kv_token_stride: 640,
+            q_pe: 0x2000,
+            ..Default::default()
+        };
+        assert!(rope_strides_need_a_part(&fused).is_ok());
+        for (sp, name) in [
+            (
+                MlaSplitArgs {
+                    kpe_page_stride: 4096,
+                    ..Default::default()
+                },
+                "split.kpe_page_stride",
+            ),
+            (
+                MlaSplitArgs {
+                    kpe_token_stride: 64,
+                    ..Default::default()
+                },
+                "split.kpe_token_stride",
+            ),
+        ] {
+            match rope_strides_need_a_part(&sp) {
+                Err(e @ MlaError::InvalidShape { field, .. }) => {
+                    assert_eq!(field, name);
+                    assert_eq!(status_of(&e), MLA_ERR_INVALID);
+                }
+                other => panic!("{sp:?}: {other:?}"),
+            }
+        }
+    }
 }

@@ -212,7 +212,8 @@ int mla_decode_run_layer(const MlaRuntime *rt, const MlaPlan *plan, const MlaDec
 int mla_decode_run_layer_slot(const MlaRuntime *rt, const MlaPlan *plan, uint32_t slot,
                               const MlaDecodeArgs *args, void *stream);
 /* Split layouts: the rope part (dims 512..575) of the cache and/or of q in tensors of their
- * own, as FlashInfer's and vLLM's paged caches keep them. Zero fields take the default. */
+ * own, as FlashInfer's and vLLM's paged caches keep them. Zero fields take the default;
+ * kpe_page_stride or kpe_token_stride nonzero with kpe_cache 0 is MLA_ERR_INVALID. */
 typedef struct MlaSplitArgs {
     uint64_t kpe_cache;        /* [num_pages, page_size, 64] of kv_dtype; kv_cache is then
                                   [num_pages, page_size, 512]. 0: the cache is fused (576) */
