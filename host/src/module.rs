@@ -94,7 +94,8 @@ pub enum ImageForm {
 pub struct LoadOptions {
     /// Force a variant (it must be able to run on the device).
     pub variant: Option<Variant>,
-    /// Force PTX JIT (`Some(PtxJit)`) or require a cubin (`Some(Cubin)`).
+    /// Force PTX JIT (`Some(PtxJit)`) or require a cubin (`Some(Cubin)`); either wins over
+    /// `MLA_IMAGE=ptx`, and an `MLA_IMAGE_FILE` of the other form is a load error.
     pub form: Option<ImageForm>,
 }
 
@@ -279,7 +280,6 @@ impl Runtime {
             Variant::Sm100a => images.ptx_sm100a,
             Variant::Portable => images.ptx_sm80,
         };
-        let want_jit = env_ptx || opts.form == Some(ImageForm::PtxJit);
         // A developer's override of the native image (A/B of kernel builds with one host
         // binary): `MLA_IMAGE_FILE=path`, a cubin (`.cubin`) or PTX (anything else) built
         // from this crate's kernels for this arch. It must export every symbol this
@@ -290,30 +290,40 @@ impl Runtime {
                     variant: variant.name().into(),
                     detail: format!("MLA_IMAGE_FILE={}: {e}", path.to_string_lossy()),
                 })?;
-                Some((path, bytes))
+                let form = if path.to_string_lossy().ends_with(".cubin") {
+                    ImageForm::Cubin
+                } else {
+                    ImageForm::PtxJit
+                };
+                Some((form, bytes))
             }
             _ => None,
         };
-        let (image, form) = match (file, cubin, want_jit) {
-            (Some((path, bytes)), _, _) if path.to_string_lossy().ends_with(".cubin") => {
+        let source = image_source(
+            file.as_ref().map(|(f, _)| *f),
+            cubin.is_some(),
+            env_ptx,
+            opts.form,
+        )
+        .map_err(|detail| MlaError::Load {
+            variant: variant.name().into(),
+            detail,
+        })?;
+        let (image, form) = match (source, file, cubin) {
+            (ImageSource::File(ImageForm::Cubin), Some((_, bytes)), _) => {
                 (Ptx::from_binary(bytes), ImageForm::Cubin)
             }
-            (Some((_, bytes)), _, _) => {
+            (ImageSource::File(_), Some((_, bytes)), _) => {
                 let src = String::from_utf8(bytes).map_err(|e| MlaError::Load {
                     variant: variant.name().into(),
                     detail: format!("MLA_IMAGE_FILE: not UTF-8 PTX: {e}"),
                 })?;
                 (Ptx::from_src(src), ImageForm::PtxJit)
             }
-            (None, Some(c), false) => (Ptx::from_binary(c.to_vec()), ImageForm::Cubin),
-            (None, None, _) if opts.form == Some(ImageForm::Cubin) => {
-                return Err(MlaError::Load {
-                    variant: variant.name().into(),
-                    detail: "no cubin embedded for this arch (ptxas was not found at build time)"
-                        .into(),
-                });
+            (ImageSource::Embedded(ImageForm::Cubin), _, Some(c)) => {
+                (Ptx::from_binary(c.to_vec()), ImageForm::Cubin)
             }
-            (None, _, _) => (Ptx::from_src(ptx), ImageForm::PtxJit),
+            _ => (Ptx::from_src(ptx), ImageForm::PtxJit),
         };
         let module = ctx.load_module(image).map_err(|e| MlaError::Load {
             variant: variant.name().into(),
@@ -452,4 +462,94 @@ fn query_info(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<DeviceInfo> {
         l2_bytes: attr(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?,
         driver_version,
     })
+}
+
+/// Where [`Runtime`]'s module comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ImageSource {
+    /// `MLA_IMAGE_FILE`, in the form its name says.
+    File(ImageForm),
+    /// The image built into this crate.
+    Embedded(ImageForm),
+}
+
+/// The image a load takes: `file` (the form of `MLA_IMAGE_FILE`, where set), whether a
+/// cubin is embedded for the arch, `MLA_IMAGE=ptx` and the caller's required form
+/// ([`LoadOptions::form`]). A required form wins over `MLA_IMAGE`; a file or an embedded
+/// image that cannot give it is an error (its detail), never a silent other form.
+fn image_source(
+    file: Option<ImageForm>,
+    has_cubin: bool,
+    env_ptx: bool,
+    required: Option<ImageForm>,
+) -> std::result::Result<ImageSource, String> {
+    if let Some(f) = file {
+        return match required {
+            Some(r) if r != f => Err(format!(
+                "MLA_IMAGE_FILE is {f:?} but the load requires {r:?} (LoadOptions::form)"
+            )),
+            _ => Ok(ImageSource::File(f)),
+        };
+    }
+    let jit = match required {
+        Some(r) => r == ImageForm::PtxJit,
+        None => env_ptx,
+    };
+    if jit || !has_cubin {
+        if required == Some(ImageForm::Cubin) {
+            return Err(
+                "no cubin embedded for this arch (ptxas was not found at build time)".into(),
+            );
+        }
+        Ok(ImageSource::Embedded(ImageForm::PtxJit))
+    } else {
+        Ok(ImageSource::Embedded(ImageForm::Cubin))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ImageForm, ImageSource, image_source};
+    use ImageForm::{Cubin, PtxJit};
+
+    #[test]
+    fn the_embedded_image_follows_the_required_form_then_the_environment() {
+        let src = |has_cubin, env_ptx, req| image_source(None, has_cubin, env_ptx, req);
+        assert_eq!(src(true, false, None), Ok(ImageSource::Embedded(Cubin)));
+        assert_eq!(src(true, true, None), Ok(ImageSource::Embedded(PtxJit)));
+        assert_eq!(src(false, false, None), Ok(ImageSource::Embedded(PtxJit)));
+        // A required form wins over MLA_IMAGE=ptx.
+        assert_eq!(
+            src(true, true, Some(Cubin)),
+            Ok(ImageSource::Embedded(Cubin))
+        );
+        assert_eq!(
+            src(true, false, Some(PtxJit)),
+            Ok(ImageSource::Embedded(PtxJit))
+        );
+        // A required cubin that is not embedded is an error, never the PTX.
+        for env_ptx in [false, true] {
+            let e = src(false, env_ptx, Some(Cubin)).unwrap_err();
+            assert!(e.contains("no cubin embedded"), "{e}");
+        }
+    }
+
+    #[test]
+    fn an_image_file_gives_its_own_form_or_refuses_another() {
+        for has_cubin in [false, true] {
+            for env_ptx in [false, true] {
+                for f in [Cubin, PtxJit] {
+                    let src = |req| image_source(Some(f), has_cubin, env_ptx, req);
+                    assert_eq!(src(None), Ok(ImageSource::File(f)));
+                    assert_eq!(src(Some(f)), Ok(ImageSource::File(f)));
+                    let other = if f == Cubin { PtxJit } else { Cubin };
+                    let e = src(Some(other)).unwrap_err();
+                    assert!(
+                        e.contains("MLA_IMAGE_FILE") && e.contains("requires"),
+                        "{e}"
+                    );
+                }
+            }
+        }
+    }
 }
