@@ -29,11 +29,7 @@ fn every_image_form_loads_and_decodes() {
     // An `MLA_IMAGE_FILE` override (A/B runs) gives the native variant its own form only: a
     // load requiring the other is refused by name, which `image_source`'s unit tests check.
     if let Some(path) = std::env::var_os("MLA_IMAGE_FILE") {
-        let file_form = if path.to_string_lossy().ends_with(".cubin") {
-            ImageForm::Cubin
-        } else {
-            ImageForm::PtxJit
-        };
+        let file_form = ImageForm::of_image_file(&path);
         forms.retain(|&(v, f)| v == Some(Variant::Portable) || f == Some(file_form));
         eprintln!("[{test}] MLA_IMAGE_FILE set: native {file_form:?} only");
     }

@@ -96,9 +96,7 @@ impl DecodeConfig {
             self.page_size,
         )
     }
-}
 
-impl DecodeConfig {
     /// Whether a validated request `shape` fits this config: the same heads, query tokens,
     /// dtypes and page size, and at most `max_batch` sequences. A typed error naming the
     /// first field that does not (what every run of a plan, and a tuning sample, checks).
@@ -1145,7 +1143,7 @@ impl DecodePlan {
     ) -> Result<DecodeShape> {
         self.check_runtime(rt)?;
         let shape = crate::validate::validate_decode_parts(req, parts, &self.ws.shard)?;
-        self.check_request(&shape)?;
+        self.config.check_shape(&shape)?;
         is_supported(self.backend, rt.device(), &shape).map_err(|d| MlaError::Unsupported {
             what: "decode request",
             got: format!("{shape:?}"),
@@ -1153,10 +1151,6 @@ impl DecodePlan {
         })?;
         check_workspace(&shape, self.ws.capacity())?;
         Ok(shape)
-    }
-
-    fn check_request(&self, shape: &DecodeShape) -> Result<()> {
-        self.config.check_shape(shape)
     }
 }
 

@@ -89,6 +89,18 @@ pub enum ImageForm {
     PtxJit,
 }
 
+impl ImageForm {
+    /// The form of an image file as `MLA_IMAGE_FILE` reads it: a cubin where the name ends
+    /// in `.cubin`, PTX otherwise.
+    pub fn of_image_file(path: &std::ffi::OsStr) -> ImageForm {
+        if path.to_string_lossy().ends_with(".cubin") {
+            ImageForm::Cubin
+        } else {
+            ImageForm::PtxJit
+        }
+    }
+}
+
 /// Load-time choices, for tests and debugging; the defaults pick the best image.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LoadOptions {
@@ -290,12 +302,7 @@ impl Runtime {
                     variant: variant.name().into(),
                     detail: format!("MLA_IMAGE_FILE={}: {e}", path.to_string_lossy()),
                 })?;
-                let form = if path.to_string_lossy().ends_with(".cubin") {
-                    ImageForm::Cubin
-                } else {
-                    ImageForm::PtxJit
-                };
-                Some((form, bytes))
+                Some((ImageForm::of_image_file(&path), bytes))
             }
             _ => None,
         };
