@@ -67,7 +67,9 @@ use crate::tactic::{Switches, Tile};
 ///   `mla_rs_wg` and `mla_rs_cp` do); the plan-free launches take the default.
 /// - `MLA_TMA_CP=0`: the `cp.async` `wgmma` decode where a request would take the 64-row
 ///   TMA decode's `cp.async` form (bf16 above 32 rows, fp8 caches;
-///   [`DecodeKernels::tma_cp`]; for A/Bs).
+///   [`DecodeKernels::tma_cp`]; for A/Bs). `MLA_TMA_CP=all`: that form also where the
+///   tensor map serves ([`DecodeKernels::tma_cp_all`], read at each plan's making; for
+///   A/Bs of the two copy forms on pages of 16 tokens or more).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Overrides {
     pub pdl: bool,
@@ -150,6 +152,12 @@ impl Tma32Form {
     }
 }
 
+/// `MLA_TMA_CP=all` ([`DecodeKernels::tma_cp_all`]), read at each plan's making, as
+/// [`Tma32Form::from_env`] is.
+pub fn tma_cp_all_from_env() -> bool {
+    std::env::var("MLA_TMA_CP").as_deref() == Ok("all")
+}
+
 /// The batch from which the bf16 small-row decode takes its `cp.async` form where its map
 /// serves ([`Tma32Form::ByBatch`]).
 pub const TMA32_CP_MIN_BATCH: usize = 8;
@@ -226,6 +234,10 @@ pub struct DecodeKernels {
     /// at any rows (the e4m3 pair loop, each warpgroup copying its own block); `None` where
     /// it never can.
     pub tma_cp: Option<&'static Kernel>,
+    /// The 64-row TMA decodes give way to their `cp.async` forms on every cache, their
+    /// map's too (`MLA_TMA_CP=all`: [`tma_cp_all_from_env`]; for A/Bs). The small-row
+    /// decodes keep their own rule, and the work list is off (it is the map form's).
+    pub tma_cp_all: bool,
     /// Batches up to this many sequences fold the split schedule into the decode; larger
     /// ones launch the schedule kernel first. 0: never folded.
     pub fold_max_batch: usize,
@@ -328,6 +340,7 @@ impl DecodeKernels {
             tma32_cp,
             tma32_form: Tma32Form::ByBatch,
             tma_cp,
+            tma_cp_all: false,
             fold_max_batch: if switches.fold && !reference {
                 mla_abi::SCHED_FOLD_MAX_BATCH
             } else {
@@ -350,6 +363,15 @@ impl DecodeKernels {
     pub fn with_tma32_form(self, form: Tma32Form) -> DecodeKernels {
         DecodeKernels {
             tma32_form: form,
+            ..self
+        }
+    }
+
+    /// [`DecodeKernels`] whose 64-row TMA decodes run in their `cp.async` forms on every
+    /// cache (`on`; a plan reads [`tma_cp_all_from_env`]).
+    pub fn with_tma_cp_all(self, on: bool) -> DecodeKernels {
+        DecodeKernels {
+            tma_cp_all: on,
             ..self
         }
     }
@@ -455,7 +477,14 @@ impl DecodeKernels {
         }
         match self.tma {
             Some(tma) if crate::tmap::tma_unsupported(req, shape).is_none() => {
-                self.small_row(shape.rows(), shape.batch).unwrap_or(tma)
+                let rows = shape.rows();
+                self.small_row(rows, shape.batch).unwrap_or_else(|| {
+                    if self.tma_cp_all {
+                        self.cp_form(rows).unwrap_or(tma)
+                    } else {
+                        tma
+                    }
+                })
             }
             _ => self.cp_form(shape.rows()).unwrap_or(self.decode),
         }

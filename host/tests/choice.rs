@@ -343,6 +343,52 @@ fn fp8_cache_tma_takes_two_blocks_per_split() {
     );
 }
 
+/// `MLA_TMA_CP=all` (`with_tma_cp_all`): the 64-row TMA decodes' `cp.async` forms on caches
+/// their map serves, every dtype, pages 16 and 64; the small-row decode keeps its own rule,
+/// and the work list (the map form's) is off.
+#[test]
+fn tma_cp_all_takes_the_cp_async_forms_on_mapped_caches() {
+    let cases = [
+        (DecodeDtypes::Bf16, names::DECODE_TMA_BF16_CP),
+        (DecodeDtypes::Fp8KvBf16Q, names::DECODE_TMA_FP8KV_BF16Q_CP),
+        (DecodeDtypes::Fp8, names::DECODE_TMA_FP8_CP),
+    ];
+    for (d, cp) in cases {
+        for page in [16, 64] {
+            let plain = kernels(Backend::Sm90a, Tile::Wg64N64, d, page, 32)
+                .with_work_list(mla_host::choice::WORK_LIST_FIXED, true);
+            let all = plain.with_tma_cp_all(true);
+            // 128 rows, 4096 tokens a sequence: the map form by default.
+            let (req, shape) = request(d, page, 4096 / page);
+            let tma = plain.decode_for(&req, &shape);
+            assert_eq!(
+                Some(tma.symbol),
+                plain.tma.map(|t| t.symbol),
+                "{d:?} page {page}"
+            );
+            let k = all.decode_for(&req, &shape);
+            assert_eq!(k.symbol, cp, "{d:?} page {page}");
+            let cap = mla_host::plan::WorkspaceCapacity {
+                batch: 2,
+                rows: 128,
+                max_splits: 32,
+            };
+            assert!(
+                plain.list_fixed_for(tma, &shape, cap) > 0,
+                "{d:?} page {page}"
+            );
+            assert_eq!(all.list_fixed_for(k, &shape, cap), 0, "{d:?} page {page}");
+        }
+    }
+    // 32 rows of bf16: the small-row decode, as without the switch.
+    let k = kernels(Backend::Sm90a, Tile::Wg64N64, DecodeDtypes::Bf16, 64, 32);
+    let (req, shape) = request_rows(DecodeDtypes::Bf16, 64, 64, 2, 16);
+    assert_eq!(
+        k.with_tma_cp_all(true).decode_for(&req, &shape).symbol,
+        k.decode_for(&req, &shape).symbol
+    );
+}
+
 /// fp8 Q with an fp8 cache runs its own `cp.async` `wgmma` decode (Q widened to bf16 as it
 /// loads) and its e4m3 TMA decode (or, on small pages, that decode's `cp.async` form), the
 /// TMA one at any split length.
