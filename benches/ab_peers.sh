@@ -8,7 +8,9 @@
 # clock drift hits all alike; the peers (MLA_AB_REF, default FlashMLA bf16 and fp8,
 # FlashInfer, FA3-MLA; empty: none) once. Extra arguments go to the harness. Then
 # benches/ab_ratios.py: each variant's time (the faster pass) against main's, per shape and
-# as geomeans. JSONs in stage/logs/abp (and $OUT/abp.tgz).
+# as geomeans. MLA_AB_ENV="name:VAR=v,VAR=v name2:..." adds variants of the staged build
+# defined by environment (e.g. "cp:MLA_TMA_CP=all"). JSONs in stage/logs/abp (and
+# $OUT/abp.tgz).
 #   bash benches/ab_peers.sh stage/shapes.json --rep-ms 20 --warmup-ms 10
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +31,11 @@ variants=(main)
 for v in stage/variants/*.cubin; do
   [[ -f $v ]] && variants+=("$(basename "$v" .cubin)")
 done
+declare -A env_of=()
+for e in ${MLA_AB_ENV:-}; do
+  variants+=("${e%%:*}")
+  env_of[${e%%:*}]=$(tr ',' ' ' <<<"${e#*:}")
+done
 echo "commit $(cat stage/COMMIT)  variants: ${variants[*]}"
 if [[ -n $ref ]]; then
   "${harness[@]}" --peers "$ref" --json "$out/peers.json" "$@" >"$out/peers.log" 2>&1
@@ -36,7 +43,10 @@ fi
 for pass in $(seq 1 "${MLA_AB_PASSES:-2}"); do
   for v in "${variants[@]}"; do
     img=()
-    if [[ -f stage/variants/$v/lib/libmla.so ]]; then
+    if [[ -n "${env_of[$v]:-}" ]]; then
+      # shellcheck disable=SC2206 # VAR=v words, split on purpose
+      img=(env ${env_of[$v]})
+    elif [[ -f stage/variants/$v/lib/libmla.so ]]; then
       # A host variant (stage_variant.sh --host): its own library, kernels and launch shapes.
       img=(env "MLA_LIB=$PWD/stage/variants/$v/lib/libmla.so")
     elif [[ $v != main ]]; then
