@@ -234,7 +234,8 @@ impl ContextParallel {
 
     /// Gathers every rank's `(out, lse)` of the same query rows (`local_out` `[batch, s_q,
     /// heads, 512]` bf16 or fp16 and `local_lse` `[batch, s_q, heads]` f32, both
-    /// row-major, as this rank's sharded decode wrote them) and merges them into `out` and
+    /// row-major over their dims longer than 1 and aligned to their element size, as this
+    /// rank's sharded decode wrote them) and merges them into `out` and
     /// `lse` (same shapes), on `stream`. Every rank calls it with the same shape, in the
     /// same order. Capturable; [`ContextParallel::wait`] bounds the wait for it. Every
     /// check runs before anything is enqueued. The group's combines share its gather
@@ -362,29 +363,9 @@ impl ContextParallel {
                 rows,
             ));
         }
-        if *local_out != TensorView::contiguous(local_out.ptr, dtype, local_out.shape) {
-            return Err(MlaError::shape(
-                "local_out.strides",
-                "row-major (contiguous)",
-                format!("{:?}", local_out.strides),
-            ));
-        }
-        if *local_lse != TensorView::contiguous(local_lse.ptr, ElemType::F32, local_lse.shape) {
-            return Err(MlaError::shape(
-                "local_lse.strides",
-                "row-major (contiguous)",
-                format!("{:?}", local_lse.strides),
-            ));
-        }
-        if local_out.ptr == 0 || local_lse.ptr == 0 {
-            return Err(MlaError::NullPointer {
-                field: if local_out.ptr == 0 {
-                    "local_out"
-                } else {
-                    "local_lse"
-                },
-            });
-        }
+        // Each is all-gathered as `rows` elements from its base address.
+        crate::validate::block_source("local_out", "local_out.strides", local_out)?;
+        crate::validate::block_source("local_lse", "local_lse.strides", local_lse)?;
         let (po, pl) = (self.outs_ptr, self.lses_ptr);
         // One all-gather per tensor in one group: NCCL places rank r's `rows` at r * rows,
         // and the merge reads them with that rank stride.

@@ -176,6 +176,54 @@ fn merged_outputs_stay_apart_from_the_decode_inputs() {
 }
 
 #[test]
+fn combine_sources_ignore_the_strides_of_unit_dims() {
+    // A combine's local out / lse go to the all-gather as one block from their base: any
+    // view whose dims longer than 1 are row-major is one, whatever its unit dims' strides
+    // (s_q = 1 here, as a transposed [B, H, 1, 512] buffer reports it; a batch of one).
+    let canonical = TensorView::contiguous(region(6), ElemType::Bf16, [B, 1, H, D_V]);
+    block_source("local_out", "local_out.strides", &canonical).unwrap();
+    let transposed = TensorView::strided(
+        region(6),
+        ElemType::Bf16,
+        [B, 1, H, D_V],
+        [H * D_V, D_V, D_V, 1],
+    );
+    block_source("local_out", "local_out.strides", &transposed).unwrap();
+    let lse = TensorView::strided(region(7), ElemType::F32, [1, S_Q, H], [7, H, 1]);
+    block_source("local_lse", "local_lse.strides", &lse).unwrap();
+
+    // Rows apart (padded), a null base and a base off the element size are refused by name.
+    let padded = TensorView::strided(
+        region(6),
+        ElemType::Bf16,
+        [B, S_Q, H, D_V],
+        [S_Q * H * 2 * D_V, H * 2 * D_V, 2 * D_V, 1],
+    );
+    invalid_shape(
+        block_source("local_out", "local_out.strides", &padded),
+        "local_out.strides",
+    );
+    let null = TensorView {
+        ptr: 0,
+        ..canonical
+    };
+    match block_source("local_out", "local_out.strides", &null) {
+        Err(MlaError::NullPointer { field }) => assert_eq!(field, "local_out"),
+        other => panic!("{other:?}"),
+    }
+    let odd = TensorView {
+        ptr: region(7) + 2,
+        ..lse
+    };
+    match block_source("local_lse", "local_lse.strides", &odd) {
+        Err(MlaError::Misaligned { field, addr, align }) => {
+            assert_eq!((field, addr, align), ("local_lse", region(7) + 2, 4));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
 fn decode_accepts_every_dtype() {
     for d in DecodeDtypes::ALL {
         let want = DecodeShape {
