@@ -296,8 +296,10 @@ impl ContextParallel {
                 plan_rank,
             ));
         }
-        let merge = self.check_combine(&req.out, &req.lse, out, lse)?;
+        // The decode's own checks first, so a bad `out` or `lse` is named as the decode
+        // names it; then the combine's view of them.
         crate::validate::validate_decode_shard(req, &sh)?;
+        let merge = self.check_combine(&req.out, &req.lse, out, lse)?;
         crate::validate::merged_outputs_apart(req, &crate::SplitParts::default(), out, lse)?;
         // SAFETY: forwarded from the caller.
         let shape = unsafe { plan.run_raw(rt, stream, req)? };
