@@ -67,8 +67,8 @@ use crate::tactic::{Switches, Tile};
 ///   `mla_rs_wg` and `mla_rs_cp` do); the plan-free launches take the default.
 /// - `MLA_TMA_CP=0`: the `cp.async` `wgmma` decode where a request would take the 64-row
 ///   TMA decode's `cp.async` form (bf16 above 32 rows, fp8 caches;
-///   [`DecodeKernels::tma_cp`]; for A/Bs). `MLA_TMA_CP=all`: that form also where the
-///   tensor map serves ([`DecodeKernels::tma_cp_all`], read at each plan's making; for
+///   [`DecodeKernels::tma_cp`]; for A/Bs). `MLA_TMA_CP=all` / `map`: that form on every
+///   cache the tensor map serves, or on none ([`TmaForm`], read at each plan's making; for
 ///   A/Bs of the two copy forms on pages of 16 tokens or more).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Overrides {
@@ -152,10 +152,48 @@ impl Tma32Form {
     }
 }
 
-/// `MLA_TMA_CP=all` ([`DecodeKernels::tma_cp_all`]), read at each plan's making, as
-/// [`Tma32Form::from_env`] is.
-pub fn tma_cp_all_from_env() -> bool {
-    std::env::var("MLA_TMA_CP").as_deref() == Ok("all")
+/// Where the 64-row TMA decodes give way to their `cp.async` forms on caches their tensor
+/// map serves (pages of `TMA_MIN_PAGE` tokens or more, a contiguous fused cache). The small-row
+/// decodes keep their own rule ([`Tma32Form`]); the work list is the map form's, so it is
+/// off wherever the `cp.async` form runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TmaForm {
+    /// The `cp.async` form for fp8 caches on pages under [`E4M3_MAP_MIN_PAGE`] tokens, the
+    /// map form elsewhere: the default. At page 16 the e4m3 map form's one issuing thread
+    /// copies 36 boxes a block; the `cp.async` form, each consumer warpgroup copying its
+    /// own block, took 0.91-0.97x its time at H=128 (S_q 1-2, B 32-128, L=4096; H100,
+    /// docs/PERF.md 3.25). From page 32 the map form is 13-25% faster there.
+    ByPage,
+    /// The `cp.async` form on every cache (`MLA_TMA_CP=all`).
+    Cp,
+    /// The map form on every cache it serves (`MLA_TMA_CP=map`).
+    Map,
+}
+
+/// The page size from which the e4m3 64-row TMA decodes take their tensor map by default
+/// ([`TmaForm::ByPage`]).
+pub const E4M3_MAP_MIN_PAGE: usize = 32;
+
+impl TmaForm {
+    /// The form `MLA_TMA_CP` names (`all`, `map`), else the default; read at each plan's
+    /// making, as [`Tma32Form::from_env`] is.
+    pub fn from_env() -> TmaForm {
+        match std::env::var("MLA_TMA_CP").as_deref() {
+            Ok("all") => TmaForm::Cp,
+            Ok("map") => TmaForm::Map,
+            _ => TmaForm::ByPage,
+        }
+    }
+
+    /// Whether a 64-row TMA decode of a `kv` cache on pages of `page_size` tokens takes its
+    /// `cp.async` form where its map serves.
+    pub fn cp_at(self, kv: ElemType, page_size: usize) -> bool {
+        match self {
+            TmaForm::ByPage => kv == ElemType::Fp8E4m3 && page_size < E4M3_MAP_MIN_PAGE,
+            TmaForm::Cp => true,
+            TmaForm::Map => false,
+        }
+    }
 }
 
 /// The batch from which the bf16 small-row decode takes its `cp.async` form where its map
@@ -234,10 +272,9 @@ pub struct DecodeKernels {
     /// at any rows (the e4m3 pair loop, each warpgroup copying its own block); `None` where
     /// it never can.
     pub tma_cp: Option<&'static Kernel>,
-    /// The 64-row TMA decodes give way to their `cp.async` forms on every cache, their
-    /// map's too (`MLA_TMA_CP=all`: [`tma_cp_all_from_env`]; for A/Bs). The small-row
-    /// decodes keep their own rule, and the work list is off (it is the map form's).
-    pub tma_cp_all: bool,
+    /// Where the 64-row TMA decodes give way to their `cp.async` forms on caches their map
+    /// serves.
+    pub tma_form: TmaForm,
     /// Batches up to this many sequences fold the split schedule into the decode; larger
     /// ones launch the schedule kernel first. 0: never folded.
     pub fold_max_batch: usize,
@@ -340,7 +377,7 @@ impl DecodeKernels {
             tma32_cp,
             tma32_form: Tma32Form::ByBatch,
             tma_cp,
-            tma_cp_all: false,
+            tma_form: TmaForm::ByPage,
             fold_max_batch: if switches.fold && !reference {
                 mla_abi::SCHED_FOLD_MAX_BATCH
             } else {
@@ -367,11 +404,11 @@ impl DecodeKernels {
         }
     }
 
-    /// [`DecodeKernels`] whose 64-row TMA decodes run in their `cp.async` forms on every
-    /// cache (`on`; a plan reads [`tma_cp_all_from_env`]).
-    pub fn with_tma_cp_all(self, on: bool) -> DecodeKernels {
+    /// [`DecodeKernels`] whose 64-row TMA decodes take their `cp.async` forms by `form` where
+    /// their map serves (a plan reads [`TmaForm::from_env`]).
+    pub fn with_tma_form(self, form: TmaForm) -> DecodeKernels {
         DecodeKernels {
-            tma_cp_all: on,
+            tma_form: form,
             ..self
         }
     }
@@ -479,7 +516,7 @@ impl DecodeKernels {
             Some(tma) if crate::tmap::tma_unsupported(req, shape).is_none() => {
                 let rows = shape.rows();
                 self.small_row(rows, shape.batch).unwrap_or_else(|| {
-                    if self.tma_cp_all {
+                    if self.tma_form.cp_at(shape.dtypes.kv(), shape.page_size) {
                         self.cp_form(rows).unwrap_or(tma)
                     } else {
                         tma

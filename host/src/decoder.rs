@@ -385,7 +385,7 @@ impl Runtime {
         .with_wave_splits(target_ctas / tiles.max(1))
         .with_work_list(list_fixed, list_always)
         .with_tma32_form(crate::choice::Tma32Form::from_env())
-        .with_tma_cp_all(crate::choice::tma_cp_all_from_env());
+        .with_tma_form(crate::choice::TmaForm::from_env());
         Ok(DecodePlan {
             config,
             backend,

@@ -4,7 +4,7 @@
 
 use mla_abi::kernels::{self, Images, Params};
 use mla_abi::{D_QK, D_V, ElemType, names};
-use mla_host::choice::{DecodeKernels, tile_kernel};
+use mla_host::choice::{DecodeKernels, E4M3_MAP_MIN_PAGE, TmaForm, tile_kernel};
 use mla_host::gate::Backend;
 use mla_host::request::*;
 use mla_host::tactic::{Switches, Tile};
@@ -343,48 +343,64 @@ fn fp8_cache_tma_takes_two_blocks_per_split() {
     );
 }
 
-/// `MLA_TMA_CP=all` (`with_tma_cp_all`): the 64-row TMA decodes' `cp.async` forms on caches
-/// their map serves, every dtype, pages 16 and 64; the small-row decode keeps its own rule,
-/// and the work list (the map form's) is off.
+/// `MLA_TMA_CP=all` / `map` ([`TmaForm`]): the 64-row TMA decodes' `cp.async` forms on every
+/// cache their map serves, or on none, every dtype, pages 16 and 64; by default fp8 caches
+/// below `E4M3_MAP_MIN_PAGE` take the `cp.async` form and the rest the map. The small-row
+/// decode keeps its own rule, and the work list (the map form's) is off with the `cp.async`
+/// form.
 #[test]
-fn tma_cp_all_takes_the_cp_async_forms_on_mapped_caches() {
+fn tma_form_picks_the_copy_form_on_mapped_caches() {
     let cases = [
         (DecodeDtypes::Bf16, names::DECODE_TMA_BF16_CP),
         (DecodeDtypes::Fp8KvBf16Q, names::DECODE_TMA_FP8KV_BF16Q_CP),
         (DecodeDtypes::Fp8, names::DECODE_TMA_FP8_CP),
     ];
+    let cap = mla_host::plan::WorkspaceCapacity {
+        batch: 2,
+        rows: 128,
+        max_splits: 32,
+    };
     for (d, cp) in cases {
-        for page in [16, 64] {
-            let plain = kernels(Backend::Sm90a, Tile::Wg64N64, d, page, 32)
+        for page in [16, 32, 64] {
+            let by_page = kernels(Backend::Sm90a, Tile::Wg64N64, d, page, 32)
                 .with_work_list(mla_host::choice::WORK_LIST_FIXED, true);
-            let all = plain.with_tma_cp_all(true);
-            // 128 rows, 4096 tokens a sequence: the map form by default.
+            assert_eq!(by_page.tma_form, TmaForm::ByPage, "the default");
+            let map = by_page.with_tma_form(TmaForm::Map);
+            let all = by_page.with_tma_form(TmaForm::Cp);
+            // 128 rows, 4096 tokens a sequence.
             let (req, shape) = request(d, page, 4096 / page);
-            let tma = plain.decode_for(&req, &shape);
+            let tma = map.decode_for(&req, &shape);
             assert_eq!(
                 Some(tma.symbol),
-                plain.tma.map(|t| t.symbol),
+                map.tma.map(|t| t.symbol),
+                "{d:?} page {page}"
+            );
+            assert!(
+                map.list_fixed_for(tma, &shape, cap) > 0,
                 "{d:?} page {page}"
             );
             let k = all.decode_for(&req, &shape);
             assert_eq!(k.symbol, cp, "{d:?} page {page}");
-            let cap = mla_host::plan::WorkspaceCapacity {
-                batch: 2,
-                rows: 128,
-                max_splits: 32,
-            };
-            assert!(
-                plain.list_fixed_for(tma, &shape, cap) > 0,
+            assert_eq!(all.list_fixed_for(k, &shape, cap), 0, "{d:?} page {page}");
+            let want_cp = d != DecodeDtypes::Bf16 && page < E4M3_MAP_MIN_PAGE;
+            let k = by_page.decode_for(&req, &shape);
+            assert_eq!(
+                k.symbol,
+                if want_cp { cp } else { tma.symbol },
                 "{d:?} page {page}"
             );
-            assert_eq!(all.list_fixed_for(k, &shape, cap), 0, "{d:?} page {page}");
+            assert_eq!(
+                by_page.list_fixed_for(k, &shape, cap) > 0,
+                !want_cp,
+                "{d:?} page {page}"
+            );
         }
     }
     // 32 rows of bf16: the small-row decode, as without the switch.
     let k = kernels(Backend::Sm90a, Tile::Wg64N64, DecodeDtypes::Bf16, 64, 32);
     let (req, shape) = request_rows(DecodeDtypes::Bf16, 64, 64, 2, 16);
     assert_eq!(
-        k.with_tma_cp_all(true).decode_for(&req, &shape).symbol,
+        k.with_tma_form(TmaForm::Cp).decode_for(&req, &shape).symbol,
         k.decode_for(&req, &shape).symbol
     );
 }
