@@ -162,7 +162,8 @@ pub enum TmaForm {
     /// map form elsewhere: the default. At page 16 the e4m3 map form's one issuing thread
     /// copies 36 boxes a block; the `cp.async` form, each consumer warpgroup copying its
     /// own block, took 0.91-0.97x its time at H=128 (S_q 1-2, B 32-128, L=4096; H100,
-    /// docs/PERF.md 3.25). From page 32 the map form is 13-25% faster there.
+    /// docs/PERF.md 3.25). From page 32 the map form is faster there (1.15x at page 32,
+    /// 1.07-1.51x at page 64).
     ByPage,
     /// The `cp.async` form on every cache (`MLA_TMA_CP=all`).
     Cp,
