@@ -20,7 +20,9 @@
 //!    contiguous and 16-byte aligned, with pages of at least 16 tokens and splits of two or
 //!    more 64-token blocks, the TMA decode `mla_decode_tma_bf16` instead (`decode_for`;
 //!    `crate::tmap` says why each condition holds); an fp8 cache's TMA decodes
-//!    (`mla_decode_tma_fp8kv_bf16q`, `mla_decode_tma_fp8`) under the same rule. A bf16
+//!    (`mla_decode_tma_fp8kv_bf16q`, `mla_decode_tma_fp8`) under the same rule, from pages
+//!    of [`E4M3_MAP_MIN_PAGE`] tokens (on 16-token pages their `cp.async` forms, below:
+//!    [`TmaForm`]). A bf16
 //!    request of at most 32 rows (H=16 at S_q=2, say) takes the small-row TMA decode
 //!    `mla_decode_tma32_bf16` in its place. A bf16 cache the map does not take (pages under
 //!    16 tokens, strided) with splits of two or more blocks takes a `cp.async` form instead:
@@ -65,11 +67,11 @@ use crate::tactic::{Switches, Tile};
 ///   TMA form, at every batch where its tensor map serves ([`Tma32Form`]; for A/Bs). Read at
 ///   each plan's making, not once: one process can make plans of each form (the plugins
 ///   `mla_rs_wg` and `mla_rs_cp` do); the plan-free launches take the default.
-/// - `MLA_TMA_CP=0`: the `cp.async` `wgmma` decode where a request would take the 64-row
-///   TMA decode's `cp.async` form (bf16 above 32 rows, fp8 caches;
-///   [`DecodeKernels::tma_cp`]; for A/Bs). `MLA_TMA_CP=all` / `map`: that form on every
-///   cache the tensor map serves, or on none ([`TmaForm`], read at each plan's making; for
-///   A/Bs of the two copy forms on pages of 16 tokens or more).
+/// - `MLA_TMA_CP=0`: no `cp.async` form of the 64-row TMA decode ([`DecodeKernels::tma_cp`]
+///   `None`; for A/Bs): the `cp.async` `wgmma` decode where the map cannot serve, the map
+///   form where it can (fp8 caches on 16-token pages too). `MLA_TMA_CP=all` / `map`: the
+///   `cp.async` form on every cache the map serves, or on none ([`TmaForm`], read at each
+///   plan's making; for A/Bs of the two copy forms on pages of 16 tokens or more).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Overrides {
     pub pdl: bool,
@@ -268,7 +270,8 @@ pub struct DecodeKernels {
     /// Where the bf16 `tma32` gives way to `tma32_cp`.
     pub tma32_form: Tma32Form,
     /// The TMA decode's `cp.async` form, which stands in for `decode` where a request suits
-    /// the TMA decode but not its tensor map: bf16 above `decode_tile::TMA32_ROWS` rows
+    /// the TMA decode but not its tensor map, and for `tma` where `tma_form` says so (fp8
+    /// caches on 16-token pages by default): bf16 above `decode_tile::TMA32_ROWS` rows
     /// (one warpgroup copies each block from the page table a block ahead), an fp8 cache
     /// at any rows (the e4m3 pair loop, each warpgroup copying its own block); `None` where
     /// it never can.
@@ -599,7 +602,9 @@ impl DecodeKernels {
     }
 
     /// Every kernel a run may launch for up to `max_batch` sequences of `rows` query rows
-    /// each, in launch order.
+    /// each, in launch order. Both copy forms of the 64-row TMA decode are listed where the
+    /// plan has both: which one runs depends on the request's page size and cache layout
+    /// ([`TmaForm`], [`crate::tmap::tma_unsupported`]), which the plan does not fix.
     pub fn all(&self, max_batch: usize, rows: usize, sm_count: u32) -> Vec<&'static str> {
         let mut out = Vec::new();
         if self.reference {

@@ -136,7 +136,13 @@ pub fn block_source<const R: usize>(
                 format!("{:?}", view.strides),
             ));
         }
-        want = want.saturating_mul(view.shape[i]);
+        want = want.checked_mul(view.shape[i]).ok_or_else(|| {
+            MlaError::shape(
+                strides,
+                "a shape whose element count fits usize",
+                format!("{:?}", view.shape),
+            )
+        })?;
     }
     if view.ptr == 0 {
         return Err(MlaError::NullPointer { field: tensor });

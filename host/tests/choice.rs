@@ -396,6 +396,20 @@ fn tma_form_picks_the_copy_form_on_mapped_caches() {
             );
         }
     }
+    // Without the `cp.async` forms (`MLA_TMA_CP=0`) an fp8 cache on 16-token pages keeps
+    // the map form.
+    for d in [DecodeDtypes::Fp8KvBf16Q, DecodeDtypes::Fp8] {
+        let k = DecodeKernels {
+            tma_cp: None,
+            ..kernels(Backend::Sm90a, Tile::Wg64N64, d, 16, 32)
+        };
+        let (req, shape) = request(d, 16, 4096 / 16);
+        assert_eq!(
+            Some(k.decode_for(&req, &shape).symbol),
+            k.tma.map(|t| t.symbol),
+            "{d:?}"
+        );
+    }
     // 32 rows of bf16: the small-row decode, as without the switch.
     let k = kernels(Backend::Sm90a, Tile::Wg64N64, DecodeDtypes::Bf16, 64, 32);
     let (req, shape) = request_rows(DecodeDtypes::Bf16, 64, 64, 2, 16);
