@@ -603,8 +603,8 @@ impl DecodeKernels {
 
     /// Every kernel a run may launch for up to `max_batch` sequences of `rows` query rows
     /// each, in launch order. Both copy forms of the 64-row TMA decode are listed where the
-    /// plan has both: which one runs depends on the request's page size and cache layout
-    /// ([`TmaForm`], [`crate::tmap::tma_unsupported`]), which the plan does not fix.
+    /// plan has both, though on some page sizes only one of them runs ([`TmaForm`]): a
+    /// request's cache layout picks between them too ([`crate::tmap::tma_unsupported`]).
     pub fn all(&self, max_batch: usize, rows: usize, sm_count: u32) -> Vec<&'static str> {
         let mut out = Vec::new();
         if self.reference {
