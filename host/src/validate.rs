@@ -116,45 +116,25 @@ pub fn addressable_rows(b: usize, s: usize, h: usize, field: &'static str) -> Re
         })
 }
 
-/// A tensor a collective copies as one block of `numel` elements from its base address
-/// (a context-parallel combine's local `out` or `lse`): non-null, aligned to its element
-/// size, and row-major over its dims longer than 1. Strides of extent-1 dims are not looked
-/// at (convention at the top): `[B, 1, H, 512]` as a transposed `[B, H, 1, 512]` buffer
-/// is as contiguous as the canonical one. Errors name `tensor`, or `strides` for the
-/// layout.
+/// A tensor a collective copies as one block of its elements from its base address (a
+/// context-parallel combine's local `out` or `lse`): row-major over its dims longer than 1
+/// (strides of extent-1 dims are not looked at, convention at the top: `[B, 1, H, 512]` as
+/// a transposed `[B, H, 1, 512]` buffer is as contiguous as the canonical one), non-null,
+/// aligned to its element size, and its byte span fits `u64`. Errors name `tensor`, or
+/// `strides` for the layout.
 pub fn block_source<const R: usize>(
     tensor: &'static str,
     strides: &'static str,
     view: &TensorView<R>,
 ) -> Result<()> {
-    let mut want = 1usize;
-    for i in (0..R).rev() {
-        if view.shape[i] > 1 && view.strides[i] != want {
-            return Err(MlaError::shape(
-                strides,
-                "row-major (contiguous)",
-                format!("{:?}", view.strides),
-            ));
-        }
-        want = want.checked_mul(view.shape[i]).ok_or_else(|| {
-            MlaError::shape(
-                strides,
-                "a shape whose element count fits usize",
-                format!("{:?}", view.shape),
-            )
-        })?;
-    }
-    if view.ptr == 0 {
-        return Err(MlaError::NullPointer { field: tensor });
-    }
-    let align = view.dtype.size() as u64;
-    if !view.ptr.is_multiple_of(align) {
-        return Err(MlaError::Misaligned {
-            field: tensor,
-            addr: view.ptr,
-            align,
-        });
-    }
+    let names = Names {
+        tensor,
+        all_strides: strides,
+        shape: [tensor; R],
+        strides: [strides; R],
+    };
+    row_major(&names, view)?;
+    placed(&names, view, view.dtype.size() as u64)?;
     Ok(())
 }
 

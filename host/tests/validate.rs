@@ -203,6 +203,17 @@ fn combine_sources_ignore_the_strides_of_unit_dims() {
         block_source("local_out", "local_out.strides", &padded),
         "local_out.strides",
     );
+    // A row-major block whose elements overflow the address space.
+    let huge = TensorView::strided(
+        region(6),
+        ElemType::Bf16,
+        [1 << 62, 1, 1, D_V],
+        [D_V, D_V, D_V, 1],
+    );
+    invalid_shape(
+        block_source("local_out", "local_out.strides", &huge),
+        "local_out",
+    );
     let null = TensorView {
         ptr: 0,
         ..canonical
