@@ -156,8 +156,9 @@ impl Tma32Form {
 
 /// Where the 64-row TMA decodes give way to their `cp.async` forms on caches their tensor
 /// map serves (pages of `TMA_MIN_PAGE` tokens or more, a contiguous fused cache). The small-row
-/// decodes keep their own rule ([`Tma32Form`]); the work list is the map form's, so it is
-/// off wherever the `cp.async` form runs.
+/// decodes keep their own rule ([`Tma32Form`]). The work list is the map form's: where the
+/// page size alone chose the `cp.async` form and the list pays, the list (a map form) runs
+/// instead ([`DecodeKernels::list_base_for`]); under `Cp` the list is off.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TmaForm {
     /// The `cp.async` form for fp8 caches on pages under [`E4M3_MAP_MIN_PAGE`] tokens, the
@@ -165,7 +166,8 @@ pub enum TmaForm {
     /// copies 36 boxes a block; the `cp.async` form, each consumer warpgroup copying its
     /// own block, took 0.91-0.97x its time at H=128 (S_q 1-2, B 32-128, L=4096; H100,
     /// docs/PERF.md 3.25). From page 32 the map form is faster there (1.15x at page 32,
-    /// 1.07-1.51x at page 64).
+    /// 1.07-1.51x at page 64). Where the work list pays (H=128 S_q=3 at B 8-32, say) the
+    /// list runs, a map form: there it took 0.89-0.97x the `cp.async` form's time.
     ByPage,
     /// The `cp.async` form on every cache (`MLA_TMA_CP=all`).
     Cp,
@@ -529,6 +531,33 @@ impl DecodeKernels {
             }
             _ => self.cp_form(shape.rows()).unwrap_or(self.decode),
         }
+    }
+
+    /// The decode a run of `req` checks the work list against
+    /// ([`DecodeKernels::list_fixed_for`]): [`DecodeKernels::decode_for_parts`]'s, except
+    /// where only [`TmaForm::ByPage`] gave an fp8 cache the `cp.async` form: there the map
+    /// form it displaced, so that a run the list pays for takes the list (a map-form
+    /// kernel). At page 16, H=128 S_q=3 (B 8-32, L 4096-16384; H100, docs/PERF.md 3.25) the
+    /// list took 0.89-0.94x the `cp.async` form's time for the fp8 cache and 0.92-0.97x for
+    /// fp8 Q; where the list does not pay, the `cp.async` form runs.
+    pub fn list_base_for(
+        &self,
+        req: &DecodeRequest,
+        parts: &SplitParts,
+        shape: &DecodeShape,
+    ) -> &'static Kernel {
+        let k = self.decode_for_parts(req, parts, shape);
+        if self.tma_form == TmaForm::ByPage {
+            let map = DecodeKernels {
+                tma_form: TmaForm::Map,
+                ..*self
+            }
+            .decode_for_parts(req, parts, shape);
+            if self.tma.is_some_and(|t| t.symbol == map.symbol) {
+                return map;
+            }
+        }
+        k
     }
 
     /// The `cp.async` form of the TMA decode for `rows` query rows, where the plan has it:

@@ -1032,7 +1032,7 @@ impl DecodePlan {
         parts: &SplitParts,
         shape: &DecodeShape,
     ) -> bool {
-        let k = self.kernels.decode_for_parts(req, parts, shape);
+        let k = self.kernels.list_base_for(req, parts, shape);
         let cap = self.ws.capacity();
         if self.kernels.list_fixed_for(k, shape, cap) == 0 {
             return false;

@@ -694,7 +694,19 @@ impl Runtime {
         let mut p = decode_params(req, parts, shape, ws);
         p.fold = fold;
         p.num_splits = dev(ws.ptrs().splits(counts));
-        let mut kernel = kernels.decode_for_parts(req, parts, shape);
+        // The work list: the TMA decode's list kernel cuts the batch itself and writes the
+        // runs' counts, whatever array a scheduled layer would have read. It runs in place
+        // of the map form, or of the `cp.async` form the page size gave an fp8 cache
+        // ([`DecodeKernels::list_base_for`]).
+        let list = if list {
+            kernels.list_fixed_for(kernels.list_base_for(req, parts, shape), shape, ws.capacity)
+        } else {
+            0
+        };
+        let kernel = match kernels.tma_list {
+            Some(k) if list > 0 => k,
+            _ => kernels.decode_for_parts(req, parts, shape),
+        };
         // Split-major (the kernels read tile, sequence, split from x, y, z): the graph-safe
         // grid's CTAs past a sequence's split count (most of them at large batch) launch
         // after every CTA that has work, instead of between them.
@@ -707,15 +719,7 @@ impl Runtime {
         if persistent {
             p.persist_splits = cells.2;
         }
-        // The work list: the TMA decode's list kernel cuts the batch itself and writes the
-        // runs' counts, whatever array a scheduled layer would have read.
-        let list = if list {
-            kernels.list_fixed_for(kernel, shape, ws.capacity)
-        } else {
-            0
-        };
-        if let (true, Some(k)) = (list > 0, kernels.tma_list) {
-            kernel = k;
+        if list > 0 && kernels.tma_list.is_some() {
             p.list_fixed = list;
             p.fold = mla_abi::SchedFold::default();
             p.num_splits = dev(ws.ptrs().splits(Counts::Runs));

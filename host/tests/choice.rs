@@ -346,8 +346,8 @@ fn fp8_cache_tma_takes_two_blocks_per_split() {
 /// `MLA_TMA_CP=all` / `map` ([`TmaForm`]): the 64-row TMA decodes' `cp.async` forms on every
 /// cache their map serves, or on none, every dtype, pages 16 and 64; by default fp8 caches
 /// below `E4M3_MAP_MIN_PAGE` take the `cp.async` form and the rest the map. The small-row
-/// decode keeps its own rule, and the work list (the map form's) is off with the `cp.async`
-/// form.
+/// decode keeps its own rule. The work list (the map form's) is checked against the map form
+/// where the page size alone gave the `cp.async` form, and is off under `MLA_TMA_CP=all`.
 #[test]
 fn tma_form_picks_the_copy_form_on_mapped_caches() {
     let cases = [
@@ -379,9 +379,18 @@ fn tma_form_picks_the_copy_form_on_mapped_caches() {
                 map.list_fixed_for(tma, &shape, cap) > 0,
                 "{d:?} page {page}"
             );
+            let parts = SplitParts::default();
             let k = all.decode_for(&req, &shape);
             assert_eq!(k.symbol, cp, "{d:?} page {page}");
-            assert_eq!(all.list_fixed_for(k, &shape, cap), 0, "{d:?} page {page}");
+            // Everywhere `cp.async`: the list's base is that form, so the list is off.
+            let base = all.list_base_for(&req, &parts, &shape);
+            assert_eq!(base.symbol, cp, "{d:?} page {page}");
+            assert_eq!(
+                all.list_fixed_for(base, &shape, cap),
+                0,
+                "{d:?} page {page}"
+            );
+            assert_eq!(map.list_base_for(&req, &parts, &shape).symbol, tma.symbol);
             let want_cp = d != DecodeDtypes::Bf16 && page < E4M3_MAP_MIN_PAGE;
             let k = by_page.decode_for(&req, &shape);
             assert_eq!(
@@ -389,12 +398,27 @@ fn tma_form_picks_the_copy_form_on_mapped_caches() {
                 if want_cp { cp } else { tma.symbol },
                 "{d:?} page {page}"
             );
-            assert_eq!(
-                by_page.list_fixed_for(k, &shape, cap) > 0,
-                !want_cp,
+            // By page, the list is checked against the map form the page size displaced:
+            // a run the list pays for takes it.
+            let base = by_page.list_base_for(&req, &parts, &shape);
+            assert_eq!(base.symbol, tma.symbol, "{d:?} page {page}");
+            assert!(
+                by_page.list_fixed_for(base, &shape, cap) > 0,
                 "{d:?} page {page}"
             );
         }
+    }
+    // Where the map cannot serve (pages under 16 tokens), the list's base is the `cp.async`
+    // form the request takes anyway, and the list is off.
+    for (d, cp) in cases {
+        let k = kernels(Backend::Sm90a, Tile::Wg64N64, d, 8, 32)
+            .with_work_list(mla_host::choice::WORK_LIST_FIXED, true);
+        let (req, shape) = request(d, 8, 4096 / 8);
+        let base = k.list_base_for(&req, &SplitParts::default(), &shape);
+        if k.tma_cp.is_some() {
+            assert_eq!(base.symbol, cp, "{d:?} page 8");
+        }
+        assert_eq!(k.list_fixed_for(base, &shape, cap), 0, "{d:?} page 8");
     }
     // Without the `cp.async` forms (`MLA_TMA_CP=0`) an fp8 cache on 16-token pages keeps
     // the map form.
