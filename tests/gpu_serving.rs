@@ -279,10 +279,10 @@ fn every_query_token_count_matches_the_oracle() {
 
 /// The 64-row TMA decodes' work list, forced on (`set_work_list`): random batches of
 /// mixed lengths (one long sequence among short ones, or even ones), 64-128 heads, S_q 1-4,
-/// every dtype, pages of 16 and 64 (pages of 1, and fp8 caches on pages of 16, take the
-/// `cp.async` forms, which take no list and walk the cells), plans larger than the batch:
-/// `run` and `schedule_step` + `run_layer` against the oracle, and the run's split counts
-/// against the host twin.
+/// every dtype, pages of 16 and 64 (and of 1, whose `cp.async` forms take no list and walk
+/// the cells; an fp8 cache on pages of 16 takes the list in place of its `cp.async` form),
+/// plans larger than the batch: `run` and `schedule_step` + `run_layer` against the oracle,
+/// and the run's split counts against the host twin.
 #[test]
 fn work_list_matches_the_oracle_and_its_twin() {
     let test = "work_list";
