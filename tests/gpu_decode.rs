@@ -11,9 +11,12 @@
 
 mod common;
 
+use mla::abi::ElemType;
 use mla::tactic::Tile;
 use mla::{DecodeDtypes, DecodeWorkspace, MlaError, abi::MAX_SPLITS};
 use mla_dev::harness::{self, CaseSpec, DeviceCase, HostCase, Splits, Values};
+use mla_dev::numeric;
+use mla_dev::oracle::OracleOutput;
 use mla_dev::rng::SplitMix64;
 
 const PAGE_SIZES: [usize; 5] = [1, 16, 64, 128, 256];
@@ -367,6 +370,92 @@ fn padded_cache_strides() {
         Some((64, 64)),
         &|_| {},
     );
+    report(test, seed, runs, &failures);
+}
+
+/// Scales `h`'s values by `2^e` and its softmax scale by `2^-e`, so that the logits (and
+/// the lse) stay as drawn and the outputs scale by `2^e`: a bf16 cache's stored values
+/// (exact but for values that go subnormal, re-decoded so the references see what the
+/// kernels read), an fp8 cache's `kv_scale`.
+fn scale_values(h: &mut HostCase, e: i32) {
+    let f = 2f32.powi(e);
+    if h.spec.dtypes.kv() == ElemType::Fp8E4m3 {
+        h.scales.kv_scale *= f;
+    } else {
+        let t = h.spec.dtypes.kv();
+        let scaled: Vec<f32> = h.kv_vals.iter().map(|v| v * f).collect();
+        h.kv_bytes = numeric::from_f32(t, &scaled);
+        h.kv_vals = numeric::to_f32(t, &h.kv_bytes);
+    }
+    h.scales.softmax_scale /= f;
+}
+
+/// Split outputs far above fp16's range (65504) and far below its normal range: the 64-row
+/// TMA decodes' partials are fp16 over a power-of-two factor per half row
+/// (`mla::abi::partial16`), which must keep both. Values scaled by `2^e`
+/// ([`scale_values`]), outputs compared after scaling back by `2^-e`, so that the
+/// tolerance's absolute floor (`1e-5` of at least 1) cannot hide a tiny output's error.
+/// H=128 on pages of 64, 16 and 4 (every 64-row TMA form: map and `cp.async`, bf16 and
+/// e4m3), bf16 and fp8 caches under bf16 Q, and fp8 Q.
+#[test]
+fn split_partials_keep_every_magnitude() {
+    let test = "partial_magnitudes";
+    let seed = common::seed(test);
+    let Some((rt, stream)) = common::gpu(test) else {
+        return;
+    };
+    let sms = rt.device().sm_count as usize;
+    let mut specs = Vec::new();
+    for d in [
+        DecodeDtypes::Bf16,
+        DecodeDtypes::Fp8KvBf16Q,
+        DecodeDtypes::Fp8,
+    ] {
+        for (page, s_q) in [(64, 1), (16, 2), (4, 1)] {
+            specs.push(CaseSpec::new(d, page, 128, s_q, vec![3000, 700, 65, 1]));
+        }
+    }
+    let splits = [
+        Splits::Fixed(2),
+        Splits::Fixed(7),
+        Splits::Fixed(MAX_SPLITS as usize),
+    ];
+    let (mut runs, mut failures) = (0, Vec::new());
+    for (i, e) in [-100i32, -30, 0, 30, 100].into_iter().enumerate() {
+        let edit = move |h: &mut HostCase| scale_values(h, e);
+        let prepared = common::prepare_with(&specs, seed ^ (i as u64) << 40, &edit);
+        let back = 2f64.powi(-e);
+        for (h, refs) in &prepared {
+            let mut d = DeviceCase::upload(&stream, h).expect("upload");
+            let mut ws = harness::workspace_for(&stream, h).expect("workspace");
+            let refs = (
+                OracleOutput {
+                    out: refs.0.out.iter().map(|v| v * back).collect(),
+                    lse: refs.0.lse.clone(),
+                },
+                OracleOutput {
+                    out: refs.1.out.iter().map(|v| v * back).collect(),
+                    lse: refs.1.lse.clone(),
+                },
+            );
+            for sp in splits {
+                let counts = sp.counts(&h.spec.lens, h.spec.s_q * h.spec.heads, sms);
+                let (out, lse) =
+                    harness::run_decode(&rt, &stream, h, &mut d, &mut ws, &counts).expect("decode");
+                let out = out.iter().map(|&v| (f64::from(v) * back) as f32).collect();
+                let chk = harness::check(&(out, lse), &refs);
+                runs += 1;
+                if !chk.ok() {
+                    failures.push(format!(
+                        "2^{e} {}: out {} | lse {}",
+                        case_label(h, sp, Tile::M64N64),
+                        chk.out,
+                        chk.lse
+                    ));
+                }
+            }
+        }
+    }
     report(test, seed, runs, &failures);
 }
 

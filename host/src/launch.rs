@@ -794,7 +794,7 @@ impl Runtime {
             heads: p.heads,
             max_splits: p.max_splits,
             output_scale: p.output_scale,
-            _pad: 0,
+            partial_f16: names::DECODE_F16_PARTIALS.contains(&kernel.symbol) as u32,
             seq_lens: p.seq_lens,
         };
         let grid = combine_grid(combine, rows, shape.batch, self.wave(combine.symbol));
@@ -887,7 +887,7 @@ impl Runtime {
             heads: heads as u32,
             max_splits: max_splits as u32,
             output_scale,
-            _pad: 0,
+            partial_f16: 0,
             seq_lens: DevPtr::NULL,
         };
         // SAFETY: every buffer was checked to hold what the kernel indexes.

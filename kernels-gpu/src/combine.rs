@@ -20,14 +20,16 @@
 //!   registers: 3 CTAs per SM). The first `UNROLL` chunks' O loads go out with the lse
 //!   loads.
 //! - Reads [`CombineParams`]: `num_splits[b]` (sequences with one split are skipped: the
-//!   decode kernel wrote their output), `partial_lse`, `partial_o`; writes `out`, `lse`.
+//!   decode kernel wrote their output), `partial_lse`, `partial_o` (f32 rows, or with
+//!   `partial_f16` the 16-bit form of the 64-row TMA decodes, `mla_abi::partial16`);
+//!   writes `out`, `lse`.
 //! - Chunks with `lse_i = -inf` (no visible keys) get weight exactly 0; a row whose chunks
 //!   are all empty gets `out = 0`, `lse = -inf`, never NaN. A chunk whose `lse_i` is NaN (or
 //!   `+inf`) makes the row's `out` and `lse` NaN: a poisoned part is never dropped.
 
-use crate::arch::{self, sync};
+use crate::arch::{self, cvt, sync};
 use crate::elem::Half16;
-use mla_abi::{CombineParams, D_V, MAX_SPLITS, combine_tile};
+use mla_abi::{CombineParams, D_V, MAX_SPLITS, combine_tile, partial16};
 
 const LOG2E: f32 = core::f32::consts::LOG2_E;
 const LN2: f32 = core::f32::consts::LN_2;
@@ -117,19 +119,27 @@ pub unsafe fn combine<O: Half16, const UNROLL: usize, const ROWS: u32>(p: Combin
         }
         // SAFETY: forwarded from the caller; row < rows, b < batch, 2 <= splits <=
         // min(max_splits, MAX_SPLITS).
-        unsafe { combine_row::<O, UNROLL>(p, b, row, splits) };
+        unsafe {
+            if p.partial_f16 != 0 {
+                combine_row::<O, UNROLL, true>(p, b, row, splits)
+            } else {
+                combine_row::<O, UNROLL, false>(p, b, row, splits)
+            }
+        };
         group += step;
     }
 }
 
 /// One query row `row` of sequence `b`, merged over its `splits` chunks by the
-/// `combine_tile::THREADS` threads (whole warps) that own it.
+/// `combine_tile::THREADS` threads (whole warps) that own it. `F16`: the partials are in
+/// the 16-bit form (`mla_abi::partial16`): a chunk's four fp16 values and its half row's
+/// factor, which scales the chunk's weight.
 ///
 /// # Safety
 /// The row's warps together and converged; `b < batch`, `row < s_q * heads` and
 /// `splits <= min(max_splits, MAX_SPLITS)` of params the host validated.
 #[inline(always)]
-unsafe fn combine_row<O: Half16, const UNROLL: usize>(
+unsafe fn combine_row<O: Half16, const UNROLL: usize, const F16: bool>(
     p: CombineParams,
     b: u32,
     row: u32,
@@ -150,11 +160,20 @@ unsafe fn combine_row<O: Half16, const UNROLL: usize>(
         unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
             let i = i0 + j as u32;
             if j < UNROLL && i < splits {
-                let src = (i as usize * split_stride + row_idx) * D_V + dim0;
+                let slot = (i as usize * split_stride + row_idx) * D_V;
                 // SAFETY: i < splits <= max_splits and row_idx < batch * rows index the
-                // workspace the host sized as max_splits * batch * rows * D_V; 16-byte
-                // aligned (D_V and dim0 multiples of 4 f32).
-                vs[j] = unsafe { arch::smem::ld_global_nc_v4(p.partial_o.ptr().add(src) as *const u8) };
+                // workspace the host sized as max_splits * batch * rows * D_V f32; 16-byte
+                // aligned (D_V and dim0 multiples of 4 f32), 8-byte in the 16-bit form
+                // (dim0 a multiple of 4 halves), whose factors sit inside the slot.
+                vs[j] = unsafe {
+                    let base = p.partial_o.ptr().add(slot);
+                    if F16 {
+                        let h = arch::smem::ld_global_nc_v2((base as *const u16).add(dim0) as *const u8);
+                        [h[0], h[1], 0, 0]
+                    } else {
+                        arch::smem::ld_global_nc_v4(base.add(dim0) as *const u8)
+                    }
+                };
             }
         });
         vs
@@ -177,10 +196,33 @@ unsafe fn combine_row<O: Half16, const UNROLL: usize>(
             f32::NEG_INFINITY
         }
     };
+    // The 16-bit form: lane j also loads the factors of chunks j, j + 32, ... for the
+    // warp's half row (dims `4t ..` of a warp lie in one half), which scale their weights
+    // below: the weights' sum is the lse's, without them.
+    let half = dim0 / (D_V / 2);
+    // SAFETY: as in `load`; the factors sit inside the slot.
+    let factor_at = |i: u32| {
+        if F16 && i < splits {
+            let slot = (i as usize * split_stride + row_idx) * D_V;
+            let f = unsafe { p.partial_o.ptr().add(slot + partial16::FACTOR + half) };
+            f32::from_bits(unsafe { arch::smem::ld_global_nc_b32(f as *const u8) })
+        } else {
+            1.0
+        }
+    };
+    let factors: [f32; PARTS] = core::array::from_fn(|k| factor_at(lane + 32 * k as u32));
     // SAFETY: the row's warps run this code converged (row and b are warp-uniform).
-    let (m, w, sum) = unsafe {
+    let (m, mut w, sum) = unsafe {
         warp_lse_weights::<PARTS>(core::array::from_fn(|k| lse_at(lane + 32 * k as u32)))
     };
+    if F16 {
+        // A chunk of weight 0 keeps 0: its factor may be garbage (never written).
+        for (wk, &f) in w.iter_mut().zip(&factors) {
+            if *wk != 0.0 {
+                *wk *= f;
+            }
+        }
+    }
 
     // A chunk of weight 0 may hold garbage (an empty chunk's O is never written): its value
     // is replaced by 0, never multiplied.
@@ -204,8 +246,16 @@ unsafe fn combine_row<O: Half16, const UNROLL: usize>(
         });
         unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
             if j < UNROLL && ws[j] != 0.0 {
-                for d in 0..combine_tile::DIMS_PER_THREAD {
-                    acc[d] += ws[j] * f32::from_bits(vs[j][d]);
+                if F16 {
+                    // The weight carries the half row's factor.
+                    for d in 0..combine_tile::DIMS_PER_THREAD {
+                        let bits = (vs[j][d / 2] >> (16 * (d % 2))) as u16;
+                        acc[d] += ws[j] * cvt::f16_to_f32(bits);
+                    }
+                } else {
+                    for d in 0..combine_tile::DIMS_PER_THREAD {
+                        acc[d] += ws[j] * f32::from_bits(vs[j][d]);
+                    }
                 }
             }
         });

@@ -573,6 +573,45 @@ pub mod combine_tile {
     pub const ROWS_NARROW: u32 = 4;
 }
 
+/// The 16-bit split partial of the 64-row TMA decodes (`names::DECODE_F16_PARTIALS`),
+/// in the f32 workspace's row slots (`D_V` f32, 2 KB): half `h` of a row (dims
+/// `h * D_V / 2 ..`, one warpgroup's) is stored as fp16 values `o / f_h` in the slot's
+/// first `D_V` halves, and `f_h`, a power of two, as the f32 at index `FACTOR + h`. The
+/// writer picks `f_h` so that the half's largest magnitude lands in `[2^14, 2^15)`: every
+/// value keeps fp16's 11 significant bits relative to its half's largest, whatever the
+/// values' range (fp16 alone overflows at 65504, which bf16 and scaled fp8 values pass).
+/// A split's output is rounded once more than the f32 partial rounds it, by at most
+/// `2^-11` of its half's largest magnitude: an eighth of a bf16 output's own rounding
+/// (every decode that writes this form has a bf16 output). Half the partials' bytes for
+/// the combine to read.
+pub mod partial16 {
+    /// f32 index, in a row's slot, of the first half's factor (the second's follows).
+    pub const FACTOR: usize = super::D_V / 2;
+    /// The factor's exponent bias: `f = 2^(e - BIAS)` for the half's largest magnitude
+    /// `m < 2^(e - 126)` (`e` its biased f32 exponent), so that `m / f < 2^15`.
+    pub const BIAS: i32 = 141;
+    /// The smallest exponent of a factor (a normal f32; its inverse, `2^126`, too).
+    pub const MIN_EXP: i32 = -126;
+
+    /// The factor `f` of a half row whose largest magnitude is `m`, and `1 / f`: `m / f`
+    /// in `[2^14, 2^15)`, below fp16's largest finite 65504 after rounding; `f` at least
+    /// `2^MIN_EXP` (zeros, subnormals). A NaN or infinite `m` takes the largest factor,
+    /// `2^114`; its values stay NaN or infinite.
+    #[inline(always)]
+    pub fn factor(m: f32) -> (f32, f32) {
+        let e = ((m.to_bits() >> 23) & 0xff) as i32;
+        let k = if e - BIAS > MIN_EXP {
+            e - BIAS
+        } else {
+            MIN_EXP
+        };
+        (
+            f32::from_bits(((127 + k) as u32) << 23),
+            f32::from_bits(((127 - k) as u32) << 23),
+        )
+    }
+}
+
 /// Launch shape of the reference decode: one CTA of 128 threads per query row; thread `t`
 /// accumulates output dims `4t .. 4t + 4`.
 pub mod ref_tile {
@@ -760,6 +799,20 @@ pub mod names {
     /// take.
     pub const DECODE_TMA_FP8KV_BF16Q_CP: &str = "mla_decode_tma_fp8kv_bf16q_cp";
     pub const DECODE_TMA_FP8_CP: &str = "mla_decode_tma_fp8_cp";
+    /// The 64-row TMA decodes (map, work list and `cp.async` forms): their split partials
+    /// are in the 16-bit form (`partial16`), which their combines read
+    /// (`CombineParams::partial_f16`).
+    pub const DECODE_F16_PARTIALS: [&str; 9] = [
+        DECODE_TMA_BF16,
+        DECODE_TMA_FP8KV_BF16Q,
+        DECODE_TMA_FP8,
+        DECODE_TMA_BF16_LIST,
+        DECODE_TMA_FP8KV_BF16Q_LIST,
+        DECODE_TMA_FP8_LIST,
+        DECODE_TMA_BF16_CP,
+        DECODE_TMA_FP8KV_BF16Q_CP,
+        DECODE_TMA_FP8_CP,
+    ];
     /// The TMA decodes' `cp.async` forms: their launches pass a zeroed map, which they do not
     /// read.
     pub const DECODE_TMA_CP_FORMS: [&str; 4] = [
@@ -1377,7 +1430,9 @@ pub struct CombineParams {
     pub heads: u32,
     pub max_splits: u32,
     pub output_scale: f32,
-    pub _pad: u32,
+    /// 0: `partial_o` holds f32 rows. 1: the 16-bit form the 64-row TMA decodes write
+    /// ([`partial16`]): fp16 rows with an exponent factor per half row.
+    pub partial_f16: u32,
     /// `[batch]` i32 lengths, or null: a sequence of length `<= 0` (padding) is left alone
     /// whatever its `num_splits` entry holds (a step slot's counts may be another step's).
     pub seq_lens: DevPtr<i32>,

@@ -183,6 +183,36 @@ pub unsafe fn ld_global_nc_v4(ptr: *const u8) -> [u32; 4] {
     [x, y, z, w]
 }
 
+/// `ld.global.nc.v2.b32`: an 8-byte read-only global load.
+///
+/// # Safety
+/// `ptr` is 8-byte aligned, readable, and not written during the kernel.
+#[inline(always)]
+pub unsafe fn ld_global_nc_v2(ptr: *const u8) -> [u32; 2] {
+    let (x, y): (u32, u32);
+    // SAFETY: the caller guarantees the address is valid and read-only.
+    unsafe {
+        asm!("ld.global.nc.v2.b32 {{{x}, {y}}}, [{p}];", p = in(reg64) ptr,
+            x = out(reg32) x, y = out(reg32) y, options(nostack, readonly))
+    }
+    [x, y]
+}
+
+/// `ld.global.nc.b32`: a 4-byte read-only global load.
+///
+/// # Safety
+/// `ptr` is 4-byte aligned, readable, and not written during the kernel.
+#[inline(always)]
+pub unsafe fn ld_global_nc_b32(ptr: *const u8) -> u32 {
+    let x: u32;
+    // SAFETY: the caller guarantees the address is valid and read-only.
+    unsafe {
+        asm!("ld.global.nc.b32 {x}, [{p}];", p = in(reg64) ptr, x = out(reg32) x,
+            options(nostack, readonly))
+    }
+    x
+}
+
 /// `st.global.v2.b32`: an 8-byte global store (a `[f32; 2]` store through a pointer is
 /// only 4-byte aligned to the compiler, which then splits it in two).
 ///

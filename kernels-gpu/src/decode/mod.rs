@@ -509,7 +509,14 @@ pub(crate) fn out_row(p: &DecodeParams, b: u32, gr: u32) -> u64 {
     b as u64 * p.out_stride_b + t as u64 * p.out_stride_s + h as u64 * p.out_stride_h
 }
 
-/// The byte address of 16-byte chunk `ch` of row `r` in a one-split output staging tile:
+/// `|x|`, as bits (one `abs.f32`, which ptxas folds into a max's operand).
+#[cfg(mla_wgmma)]
+#[inline(always)]
+pub(crate) fn fabs(x: f32) -> f32 {
+    f32::from_bits(x.to_bits() & 0x7fff_ffff)
+}
+
+/// The byte address of 16-byte chunk `ch` of row `r` in an output staging tile:
 /// rows of 1024 bytes (512 16-bit dims), chunk `ch` at `ch ^ (r % 8)`, so that the eight rows
 /// of a fragment store fall in distinct banks.
 #[cfg(mla_wgmma)]
@@ -518,11 +525,12 @@ pub(crate) fn staged_chunk(stage: u32, r: u32, ch: u32) -> u32 {
     stage + r * 1024 + ((ch ^ (r % 8)) << 4)
 }
 
-/// Writes a staged one-split output tile ([`staged_chunk`]) out: this thread's chunk `ch` of
-/// staged rows `first, first + step, ...` below `end` (sixteen at most), staged row `r`
-/// going to element offset `offs[r]` of `out` (the u64 at `offs + 8 r`, [`out_row`], which
-/// the kernel writes beside the staging once per row), one 16-byte store per chunk
-/// (validation keeps `out`'s base and strides 16-byte aligned, `CHUNK_ALIGN`). With each
+/// Writes a staged output tile ([`staged_chunk`]) out: this thread's chunk `ch` of staged
+/// rows `first, first + step, ...` below `end` (sixteen at most), staged row `r` going to
+/// 16-bit element offset `offs[r]` of `dst` (the u64 at `offs + 8 r`: [`out_row`] of
+/// `out`, or a workspace slot, which the kernel writes beside the staging once per row),
+/// one 16-byte store per chunk (validation keeps `out`'s base and strides 16-byte aligned,
+/// `CHUNK_ALIGN`; the workspace's slots are 2 KB). With each
 /// row's division and three 64-bit products at its store, the sixteen unrolled stores were
 /// about 900 instructions run once per cell from a cold instruction cache (Nsight Compute:
 /// a quarter of a short cell's stall samples, most of them `no_inst`); with the table they
@@ -530,12 +538,13 @@ pub(crate) fn staged_chunk(stage: u32, r: u32, ch: u32) -> u32 {
 ///
 /// # Safety
 /// The staged rows and offsets below `end` are written and visible to this thread (a
-/// barrier after the stores); `end <= first + 16 step`; each offset is a row of the
-/// validated `out`, `ch < 64`.
+/// barrier after the stores); `end <= first + 16 step`; each offset starts 512 16-bit
+/// elements of `dst` (a row of the validated `out`, or a sized workspace slot), 16-byte
+/// aligned; `ch < 64`.
 #[cfg(mla_wgmma)]
 #[inline(always)]
 pub(crate) unsafe fn store_staged_rows(
-    p: &DecodeParams,
+    dst: *mut u16,
     stage: u32,
     offs: u32,
     (first, step, end): (u32, u32, u32),
@@ -548,7 +557,7 @@ pub(crate) unsafe fn store_staged_rows(
             unsafe {
                 let v = smem::ld_shared_v4(staged_chunk(stage, r, ch));
                 let off = smem::ld_shared_u64(offs + 8 * r) + 8 * ch as u64;
-                smem::st_global_v4((p.out.ptr() as *mut u16).add(off as usize) as *mut u8, v);
+                smem::st_global_v4(dst.add(off as usize) as *mut u8, v);
             }
         }
     });

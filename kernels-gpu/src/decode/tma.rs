@@ -45,9 +45,9 @@
 //!   arrivals in an order that keeps every shared buffer's reader ahead of its next
 //!   writer (see `Cta::step_a` and `Cta::step_b`).
 //!
-//! - A sequence of one split writes its output tile through shared memory in whole
-//!   16-byte chunks (`Cta::store_out`); a split's f32 partial goes straight from the
-//!   fragments (`decode::write_rows`).
+//! - A cell writes its output tile through shared memory in whole 16-byte chunks
+//!   (`Cta::store_out`): bf16 rows to `out` for a sequence of one split, else the 16-bit
+//!   partial (`mla_abi::partial16`) to the workspace.
 //!
 //! Here: the CTA's state, its phases (prologue, each warpgroup's pair step, epilogue) and
 //! the kernel body; the copy issue in [`issue`], S, P and P.V in [`math`].
@@ -55,7 +55,7 @@
 use crate::arch::{self, bulk, cp_async, ldmatrix, smem, sync, wgmma};
 use crate::decode::wg::{SLAB, SLAB_TILE, aligned_base, slab_off};
 use crate::decode::{self, DecodeKind, M64, trace};
-use crate::elem::{Bf16, Half16};
+use crate::elem::{Bf16, Fp16, Half16};
 use core::marker::PhantomData;
 use mla_abi::DecodeParams;
 use mla_abi::decode_tile as T;
@@ -704,60 +704,81 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             Self::cta_sync();
             let l_other = self.ld_rows(5 - wg);
             let l_tot = [l_own[0] + l_other[0], l_own[1] + l_other[1]];
-            if self.nsplit == 1 {
-                self.store_out(l_tot);
-            } else {
-                let row_a = self.row0 + self.r_loc;
-                decode::write_rows::<K, M64>(
-                    self.p,
-                    &self.o,
-                    l_tot,
-                    self.m_run,
-                    self.b,
-                    row_a,
-                    self.split,
-                    self.nsplit,
-                    wg,
-                    self.c,
-                );
-            }
+            self.store_out(l_tot);
         }
     }
 
-    /// A sequence of one split: the normalised tile (64 rows x 512 bf16) goes through the
-    /// Q tile's shared memory (free once every S is done), then out in whole 16-byte
-    /// chunks, a warp writing 512 contiguous bytes of a row per store. Written straight
-    /// from the fragments, each store of a warp touched eight rows 16 bytes apiece, and the
-    /// epilogue's global stores were the kernel's largest stall (Nsight Compute, `lg`
-    /// throttle). The staged row `r` holds its 16-byte chunk `ch` at `ch ^ (r % 8)`, so
-    /// that the fragments' eight rows of a store fall in distinct banks.
+    /// The normalised tile (64 rows x 512 16-bit values) goes through the Q tile's shared
+    /// memory (free once every S is done), then out in whole 16-byte chunks, a warp writing
+    /// 512 contiguous bytes of a row per store. Written straight from the fragments, each
+    /// store of a warp touched eight rows 16 bytes apiece, and the epilogue's global stores
+    /// were the kernel's largest stall (Nsight Compute, `lg` throttle). The staged row `r`
+    /// holds its 16-byte chunk `ch` at `ch ^ (r % 8)`, so that the fragments' eight rows of
+    /// a store fall in distinct banks. A sequence of one split writes its bf16 rows to
+    /// `out` and their lse; a split cell its 16-bit partial (`mla_abi::partial16`): each
+    /// warpgroup's half row as fp16 over a power-of-two factor, the factor, and the lse, in
+    /// the workspace slot of (split, sequence, row).
     ///
     /// # Safety
     /// All threads of the CTA, after the epilogue's CTA barrier (every `wgmma` done); the
-    /// host sized `out` and `lse` (validated). Ends with a CTA barrier: the next cell's Q
-    /// lands in the same shared memory.
+    /// host sized `out` and `lse` (validated) and the workspace (`split < max_splits`).
+    /// Ends with a CTA barrier: the next cell's Q lands in the same shared memory.
     #[inline(always)]
     unsafe fn store_out(&self, l_tot: [f32; 2]) {
         let p = self.p;
         let rows = p.s_q * p.heads;
+        let split = self.nsplit > 1;
         let stage = self.base;
         let chunk_at = |r: u32, ch: u32| decode::staged_chunk(stage, r, ch);
-        // The rows' offsets in `out`, after the staged tile (the Q tile's last 8 KB).
+        // The rows' offsets (16-bit elements) in `out` or in the workspace, after the
+        // staged tile (the Q tile's last 8 KB).
         let offs = stage + BLOCK_N * 1024;
+        // The workspace slot index of (split, b, row 0): split-major over every row.
+        let part0 = (self.split as usize * p.batch as usize + self.b as usize) * rows as usize;
         // SAFETY: rows < 64 and chunks < 64 of the Q tile's first 64 KB, and the 512 bytes
         // after them; lse rows below `rows` of sequence b < batch; out rows below `rows`,
-        // dims < 512 (validated out).
+        // dims < 512 (validated out); workspace slots below max_splits * batch * rows.
         unsafe {
+            // Each value is `o * sc * sf`: `sf` is 1 for `out`, the half row's factor's
+            // inverse for a partial (a product `sc * sf` could overflow where `o` is tiny).
             let mut sc = [0.0f32; 2];
+            let mut sf = [1.0f32; 2];
             unroll!(half in [0, 1] {
                 let r = self.r_loc + 8 * half as u32;
                 let (inv, lse) = decode::row_norm(l_tot[half], self.m_run[half]);
-                sc[half] = inv * p.value_scale * p.output_scale;
                 let gr = self.row0 + r;
-                if self.wg == 0 && self.c == 0 && gr < rows {
-                    *p.lse.ptr().add((self.b * rows + gr) as usize) = lse;
+                if split {
+                    sc[half] = inv * p.value_scale;
+                    let mut m = 0.0f32;
+                    unroll!(nt in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
+                        m = sync::fmax(m, decode::fabs(self.o[nt][2 * half]));
+                        m = sync::fmax(m, decode::fabs(self.o[nt][2 * half + 1]));
+                    });
+                    // The quad's four lanes hold the warpgroup's half of the row.
+                    let (f, inv_f) = mla_abi::partial16::factor(decode::quad_max(m) * decode::fabs(sc[half]));
+                    sf[half] = inv_f;
+                    if self.c == 0 && gr < rows {
+                        let slot = (part0 + gr as usize) * mla_abi::D_V;
+                        *p.partial_o.ptr().add(slot + mla_abi::partial16::FACTOR + self.wg as usize) = f;
+                        if self.wg == 0 {
+                            *p.partial_lse.ptr().add(part0 + gr as usize) = lse;
+                        }
+                    }
+                } else {
+                    sc[half] = inv * p.value_scale * p.output_scale;
+                    if self.wg == 0 && self.c == 0 && gr < rows {
+                        *p.lse.ptr().add((self.b * rows + gr) as usize) = lse;
+                    }
                 }
             });
+            let pack = |a: f32, b: f32, half: usize| {
+                let (a, b) = (a * sc[half] * sf[half], b * sc[half] * sf[half]);
+                if split {
+                    Fp16::pack2(a, b)
+                } else {
+                    Bf16::pack2(a, b)
+                }
+            };
             let tid = arch::thread_idx_x();
             if Self::E4 {
                 // The e4m3 kernels (255 registers) spilled with `stmatrix` staging: one
@@ -765,7 +786,7 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                 unroll!(half in [0, 1] {
                     let r = self.r_loc + 8 * half as u32;
                     unroll!(nt in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
-                        let v = Bf16::pack2(self.o[nt][2 * half] * sc[half], self.o[nt][2 * half + 1] * sc[half]);
+                        let v = pack(self.o[nt][2 * half], self.o[nt][2 * half + 1], half);
                         smem::st_shared_u32(chunk_at(r, 32 * self.wg + nt as u32) + 4 * self.c, v);
                     });
                 });
@@ -779,21 +800,32 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                     let nt = 2 * q;
                     let o = &self.o;
                     let v = [
-                        Bf16::pack2(o[nt][0] * sc[0], o[nt][1] * sc[0]),
-                        Bf16::pack2(o[nt][2] * sc[1], o[nt][3] * sc[1]),
-                        Bf16::pack2(o[nt + 1][0] * sc[0], o[nt + 1][1] * sc[0]),
-                        Bf16::pack2(o[nt + 1][2] * sc[1], o[nt + 1][3] * sc[1]),
+                        pack(o[nt][0], o[nt][1], 0),
+                        pack(o[nt][2], o[nt][3], 1),
+                        pack(o[nt + 1][0], o[nt + 1][1], 0),
+                        pack(o[nt + 1][2], o[nt + 1][3], 1),
                     ];
                     ldmatrix::stmatrix_x4(chunk_at(r, 32 * self.wg + nt as u32 + m / 2), v);
                 });
             }
-            // The rows' offsets once the fragments are staged.
+            // The rows' offsets once the fragments are staged: a partial's slot holds D_V
+            // f32, so 2 D_V 16-bit elements.
             let end = (rows - self.row0).min(BLOCK_N);
             if tid < end {
-                smem::st_shared_u64(offs + 8 * tid, decode::out_row(p, self.b, self.row0 + tid));
+                let off = if split {
+                    ((part0 + (self.row0 + tid) as usize) * 2 * mla_abi::D_V) as u64
+                } else {
+                    decode::out_row(p, self.b, self.row0 + tid)
+                };
+                smem::st_shared_u64(offs + 8 * tid, off);
             }
             Self::cta_sync();
-            decode::store_staged_rows(p, stage, offs, (tid / 64, 4, end), tid % 64);
+            let dst = if split {
+                p.partial_o.ptr() as *mut u16
+            } else {
+                p.out.ptr() as *mut u16
+            };
+            decode::store_staged_rows(dst, stage, offs, (tid / 64, 4, end), tid % 64);
             Self::cta_sync();
         }
     }

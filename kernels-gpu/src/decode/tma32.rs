@@ -1101,7 +1101,13 @@ impl<'a, K: DecodeKind> Consumer<'a, K> {
                     smem::st_shared_u64(offs + 8 * tid, decode::out_row(p, b, tid));
                 }
                 sync::bar_sync_named::<BAR_OUT, CONSUMERS>();
-                decode::store_staged_rows(p, stage, offs, (tid / 64, 2, end), tid % 64);
+                decode::store_staged_rows(
+                    p.out.ptr() as *mut u16,
+                    stage,
+                    offs,
+                    (tid / 64, 2, end),
+                    tid % 64,
+                );
             }
         } else {
             let split = self.split;
