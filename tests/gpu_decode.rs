@@ -390,13 +390,13 @@ fn scale_values(h: &mut HostCase, e: i32) {
     h.scales.softmax_scale /= f;
 }
 
-/// Split outputs far above fp16's range (65504) and far below its normal range: the 64-row
-/// TMA decodes' partials are fp16 over a power-of-two factor per half row
-/// (`mla::abi::partial16`), which must keep both. Values scaled by `2^e`
-/// ([`scale_values`]), outputs compared after scaling back by `2^-e`, so that the
-/// tolerance's absolute floor (`1e-5` of at least 1) cannot hide a tiny output's error.
-/// H=128 on pages of 64, 16 and 4 (every 64-row TMA form: map and `cp.async`, bf16 and
-/// e4m3), bf16 and fp8 caches under bf16 Q, and fp8 Q.
+/// Split outputs far above fp16's range (65504) and far below its normal range: the bf16
+/// 64-row TMA decodes' partials are fp16 over a power-of-two factor per half row
+/// (`mla::abi::partial16`), which must keep both (the e4m3 forms' f32 partials, run here
+/// too, must as well). Values scaled by `2^e` ([`scale_values`]), outputs compared after
+/// scaling back by `2^-e`, so that the tolerance's absolute floor (`1e-5` of at least 1)
+/// cannot hide a tiny output's error. H=128 on pages of 64, 16 and 4 (the map and
+/// `cp.async` forms), bf16 and fp8 caches under bf16 Q, and fp8 Q.
 #[test]
 fn split_partials_keep_every_magnitude() {
     let test = "partial_magnitudes";

@@ -277,21 +277,22 @@ const E4M3_XPOSE_SITES: SyncSites = (
 );
 const SYNC_SITES: &[(&str, SyncSites)] = &[
     // CTA barriers: the one after the mbarriers' init, two around each marking of a
-    // persistent CTA's cells, the prologue's, the epilogue's, two in the staged output store.
+    // persistent CTA's cells, the prologue's, the epilogue's, two in the staged output store
+    // and two in the staged 16-bit partial's.
     (
         "mla_decode_tma_bf16",
         (
             8,
-            &[(0, 7), (1, 1), (2, 1), (3, 1), (4, 1), (5, 2), (6, 2)],
+            &[(0, 9), (1, 1), (2, 1), (3, 1), (4, 1), (5, 2), (6, 2)],
             &[(1, 1), (2, 1), (3, 1), (4, 1)],
         ),
     ),
     // Its `cp.async` form: one `wgmma` wait in warpgroup 0's step and two in warpgroup 1's;
     // the CTA barriers of the TMA decode (the marking's two, the prologue's, the
-    // epilogue's, the staged store's two); P handed over per stage (3, 4).
+    // epilogue's, the staged stores' two each); P handed over per stage (3, 4).
     (
         "mla_decode_tma_bf16_cp",
-        (3, &[(0, 6), (3, 1), (4, 1)], &[(3, 1), (4, 1)]),
+        (3, &[(0, 8), (3, 1), (4, 1)], &[(3, 1), (4, 1)]),
     ),
     // An fp8 cache under either Q (the e4m3 path), with the transposer warpgroup: see
     // E4M3_XPOSE_SITES.
@@ -303,7 +304,7 @@ const SYNC_SITES: &[(&str, SyncSites)] = &[
         "mla_decode_tma_bf16_list",
         (
             8,
-            &[(0, 7), (1, 1), (2, 1), (3, 1), (4, 1), (5, 2), (6, 2)],
+            &[(0, 9), (1, 1), (2, 1), (3, 1), (4, 1), (5, 2), (6, 2)],
             &[(1, 1), (2, 1), (3, 1), (4, 1)],
         ),
     ),

@@ -21,7 +21,7 @@
 //!   loads.
 //! - Reads [`CombineParams`]: `num_splits[b]` (sequences with one split are skipped: the
 //!   decode kernel wrote their output), `partial_lse`, `partial_o` (f32 rows, or with
-//!   `partial_f16` the 16-bit form of the 64-row TMA decodes, `mla_abi::partial16`);
+//!   `partial_f16` the 16-bit form of the bf16 64-row TMA decodes, `mla_abi::partial16`);
 //!   writes `out`, `lse`.
 //! - Chunks with `lse_i = -inf` (no visible keys) get weight exactly 0; a row whose chunks
 //!   are all empty gets `out = 0`, `lse = -inf`, never NaN. A chunk whose `lse_i` is NaN (or

@@ -563,7 +563,7 @@ pub mod combine_tile {
     /// alone was up to 22% slower there), and then where it takes fewer rounds (memory
     /// round trips times waves, `names::combine`).
     pub const NARROW_MAX_SPLITS: u32 = 8;
-    /// CTAs per SM of each build on sm_90a: narrow 54 registers x 512 threads, wide 215
+    /// CTAs per SM of each build on sm_90a: narrow 62 registers x 512 threads, wide 168
     /// x 128 (its first sixteen chunks' O in flight with the lse loads).
     pub const NARROW_CTAS_PER_SM: u32 = 2;
     pub const WIDE_CTAS_PER_SM: u32 = 2;
@@ -573,7 +573,7 @@ pub mod combine_tile {
     pub const ROWS_NARROW: u32 = 4;
 }
 
-/// The 16-bit split partial of the 64-row TMA decodes (`names::DECODE_F16_PARTIALS`),
+/// The 16-bit split partial of the bf16 64-row TMA decodes (`names::DECODE_F16_PARTIALS`),
 /// in the f32 workspace's row slots (`D_V` f32, 2 KB): half `h` of a row (dims
 /// `h * D_V / 2 ..`, one warpgroup's) is stored as fp16 values `o / f_h` in the slot's
 /// first `D_V` halves, and `f_h`, a power of two, as the f32 at index `FACTOR + h`. The
@@ -799,20 +799,11 @@ pub mod names {
     /// take.
     pub const DECODE_TMA_FP8KV_BF16Q_CP: &str = "mla_decode_tma_fp8kv_bf16q_cp";
     pub const DECODE_TMA_FP8_CP: &str = "mla_decode_tma_fp8_cp";
-    /// The 64-row TMA decodes (map, work list and `cp.async` forms): their split partials
-    /// are in the 16-bit form (`partial16`), which their combines read
-    /// (`CombineParams::partial_f16`).
-    pub const DECODE_F16_PARTIALS: [&str; 9] = [
-        DECODE_TMA_BF16,
-        DECODE_TMA_FP8KV_BF16Q,
-        DECODE_TMA_FP8,
-        DECODE_TMA_BF16_LIST,
-        DECODE_TMA_FP8KV_BF16Q_LIST,
-        DECODE_TMA_FP8_LIST,
-        DECODE_TMA_BF16_CP,
-        DECODE_TMA_FP8KV_BF16Q_CP,
-        DECODE_TMA_FP8_CP,
-    ];
+    /// The bf16 64-row TMA decodes (map, work list and `cp.async` forms): their split
+    /// partials are in the 16-bit form (`partial16`), which their combines read
+    /// (`CombineParams::partial_f16`). The e4m3 forms write f32 partials.
+    pub const DECODE_F16_PARTIALS: [&str; 3] =
+        [DECODE_TMA_BF16, DECODE_TMA_BF16_LIST, DECODE_TMA_BF16_CP];
     /// The TMA decodes' `cp.async` forms: their launches pass a zeroed map, which they do not
     /// read.
     pub const DECODE_TMA_CP_FORMS: [&str; 4] = [
@@ -1430,7 +1421,7 @@ pub struct CombineParams {
     pub heads: u32,
     pub max_splits: u32,
     pub output_scale: f32,
-    /// 0: `partial_o` holds f32 rows. 1: the 16-bit form the 64-row TMA decodes write
+    /// 0: `partial_o` holds f32 rows. 1: the 16-bit form the bf16 64-row TMA decodes write
     /// ([`partial16`]): fp16 rows with an exponent factor per half row.
     pub partial_f16: u32,
     /// `[batch]` i32 lengths, or null: a sequence of length `<= 0` (padding) is left alone

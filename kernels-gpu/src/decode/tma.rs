@@ -45,9 +45,10 @@
 //!   arrivals in an order that keeps every shared buffer's reader ahead of its next
 //!   writer (see `Cta::step_a` and `Cta::step_b`).
 //!
-//! - A cell writes its output tile through shared memory in whole 16-byte chunks
-//!   (`Cta::store_out`): bf16 rows to `out` for a sequence of one split, else the 16-bit
-//!   partial (`mla_abi::partial16`) to the workspace.
+//! - A sequence of one split writes its output tile through shared memory in whole
+//!   16-byte chunks (`Cta::store_out`); a split cell of the bf16 forms its 16-bit partial
+//!   (`mla_abi::partial16`) the same way (`Cta::store_partial16`), of the e4m3 forms its
+//!   f32 partial straight from the fragments (`decode::write_rows`).
 //!
 //! Here: the CTA's state, its phases (prologue, each warpgroup's pair step, epilogue) and
 //! the kernel body; the copy issue in [`issue`], S, P and P.V in [`math`].
@@ -704,81 +705,66 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             Self::cta_sync();
             let l_other = self.ld_rows(5 - wg);
             let l_tot = [l_own[0] + l_other[0], l_own[1] + l_other[1]];
-            self.store_out(l_tot);
+            // A split cell of the bf16 forms writes the 16-bit partial; the e4m3 forms keep
+            // f32 partials straight from the fragments (staged 16-bit partials measured 4-11%
+            // slower on their split rows, and moved their register allocation: 255, or 168
+            // under `setmaxnreg`).
+            if self.nsplit == 1 {
+                self.store_out(l_tot);
+            } else if !Self::E4 {
+                self.store_partial16(l_tot);
+            } else {
+                let row_a = self.row0 + self.r_loc;
+                decode::write_rows::<K, M64>(
+                    self.p,
+                    &self.o,
+                    l_tot,
+                    self.m_run,
+                    self.b,
+                    row_a,
+                    self.split,
+                    self.nsplit,
+                    wg,
+                    self.c,
+                );
+            }
         }
     }
 
-    /// The normalised tile (64 rows x 512 16-bit values) goes through the Q tile's shared
-    /// memory (free once every S is done), then out in whole 16-byte chunks, a warp writing
-    /// 512 contiguous bytes of a row per store. Written straight from the fragments, each
-    /// store of a warp touched eight rows 16 bytes apiece, and the epilogue's global stores
-    /// were the kernel's largest stall (Nsight Compute, `lg` throttle). The staged row `r`
-    /// holds its 16-byte chunk `ch` at `ch ^ (r % 8)`, so that the fragments' eight rows of
-    /// a store fall in distinct banks. A sequence of one split writes its bf16 rows to
-    /// `out` and their lse; a split cell its 16-bit partial (`mla_abi::partial16`): each
-    /// warpgroup's half row as fp16 over a power-of-two factor, the factor, and the lse, in
-    /// the workspace slot of (split, sequence, row).
+    /// A sequence of one split: the normalised tile (64 rows x 512 bf16) goes through the
+    /// Q tile's shared memory (free once every S is done), then out in whole 16-byte
+    /// chunks, a warp writing 512 contiguous bytes of a row per store. Written straight
+    /// from the fragments, each store of a warp touched eight rows 16 bytes apiece, and the
+    /// epilogue's global stores were the kernel's largest stall (Nsight Compute, `lg`
+    /// throttle). The staged row `r` holds its 16-byte chunk `ch` at `ch ^ (r % 8)`, so
+    /// that the fragments' eight rows of a store fall in distinct banks.
     ///
     /// # Safety
     /// All threads of the CTA, after the epilogue's CTA barrier (every `wgmma` done); the
-    /// host sized `out` and `lse` (validated) and the workspace (`split < max_splits`).
-    /// Ends with a CTA barrier: the next cell's Q lands in the same shared memory.
+    /// host sized `out` and `lse` (validated). Ends with a CTA barrier: the next cell's Q
+    /// lands in the same shared memory.
     #[inline(always)]
     unsafe fn store_out(&self, l_tot: [f32; 2]) {
         let p = self.p;
         let rows = p.s_q * p.heads;
-        let split = self.nsplit > 1;
         let stage = self.base;
         let chunk_at = |r: u32, ch: u32| decode::staged_chunk(stage, r, ch);
-        // The rows' offsets (16-bit elements) in `out` or in the workspace, after the
-        // staged tile (the Q tile's last 8 KB).
+        // The rows' offsets in `out`, after the staged tile (the Q tile's last 8 KB).
         let offs = stage + BLOCK_N * 1024;
-        // The workspace slot index of (split, b, row 0): split-major over every row.
-        let part0 = (self.split as usize * p.batch as usize + self.b as usize) * rows as usize;
         // SAFETY: rows < 64 and chunks < 64 of the Q tile's first 64 KB, and the 512 bytes
         // after them; lse rows below `rows` of sequence b < batch; out rows below `rows`,
-        // dims < 512 (validated out); workspace slots below max_splits * batch * rows.
+        // dims < 512 (validated out).
         unsafe {
-            // Each value is `o * sc * sf`: `sf` is 1 for `out`, the half row's factor's
-            // inverse for a partial (a product `sc * sf` could overflow where `o` is tiny).
             let mut sc = [0.0f32; 2];
-            let mut sf = [1.0f32; 2];
             unroll!(half in [0, 1] {
                 let r = self.r_loc + 8 * half as u32;
                 let (inv, lse) = decode::row_norm(l_tot[half], self.m_run[half]);
+                sc[half] = inv * p.value_scale * p.output_scale;
                 let gr = self.row0 + r;
-                if split {
-                    sc[half] = inv * p.value_scale;
-                    let mut m = 0.0f32;
-                    unroll!(nt in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
-                        m = sync::fmax(m, decode::fabs(self.o[nt][2 * half]));
-                        m = sync::fmax(m, decode::fabs(self.o[nt][2 * half + 1]));
-                    });
-                    // The quad's four lanes hold the warpgroup's half of the row.
-                    let (f, inv_f) = mla_abi::partial16::factor(decode::quad_max(m) * decode::fabs(sc[half]));
-                    sf[half] = inv_f;
-                    if self.c == 0 && gr < rows {
-                        let slot = (part0 + gr as usize) * mla_abi::D_V;
-                        *p.partial_o.ptr().add(slot + mla_abi::partial16::FACTOR + self.wg as usize) = f;
-                        if self.wg == 0 {
-                            *p.partial_lse.ptr().add(part0 + gr as usize) = lse;
-                        }
-                    }
-                } else {
-                    sc[half] = inv * p.value_scale * p.output_scale;
-                    if self.wg == 0 && self.c == 0 && gr < rows {
-                        *p.lse.ptr().add((self.b * rows + gr) as usize) = lse;
-                    }
+                if self.wg == 0 && self.c == 0 && gr < rows {
+                    *p.lse.ptr().add((self.b * rows + gr) as usize) = lse;
                 }
             });
-            let pack = |a: f32, b: f32, half: usize| {
-                let (a, b) = (a * sc[half] * sf[half], b * sc[half] * sf[half]);
-                if split {
-                    Fp16::pack2(a, b)
-                } else {
-                    Bf16::pack2(a, b)
-                }
-            };
             let tid = arch::thread_idx_x();
             if Self::E4 {
                 // The e4m3 kernels (255 registers) spilled with `stmatrix` staging: one
@@ -786,48 +772,127 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                 unroll!(half in [0, 1] {
                     let r = self.r_loc + 8 * half as u32;
                     unroll!(nt in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
-                        let v = pack(self.o[nt][2 * half], self.o[nt][2 * half + 1], half);
+                        let v = Bf16::pack2(self.o[nt][2 * half] * sc[half], self.o[nt][2 * half + 1] * sc[half]);
                         smem::st_shared_u32(chunk_at(r, 32 * self.wg + nt as u32) + 4 * self.c, v);
                     });
                 });
             } else {
-                // Four 8 x 8 matrices a store (n-tiles nt and nt + 1, rows g and g + 8 of the
-                // warp's 16): lane l gives matrix l / 8's row l % 8.
-                let lane = tid % 32;
-                let (m, rr) = (lane / 8, lane % 8);
-                let r = self.r_loc - self.g + 8 * (m % 2) + rr;
-                unroll!(q in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-                    let nt = 2 * q;
-                    let o = &self.o;
-                    let v = [
-                        pack(o[nt][0], o[nt][1], 0),
-                        pack(o[nt][2], o[nt][3], 1),
-                        pack(o[nt + 1][0], o[nt + 1][1], 0),
-                        pack(o[nt + 1][2], o[nt + 1][3], 1),
-                    ];
-                    ldmatrix::stmatrix_x4(chunk_at(r, 32 * self.wg + nt as u32 + m / 2), v);
-                });
+                self.stage_frags::<Bf16, false>(sc, [1.0; 2], tid);
             }
-            // The rows' offsets once the fragments are staged: a partial's slot holds D_V
-            // f32, so 2 D_V 16-bit elements.
+            // The rows' offsets once the fragments are staged.
             let end = (rows - self.row0).min(BLOCK_N);
             if tid < end {
-                let off = if split {
-                    ((part0 + (self.row0 + tid) as usize) * 2 * mla_abi::D_V) as u64
-                } else {
-                    decode::out_row(p, self.b, self.row0 + tid)
-                };
-                smem::st_shared_u64(offs + 8 * tid, off);
+                smem::st_shared_u64(offs + 8 * tid, decode::out_row(p, self.b, self.row0 + tid));
             }
             Self::cta_sync();
-            let dst = if split {
-                p.partial_o.ptr() as *mut u16
-            } else {
-                p.out.ptr() as *mut u16
-            };
+            decode::store_staged_rows(
+                p.out.ptr() as *mut u16,
+                stage,
+                offs,
+                (tid / 64, 4, end),
+                tid % 64,
+            );
+            Self::cta_sync();
+        }
+    }
+
+    /// A split cell of the bf16 forms: the normalised tile as its 16-bit partial
+    /// (`mla_abi::partial16`), staged and written as [`Cta::store_out`] writes a one-split
+    /// tile: each warpgroup's half row as fp16 over a power-of-two factor, into the
+    /// workspace slot of (split, sequence, row), with the factor and the row's lse.
+    ///
+    /// # Safety
+    /// As [`Cta::store_out`], in a bf16 form (`stmatrix` staging), for a cell of a split
+    /// sequence (`split < max_splits`, inside the workspace the host sized).
+    #[inline(always)]
+    unsafe fn store_partial16(&self, l_tot: [f32; 2]) {
+        let p = self.p;
+        let rows = p.s_q * p.heads;
+        let stage = self.base;
+        // The slots' offsets (16-bit elements) in the workspace, after the staged tile.
+        let offs = stage + BLOCK_N * 1024;
+        // The workspace slot index of (split, b, row 0): split-major over every row.
+        let part0 = (self.split as usize * p.batch as usize + self.b as usize) * rows as usize;
+        // SAFETY: as in `store_out`; slots below max_splits * batch * rows.
+        unsafe {
+            // Each value is `o * sc * sf`: `sf` the inverse of the half row's factor (a
+            // product `sc * sf` could overflow where `o` is tiny).
+            let mut sc = [0.0f32; 2];
+            let mut sf = [1.0f32; 2];
+            unroll!(half in [0, 1] {
+                let gr = self.row0 + self.r_loc + 8 * half as u32;
+                let (inv, lse) = decode::row_norm(l_tot[half], self.m_run[half]);
+                sc[half] = inv * p.value_scale;
+                let mut m = 0.0f32;
+                unroll!(nt in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
+                    m = sync::fmax(m, decode::fabs(self.o[nt][2 * half]));
+                    m = sync::fmax(m, decode::fabs(self.o[nt][2 * half + 1]));
+                });
+                // The quad's four lanes hold the warpgroup's half of the row.
+                let (f, inv_f) =
+                    mla_abi::partial16::factor(decode::quad_max(m) * decode::fabs(sc[half]));
+                sf[half] = inv_f;
+                if self.c == 0 && gr < rows {
+                    let slot = (part0 + gr as usize) * mla_abi::D_V;
+                    *p.partial_o.ptr().add(slot + mla_abi::partial16::FACTOR + self.wg as usize) = f;
+                    if self.wg == 0 {
+                        *p.partial_lse.ptr().add(part0 + gr as usize) = lse;
+                    }
+                }
+            });
+            let tid = arch::thread_idx_x();
+            self.stage_frags::<Fp16, true>(sc, sf, tid);
+            // A slot holds D_V f32: 2 D_V 16-bit elements.
+            let end = (rows - self.row0).min(BLOCK_N);
+            if tid < end {
+                let off = (part0 + (self.row0 + tid) as usize) * 2 * mla_abi::D_V;
+                smem::st_shared_u64(offs + 8 * tid, off as u64);
+            }
+            Self::cta_sync();
+            let dst = p.partial_o.ptr() as *mut u16;
             decode::store_staged_rows(dst, stage, offs, (tid / 64, 4, end), tid % 64);
             Self::cta_sync();
         }
+    }
+
+    /// Stages this thread's (`tid`'s) fragments of the tile as `O` values `o * sc` (times
+    /// `sf` too where `SCALED`) at [`decode::staged_chunk`]'s places, with `stmatrix`: four
+    /// 8 x 8 matrices a store (n-tiles nt and nt + 1, rows g and g + 8 of the warp's 16),
+    /// lane l giving matrix l / 8's row l % 8.
+    ///
+    /// # Safety
+    /// As [`Cta::store_out`], in a bf16 form, before its barrier.
+    #[inline(always)]
+    unsafe fn stage_frags<O: Half16, const SCALED: bool>(
+        &self,
+        sc: [f32; 2],
+        sf: [f32; 2],
+        tid: u32,
+    ) {
+        let stage = self.base;
+        let chunk_at = |r: u32, ch: u32| decode::staged_chunk(stage, r, ch);
+        let pack = |a: f32, b: f32, half: usize| {
+            if SCALED {
+                O::pack2(a * sc[half] * sf[half], b * sc[half] * sf[half])
+            } else {
+                O::pack2(a * sc[half], b * sc[half])
+            }
+        };
+        let lane = tid % 32;
+        let (m, rr) = (lane / 8, lane % 8);
+        let r = self.r_loc - self.g + 8 * (m % 2) + rr;
+        // SAFETY: rows < 64 and chunks < 64 of the Q tile's first 64 KB.
+        unroll!(q in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+            let nt = 2 * q;
+            let o = &self.o;
+            let v = [
+                pack(o[nt][0], o[nt][1], 0),
+                pack(o[nt][2], o[nt][3], 1),
+                pack(o[nt + 1][0], o[nt + 1][1], 0),
+                pack(o[nt + 1][2], o[nt + 1][3], 1),
+            ];
+            unsafe { ldmatrix::stmatrix_x4(chunk_at(r, 32 * self.wg + nt as u32 + m / 2), v) };
+        });
     }
 }
 
