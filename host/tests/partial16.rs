@@ -53,3 +53,47 @@ fn factor_puts_every_magnitude_in_range() {
     assert_eq!(factor(0.0).0, min_factor);
     eprintln!("[partial16] {checked} magnitudes checked");
 }
+
+/// A half row written in the 16-bit form and read back (fp16 values `o / f`, then `f`
+/// times them, as the decode and the combine do) is within `2^-11` of its largest magnitude
+/// everywhere, at magnitudes from `2^-120` to `2^120` (far outside fp16's own range), and
+/// keeps NaN and infinities.
+#[test]
+fn half_rows_round_trip_within_the_bound() {
+    use mla_abi::ElemType;
+    use mla_dev::numeric::{from_f32, to_f32};
+    let seed = SplitMix64::fresh_seed();
+    eprintln!("[partial16] round trip seed = {seed}");
+    let mut rng = SplitMix64::new(seed);
+    let mut worst = 0.0f64;
+    for e in (-120..=120).step_by(8) {
+        for _ in 0..8 {
+            let row: Vec<f32> = (0..256)
+                .map(|_| (rng.normal() * 2f64.powi(e)) as f32)
+                .collect();
+            let m = row.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            let (f, inv_f) = factor(m);
+            let scaled: Vec<f32> = row.iter().map(|v| v * inv_f).collect();
+            let back = to_f32(ElemType::Fp16, &from_f32(ElemType::Fp16, &scaled));
+            for (&v, &b) in row.iter().zip(&back) {
+                let err = (f64::from(b) * f64::from(f) - f64::from(v)).abs();
+                let rel = err / f64::from(m);
+                assert!(
+                    rel <= 2f64.powi(-11),
+                    "2^{e}: {v:e} came back {:e} (error {rel:e} of the max {m:e})",
+                    f64::from(b) * f64::from(f)
+                );
+                worst = worst.max(rel);
+            }
+        }
+    }
+    for v in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let (f, inv_f) = factor(v.abs());
+        let back = to_f32(ElemType::Fp16, &from_f32(ElemType::Fp16, &[v * inv_f]))[0] * f;
+        assert!(
+            back.is_nan() == v.is_nan() && (v.is_nan() || back == v),
+            "{v} came back {back}"
+        );
+    }
+    eprintln!("[partial16] worst round-trip error {worst:e} of a half row's max");
+}
