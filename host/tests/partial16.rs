@@ -1,5 +1,5 @@
-//! The 16-bit split partial's factor (`mla_abi::partial16::factor`), which the 64-row TMA
-//! decodes pick per half row: every magnitude f32 holds lands in `[2^14, 2^15)` (fp16's
+//! The 16-bit split partial's factor (`mla_abi::partial16::factor`), which the bf16 64-row
+//! TMA decodes pick per half row: every magnitude f32 holds lands in `[2^14, 2^15)` (fp16's
 //! top binade but one: no overflow after rounding), or takes the smallest factor.
 
 use mla_abi::partial16::{MIN_EXP, factor};

@@ -153,6 +153,8 @@ unsafe fn combine_row<O: Half16, const UNROLL: usize, const F16: bool>(
     let t = (arch::thread_idx_x() % combine_tile::THREADS as u32) as usize;
     let dim0 = t * combine_tile::DIMS_PER_THREAD;
     const { assert!(UNROLL >= 1 && UNROLL <= 16) };
+    // Chunk i's entry of `partial_lse`, and its slot (`D_V` f32) of `partial_o`.
+    let part = |i: u32| i as usize * split_stride + row_idx;
     // Chunks i0 .. i0 + UNROLL (sixteen slots, of which the first UNROLL are used: the
     // rest fold away).
     let load = |i0: u32| {
@@ -160,7 +162,7 @@ unsafe fn combine_row<O: Half16, const UNROLL: usize, const F16: bool>(
         unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
             let i = i0 + j as u32;
             if j < UNROLL && i < splits {
-                let slot = (i as usize * split_stride + row_idx) * D_V;
+                let slot = part(i) * D_V;
                 // SAFETY: i < splits <= max_splits and row_idx < batch * rows index the
                 // workspace the host sized as max_splits * batch * rows * D_V f32; 16-byte
                 // aligned (D_V and dim0 multiples of 4 f32), 8-byte in the 16-bit form
@@ -191,7 +193,7 @@ unsafe fn combine_row<O: Half16, const UNROLL: usize, const F16: bool>(
     // SAFETY (the loads below): as in `load`.
     let lse_at = |i: u32| {
         if i < splits {
-            unsafe { *p.partial_lse.ptr().add(i as usize * split_stride + row_idx) }
+            unsafe { *p.partial_lse.ptr().add(part(i)) }
         } else {
             f32::NEG_INFINITY
         }
@@ -203,8 +205,11 @@ unsafe fn combine_row<O: Half16, const UNROLL: usize, const F16: bool>(
     // SAFETY: as in `load`; the factors sit inside the slot.
     let factor_at = |i: u32| {
         if F16 && i < splits {
-            let slot = (i as usize * split_stride + row_idx) * D_V;
-            let f = unsafe { p.partial_o.ptr().add(slot + partial16::FACTOR + half) };
+            let f = unsafe {
+                p.partial_o
+                    .ptr()
+                    .add(part(i) * D_V + partial16::FACTOR + half)
+            };
             f32::from_bits(unsafe { arch::smem::ld_global_nc_b32(f as *const u8) })
         } else {
             1.0
