@@ -247,7 +247,7 @@ const LIST_MIN_PART_BLOCKS: u32 = 16;
 /// S_q=3), and loses where it splits sequences that whole cells balance (large batches).
 /// The model underprices cells that split every sequence over three rounds: at H=128 S_q=3
 /// B=32 L=16384 it puts the list 4% ahead, and the list took 0.90x / 0.87x / 0.83x the
-/// cells' time (bf16 / fp8 cache / fp8 Q; docs/PERF.md 3.20), so the margin is 3%.
+/// cells' time (bf16 / fp8 cache / fp8 Q; docs/PERF.md 3.27), so the margin is 3%.
 pub fn list_pays(
     cfg: &ScheduleConfig,
     grid_splits: usize,
