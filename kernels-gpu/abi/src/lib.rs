@@ -573,17 +573,17 @@ pub mod combine_tile {
     pub const ROWS_NARROW: u32 = 4;
 }
 
-/// The 16-bit split partial of the bf16 64-row TMA decodes (`names::DECODE_F16_PARTIALS`),
-/// in the f32 workspace's row slots (`D_V` f32, 2 KB): half `h` of a row (dims
-/// `h * D_V / 2 ..`, one warpgroup's) is stored as fp16 values `o / f_h` in the slot's
-/// first `D_V` halves, and `f_h`, a power of two, as the f32 at index `FACTOR + h`. The
-/// writer picks `f_h` so that the half's largest magnitude lands in `[2^14, 2^15)`: every
-/// value keeps fp16's 11 significant bits relative to its half's largest, whatever the
-/// values' range (fp16 alone overflows at 65504, which bf16 and scaled fp8 values pass).
-/// A split's output is rounded once more than the f32 partial rounds it, by at most
-/// `2^-11` of its half's largest magnitude: an eighth of a bf16 output's own rounding
-/// (every decode that writes this form has a bf16 output). Half the partials' bytes for
-/// the combine to read.
+/// The 16-bit split partial of the bf16 and fp8-Q 64-row TMA decodes
+/// (`names::DECODE_F16_PARTIALS`), in the f32 workspace's row slots (`D_V` f32, 2 KB): half
+/// `h` of a row (dims `h * D_V / 2 ..`, one warpgroup's) is stored as fp16 values `o / f_h`
+/// in the slot's first `D_V` halves, and `f_h`, a power of two, as the f32 at index
+/// `FACTOR + h`. The writer picks `f_h` so that the half's largest magnitude lands in
+/// `[2^14, 2^15)`: every value keeps fp16's 11 significant bits relative to its half's
+/// largest, whatever the values' range (fp16 alone overflows at 65504, which bf16 and
+/// scaled fp8 values pass). A split's output is rounded once more than the f32 partial
+/// rounds it, by at most `2^-11` of its half's largest magnitude: an eighth of a bf16
+/// output's own rounding (every decode that writes this form has a bf16 output). Half the
+/// partials' bytes for the combine to read.
 pub mod partial16 {
     /// f32 index, in a row's slot, of the first half's factor (the second's follows).
     pub const FACTOR: usize = super::D_V / 2;
@@ -799,11 +799,17 @@ pub mod names {
     /// take.
     pub const DECODE_TMA_FP8KV_BF16Q_CP: &str = "mla_decode_tma_fp8kv_bf16q_cp";
     pub const DECODE_TMA_FP8_CP: &str = "mla_decode_tma_fp8_cp";
-    /// The bf16 64-row TMA decodes (map, work list and `cp.async` forms): their split
-    /// partials are in the 16-bit form (`partial16`), which their combines read
-    /// (`CombineParams::partial_f16`). The e4m3 forms write f32 partials.
-    pub const DECODE_F16_PARTIALS: [&str; 3] =
-        [DECODE_TMA_BF16, DECODE_TMA_BF16_LIST, DECODE_TMA_BF16_CP];
+    /// The bf16 and fp8-Q 64-row TMA decodes (map, work list and `cp.async` forms): their
+    /// split partials are in the 16-bit form (`partial16`), which their combines read
+    /// (`CombineParams::partial_f16`). The fp8 cache under bf16 Q writes f32 partials.
+    pub const DECODE_F16_PARTIALS: [&str; 6] = [
+        DECODE_TMA_BF16,
+        DECODE_TMA_BF16_LIST,
+        DECODE_TMA_BF16_CP,
+        DECODE_TMA_FP8,
+        DECODE_TMA_FP8_LIST,
+        DECODE_TMA_FP8_CP,
+    ];
     /// The TMA decodes' `cp.async` forms: their launches pass a zeroed map, which they do not
     /// read.
     pub const DECODE_TMA_CP_FORMS: [&str; 4] = [
@@ -1421,8 +1427,8 @@ pub struct CombineParams {
     pub heads: u32,
     pub max_splits: u32,
     pub output_scale: f32,
-    /// 0: `partial_o` holds f32 rows. 1: the 16-bit form the bf16 64-row TMA decodes write
-    /// ([`partial16`]): fp16 rows with an exponent factor per half row.
+    /// 0: `partial_o` holds f32 rows. 1: the 16-bit form the bf16 and fp8-Q 64-row TMA
+    /// decodes write ([`partial16`]): fp16 rows with an exponent factor per half row.
     pub partial_f16: u32,
     /// `[batch]` i32 lengths, or null: a sequence of length `<= 0` (padding) is left alone
     /// whatever its `num_splits` entry holds (a step slot's counts may be another step's).

@@ -47,8 +47,9 @@
 //!
 //! - A sequence of one split writes its output tile through shared memory in whole
 //!   16-byte chunks (`Cta::store_out`); a split cell of the bf16 forms its 16-bit partial
-//!   (`mla_abi::partial16`) the same way (`Cta::store_partial16`), of the e4m3 forms its
-//!   f32 partial straight from the fragments (`decode::write_rows`).
+//!   (`mla_abi::partial16`) the same way (`Cta::store_partial16`), of fp8 Q its 16-bit
+//!   partial straight from the fragments (`Cta::write_partial16`), of the fp8 cache under
+//!   bf16 Q its f32 partial straight from the fragments (`decode::write_rows`).
 //!
 //! Here: the CTA's state, its phases (prologue, each warpgroup's pair step, epilogue) and
 //! the kernel body; the copy issue in [`issue`], S, P and P.V in [`math`].
@@ -705,14 +706,17 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             Self::cta_sync();
             let l_other = self.ld_rows(5 - wg);
             let l_tot = [l_own[0] + l_other[0], l_own[1] + l_other[1]];
-            // A split cell of the bf16 forms writes the 16-bit partial; the e4m3 forms keep
-            // f32 partials straight from the fragments (staged 16-bit partials measured 4-11%
-            // slower on their split rows, and moved their register allocation: 255, or 168
-            // under `setmaxnreg`).
+            // A split cell of the bf16 forms writes the 16-bit partial staged; fp8 Q's writes
+            // it straight from the fragments (staged, the e4m3 forms' split rows ran 4-11%
+            // slower and their register allocation moved: 255, or 168 under `setmaxnreg`);
+            // the fp8 cache under bf16 Q keeps f32 partials (the same 16-bit store made its
+            // split rows 2% slower, fp8 Q's 2% faster: PERF.md 3.26).
             if self.nsplit == 1 {
                 self.store_out(l_tot);
             } else if !Self::E4 {
                 self.store_partial16(l_tot);
+            } else if !Self::SPLIT_Q {
+                self.write_partial16(l_tot);
             } else {
                 let row_a = self.row0 + self.r_loc;
                 decode::write_rows::<K, M64>(
@@ -729,6 +733,82 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
                 );
             }
         }
+    }
+
+    /// A split cell of fp8 Q on an fp8 cache: its 16-bit partial (`mla_abi::partial16`) from the
+    /// fragments, no staging (the e4m3 forms' staged partials ran their split rows 4-11%
+    /// slower). A quad holds a half row's fp16 pairs two 8-column tiles at a time; two
+    /// shuffles give each lane four consecutive values, so a warp store covers whole 32-byte
+    /// sectors (8 bytes a lane, a quad's 32 contiguous bytes of one row), as the f32 form's
+    /// does; 4-byte pair stores left half sectors and ran every split row 4-8 us slower.
+    ///
+    /// # Safety
+    /// All threads of the CTA, converged warps, after the epilogue's barrier; a cell of a
+    /// split sequence (`split < max_splits`, inside the workspace the host sized).
+    #[inline(always)]
+    unsafe fn write_partial16(&self, l_tot: [f32; 2]) {
+        let p = self.p;
+        let rows = p.s_q * p.heads;
+        let part0 = (self.split as usize * p.batch as usize + self.b as usize) * rows as usize;
+        let q = self.c;
+        let quad = arch::opaque(arch::thread_idx_x()) % 32 - q;
+        // Shuffle 1: lane q reads lane [1, 2, 0, 3][q]; lanes 0 and 3 send their second
+        // tile's pair, lanes 1 and 2 their first. Shuffle 2: lane q reads [0, 3, 1, 2][q],
+        // each lane sending the other pair.
+        let src1 = quad + ((0b11_00_10_01u32 >> (2 * q)) & 3);
+        let src2 = quad + ((0b10_01_11_00u32 >> (2 * q)) & 3);
+        let (first, last) = (q == 0, q == 3);
+        let send_second = first || last;
+        unroll!(half in [0, 1] {
+            let gr = self.row0 + self.r_loc + 8 * half as u32;
+            let (inv, lse) = decode::row_norm(l_tot[half], self.m_run[half]);
+            let sc = inv * p.value_scale;
+            let mut m = 0.0f32;
+            unroll!(nt in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
+                m = sync::fmax(m, decode::fabs(self.o[nt][2 * half]));
+                m = sync::fmax(m, decode::fabs(self.o[nt][2 * half + 1]));
+            });
+            // SAFETY: converged warps: the quad's four lanes hold the warpgroup's half row.
+            let m = unsafe { decode::quad_max(m) };
+            let (f, inv_f) = mla_abi::partial16::factor(m * decode::fabs(sc));
+            let k = sc * inv_f;
+            let live = gr < rows;
+            let slot = (part0 + gr as usize) * mla_abi::D_V;
+            // Halves 256 wg + 16 j + 4 q .. + 4 of the slot: lane q's four values of
+            // tiles 2j and 2j + 1.
+            let dst = (p.partial_o.ptr().wrapping_add(slot) as *mut u16)
+                .wrapping_add(256 * self.wg as usize + 4 * q as usize);
+            unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+                let w0 = Fp16::pack2(self.o[2 * j][2 * half] * k, self.o[2 * j][2 * half + 1] * k);
+                let w1 = Fp16::pack2(self.o[2 * j + 1][2 * half] * k, self.o[2 * j + 1][2 * half + 1] * k);
+                let (s1, s2) = if send_second { (w1, w0) } else { (w0, w1) };
+                // SAFETY: converged warps (every lane, live row or not).
+                let (r1, r2) = unsafe {
+                    (
+                        sync::shfl_idx_f32(f32::from_bits(s1), src1).to_bits(),
+                        sync::shfl_idx_f32(f32::from_bits(s2), src2).to_bits(),
+                    )
+                };
+                // Selects, not a branch on the lane: [w0, r1] at lane 0, [r2, w1] at
+                // lane 3, [r1, r2] between.
+                let lo = if first { w0 } else if last { r2 } else { r1 };
+                let hi = if last { w1 } else if first { r1 } else { r2 };
+                if live {
+                    // SAFETY: slot < max_splits * batch * rows slots of D_V f32 (a live
+                    // row); halves below 512 of its first D_V halves, 8-byte aligned.
+                    unsafe { smem::st_global_v2(dst.wrapping_add(16 * j) as *mut u8, [lo, hi]) };
+                }
+            });
+            if live && q == 0 {
+                // SAFETY: as above; the factors and the lse sit inside the workspace.
+                unsafe {
+                    *p.partial_o.ptr().add(slot + mla_abi::partial16::FACTOR + self.wg as usize) = f;
+                    if self.wg == 0 {
+                        *p.partial_lse.ptr().add(part0 + gr as usize) = lse;
+                    }
+                }
+            }
+        });
     }
 
     /// A sequence of one split: the normalised tile (64 rows x 512 bf16) goes through the
