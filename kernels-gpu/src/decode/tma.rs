@@ -735,8 +735,8 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
         }
     }
 
-    /// A split cell of fp8 Q on an fp8 cache: its 16-bit partial (`mla_abi::partial16`) from the
-    /// fragments, no staging (the e4m3 forms' staged partials ran their split rows 4-11%
+    /// A split cell of fp8 Q on an fp8 cache: its 16-bit partial (`mla_abi::partial16`) from
+    /// the fragments, no staging (the e4m3 forms' staged partials ran their split rows 4-11%
     /// slower). A quad holds a half row's fp16 pairs two 8-column tiles at a time; two
     /// shuffles give each lane four consecutive values, so a warp store covers whole 32-byte
     /// sectors (8 bytes a lane, a quad's 32 contiguous bytes of one row), as the f32 form's
