@@ -771,7 +771,10 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             // SAFETY: converged warps: the quad's four lanes hold the warpgroup's half row.
             let m = unsafe { decode::quad_max(m) };
             let (f, inv_f) = mla_abi::partial16::factor(m * decode::fabs(sc));
-            let k = sc * inv_f;
+            // Each value is `o * sc * inv_f`, in that order, as `store_partial16` scales:
+            // a product `sc * inv_f` overflows where the half row is zero or tiny and
+            // `kv_scale` is large (inf, and NaN on a zero `o`).
+            let v = |x: f32| x * sc * inv_f;
             let live = gr < rows;
             let slot = (part0 + gr as usize) * mla_abi::D_V;
             // Halves 256 wg + 16 j + 4 q .. + 4 of the slot: lane q's four values of
@@ -779,8 +782,8 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
             let dst = (p.partial_o.ptr().wrapping_add(slot) as *mut u16)
                 .wrapping_add(256 * self.wg as usize + 4 * q as usize);
             unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-                let w0 = Fp16::pack2(self.o[2 * j][2 * half] * k, self.o[2 * j][2 * half + 1] * k);
-                let w1 = Fp16::pack2(self.o[2 * j + 1][2 * half] * k, self.o[2 * j + 1][2 * half + 1] * k);
+                let w0 = Fp16::pack2(v(self.o[2 * j][2 * half]), v(self.o[2 * j][2 * half + 1]));
+                let w1 = Fp16::pack2(v(self.o[2 * j + 1][2 * half]), v(self.o[2 * j + 1][2 * half + 1]));
                 let (s1, s2) = if send_second { (w1, w0) } else { (w0, w1) };
                 // SAFETY: converged warps (every lane, live row or not).
                 let (r1, r2) = unsafe {
