@@ -13,7 +13,10 @@ mod common;
 
 use mla::abi::ElemType;
 use mla::tactic::Tile;
-use mla::{DecodeDtypes, DecodeWorkspace, MlaError, abi::MAX_SPLITS};
+use mla::{
+    DecodeDtypes, DecodeWorkspace, MlaError,
+    abi::{D_QK, D_V, MAX_SPLITS},
+};
 use mla_dev::harness::{self, CaseSpec, DeviceCase, HostCase, Splits, Values};
 use mla_dev::numeric;
 use mla_dev::oracle::OracleOutput;
@@ -390,13 +393,27 @@ fn scale_values(h: &mut HostCase, e: i32) {
     h.scales.softmax_scale /= f;
 }
 
+/// Zeroes the second half of V (latent dims `D_V / 2 .. D_V`) in every cache slot: each
+/// row's second half of the output, and of every split partial, is zero.
+fn zero_second_value_half(h: &mut HostCase) {
+    let width = h.kv_bytes.len() / h.kv_vals.len();
+    for row in 0..h.kv_vals.len() / D_QK {
+        let dims = row * D_QK + D_V / 2..row * D_QK + D_V;
+        h.kv_vals[dims.clone()].fill(0.0);
+        h.kv_orig[dims.clone()].fill(0.0);
+        h.kv_bytes[dims.start * width..dims.end * width].fill(0);
+    }
+}
+
 /// Split outputs far above fp16's range (65504) and far below its normal range: the bf16
-/// 64-row TMA decodes' partials are fp16 over a power-of-two factor per half row
-/// (`mla::abi::partial16`), which must keep both (the e4m3 forms' f32 partials, run here
-/// too, must as well). Values scaled by `2^e` ([`scale_values`]), outputs compared after
-/// scaling back by `2^-e`, so that the tolerance's absolute floor (`1e-5` of at least 1)
-/// cannot hide a tiny output's error. H=128 on pages of 64, 16 and 4 (the map and
-/// `cp.async` forms), bf16 and fp8 caches under bf16 Q, and fp8 Q.
+/// and fp8-Q 64-row TMA decodes' partials are fp16 over a power-of-two factor per half row
+/// (`mla::abi::partial16`), which must keep both (the fp8 cache's f32 partials under bf16
+/// Q, run here too, must as well). Values scaled by `2^e` ([`scale_values`]), outputs
+/// compared after scaling back by `2^-e`, so that the tolerance's absolute floor (`1e-5` of
+/// at least 1) cannot hide a tiny output's error; at `2^100` once more with V's second half
+/// zero ([`zero_second_value_half`]): a zero half row under a large `kv_scale`, whose
+/// factor is the smallest and its inverse the largest. H=128 on pages of 64, 16 and 4 (the
+/// map and `cp.async` forms), bf16 and fp8 caches under bf16 Q, and fp8 Q.
 #[test]
 fn split_partials_keep_every_magnitude() {
     let test = "partial_magnitudes";
@@ -421,8 +438,21 @@ fn split_partials_keep_every_magnitude() {
         Splits::Fixed(MAX_SPLITS as usize),
     ];
     let (mut runs, mut failures) = (0, Vec::new());
-    for (i, e) in [-100i32, -30, 0, 30, 100].into_iter().enumerate() {
-        let edit = move |h: &mut HostCase| scale_values(h, e);
+    let edits = [
+        (-100i32, false),
+        (-30, false),
+        (0, false),
+        (30, false),
+        (100, false),
+        (100, true),
+    ];
+    for (i, (e, zero_half)) in edits.into_iter().enumerate() {
+        let edit = move |h: &mut HostCase| {
+            if zero_half {
+                zero_second_value_half(h);
+            }
+            scale_values(h, e);
+        };
         let prepared = common::prepare_with(&specs, seed ^ (i as u64) << 40, &edit);
         let back = 2f64.powi(-e);
         for (h, refs) in &prepared {
@@ -446,8 +476,13 @@ fn split_partials_keep_every_magnitude() {
                 let chk = harness::check(&(out, lse), &refs);
                 runs += 1;
                 if !chk.ok() {
+                    let half = if zero_half {
+                        " (V's second half zero)"
+                    } else {
+                        ""
+                    };
                     failures.push(format!(
-                        "2^{e} {}: out {} | lse {}",
+                        "2^{e}{half} {}: out {} | lse {}",
                         case_label(h, sp, Tile::M64N64),
                         chk.out,
                         chk.lse
