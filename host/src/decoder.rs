@@ -1059,6 +1059,7 @@ impl DecodePlan {
             key.2,
             self.kernels.list_fixed,
             cap.max_splits,
+            self.config.dtypes,
         );
         if let Some(mut m) = memo {
             *m = Some((key, pays));
