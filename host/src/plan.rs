@@ -328,11 +328,11 @@ pub fn list_pays(
 /// slower. The e4m3 decodes (fp8 caches): 105, for two or more row tiles and sequences of
 /// `LIST_E4M3_MIN_BLOCKS` blocks, if they are `LIST_E4M3_LONG_BLOCKS` long or the cells
 /// are at most `LIST_E4M3_MAX_SHORT_CELLS`. Where the model calls the two level or the
-/// list up to 5% behind, their list ran 0.87-0.97x the cells' time on long sequences and
-/// 0.89-0.97x on short ones in few cells at H=128 S_q 1-4 (L 2048-65536, B 1-128); it ran
-/// up to 1.34x slower at 1024 tokens and below, 1.02-1.06x at L=4096 in 384-512 cells (the
-/// cells balance there and the list only cuts), and from 5.9% behind in the model 4-15%
-/// slower (docs/PERF.md 3.28). Plans of one row tile were not measured.
+/// list up to 5% behind, their list ran 0.87-1.03x the cells' time from 8192 tokens and
+/// 0.88-0.98x on shorter sequences in at most 256 cells (H=128 S_q 1-4, B 1-256, H100); it
+/// ran up to 1.34x slower at 1024 tokens and below, 1.02-1.06x at L=4096 in 384-512 cells
+/// (the cells balance there and the list only cuts), and from 5.9% behind in the model
+/// 4-15% slower (docs/PERF.md 3.28). Plans of one row tile were not measured.
 pub fn list_margin_pct(dtypes: DecodeDtypes, tiles: usize, batch: usize, blocks: u64) -> u64 {
     let e4m3 = dtypes.kv() == mla_abi::ElemType::Fp8E4m3;
     let fits =
