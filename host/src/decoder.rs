@@ -232,13 +232,14 @@ pub struct DecodePlan {
     /// yet), which [`DecodePlan::run_layer_slot`] checks its request against.
     step_batch: [AtomicUsize; STEP_SLOTS],
     /// The launch model's last answer ([`plan::list_pays`]) and what it was asked: batch,
-    /// KV blocks, CTAs. The same for every run of one shape, and a run's host path must
+    /// KV blocks, CTAs, the cells' form. The same for every run of one shape, and a run's host path must
     /// not rebuild a batch's piece list each launch.
     list_memo: Mutex<Option<(ListKey, bool)>>,
 }
 
-/// What [`plan::list_pays`] is asked for one shape: batch, KV blocks, CTAs.
-type ListKey = (usize, usize, usize);
+/// What [`plan::list_pays`] is asked for one shape: batch, KV blocks, CTAs, and whether the
+/// cells would run an e4m3 tensor-map form.
+type ListKey = (usize, usize, usize, bool);
 
 impl std::fmt::Debug for DecodePlan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -1041,10 +1042,15 @@ impl DecodePlan {
             return true;
         }
         let len = shape.max_seq_len().min(self.config.max_seq_len);
+        // The e4m3 margin is for cells in a tensor-map form ([`plan::list_margin_pct`]).
+        let cells = self.kernels.decode_for_parts(req, parts, shape);
+        let e4m3_map = self.config.dtypes.kv() == mla_abi::ElemType::Fp8E4m3
+            && self.kernels.tma.is_some_and(|t| t.symbol == cells.symbol);
         let key = (
             shape.batch,
             len.div_ceil(mla_abi::decode_tile::BLOCK_N),
             self.ws.list_ctas(rt.device().sm_count),
+            e4m3_map,
         );
         let memo = self.list_memo.lock().ok();
         if let Some((asked, pays)) = memo.as_deref().copied().flatten()
@@ -1059,7 +1065,7 @@ impl DecodePlan {
             key.2,
             self.kernels.list_fixed,
             cap.max_splits,
-            self.config.dtypes,
+            key.3,
         );
         if let Some(mut m) = memo {
             *m = Some((key, pays));

@@ -4,8 +4,6 @@
 
 use mla_abi::{D_V, MAX_SPLITS, decode_tile};
 
-use crate::request::DecodeDtypes;
-
 /// KV tokens per decode pipeline step (chunks are whole blocks).
 pub const BLOCK_N: usize = decode_tile::BLOCK_N;
 
@@ -254,7 +252,7 @@ const LIST_E4M3_MAX_SHORT_CELLS: usize = 256;
 /// cells' rounds leave SMs idle or cut each sequence into several short cells (H=128
 /// S_q=3), and loses where it splits sequences that whole cells balance (large batches).
 /// The list takes the launch where its cost is under [`list_margin_pct`] percent of the
-/// cells' for `dtypes`.
+/// cells'; `e4m3_map`: the cells would run an e4m3 decode's tensor-map form.
 pub fn list_pays(
     cfg: &ScheduleConfig,
     grid_splits: usize,
@@ -262,7 +260,7 @@ pub fn list_pays(
     ctas: usize,
     fixed: u32,
     max_splits: usize,
-    dtypes: DecodeDtypes,
+    e4m3_map: bool,
 ) -> bool {
     if batch == 0 || fixed == 0 {
         return false;
@@ -316,7 +314,7 @@ pub fn list_pays(
         any_split |= p.nsplit > 1;
     }
     let list_cost = busiest.max(part_cost) + if any_split { LIST_COMBINE_BLOCKS } else { 0 };
-    100 * list_cost < list_margin_pct(dtypes, tiles, batch, nb) * cell_cost
+    100 * list_cost < list_margin_pct(e4m3_map, tiles, batch, nb) * cell_cost
 }
 
 /// The share of the cells' modelled cost (percent) under which [`list_pays`] takes the
@@ -325,7 +323,9 @@ pub fn list_pays(
 /// every sequence over three rounds (at H=128 S_q=3 B=32 L=16384 it puts the list 4%
 /// ahead, and the list took 0.90x / 0.87x / 0.83x the cells' time: bf16 / fp8 cache / fp8
 /// Q; docs/PERF.md 3.27), while where it calls the two level the bf16 list runs 1-7%
-/// slower. The e4m3 decodes (fp8 caches): 105, for two or more row tiles and sequences of
+/// slower; so do the e4m3 decodes' `cp.async` forms (`e4m3_map` false: fp8 caches on
+/// 16-token pages or strided, where the list, a map form, was measured only at S_q=3). The
+/// e4m3 decodes' tensor-map forms (`e4m3_map`): 105, for two or more row tiles and sequences of
 /// `LIST_E4M3_MIN_BLOCKS` blocks, if they are `LIST_E4M3_LONG_BLOCKS` long or the cells
 /// are at most `LIST_E4M3_MAX_SHORT_CELLS`. Where the model calls the two level or the
 /// list up to 5% behind, their list ran 0.87-1.03x the cells' time from 8192 tokens and
@@ -333,11 +333,10 @@ pub fn list_pays(
 /// ran up to 1.34x slower at 1024 tokens and below, 1.02-1.06x at L=4096 in 384-512 cells
 /// (the cells balance there and the list only cuts), and from 5.9% behind in the model
 /// 4-15% slower (docs/PERF.md 3.28). Plans of one row tile were not measured.
-pub fn list_margin_pct(dtypes: DecodeDtypes, tiles: usize, batch: usize, blocks: u64) -> u64 {
-    let e4m3 = dtypes.kv() == mla_abi::ElemType::Fp8E4m3;
+pub fn list_margin_pct(e4m3_map: bool, tiles: usize, batch: usize, blocks: u64) -> u64 {
     let fits =
         blocks >= LIST_E4M3_LONG_BLOCKS || tiles.saturating_mul(batch) <= LIST_E4M3_MAX_SHORT_CELLS;
-    if e4m3 && tiles >= 2 && blocks >= LIST_E4M3_MIN_BLOCKS && fits {
+    if e4m3_map && tiles >= 2 && blocks >= LIST_E4M3_MIN_BLOCKS && fits {
         105
     } else {
         97
@@ -808,7 +807,7 @@ mod tests {
     fn work_list_pays_where_cells_round_badly() {
         // H=128 (two row tiles a query token) on 132 SMs, the plan's schedule for a
         // batch of `b`; the measured wins and losses (docs/PERF.md).
-        let pays_for = |dtypes: DecodeDtypes, b: usize, len: usize, s_q: usize| {
+        let pays_for = |e4m3_map: bool, b: usize, len: usize, s_q: usize| {
             let tiles = 2 * s_q;
             let target = balanced_target(132, 132, tiles, b, len);
             let cfg = ScheduleConfig {
@@ -820,9 +819,9 @@ mod tests {
             };
             let gs = cfg.grid_splits();
             let cap = list_capacity(gs, 4, 132, tiles, b);
-            list_pays(&cfg, gs, (b, len / BLOCK_N), 132, 4, cap, dtypes)
+            list_pays(&cfg, gs, (b, len / BLOCK_N), 132, 4, cap, e4m3_map)
         };
-        let pays = |b, len, s_q| pays_for(DecodeDtypes::Bf16, b, len, s_q);
+        let pays = |b, len, s_q| pays_for(false, b, len, s_q);
         assert!(pays(32, 4096, 3) && pays(8, 16384, 3) && pays(8, 4096, 3));
         // Cells that split every sequence over three rounds (the model: the list 4% ahead).
         assert!(pays(32, 16384, 3) && pays(16, 32768, 3));
@@ -834,8 +833,8 @@ mod tests {
         // The e4m3 decodes take the list up to 5% behind in the model: long sequences
         // from B=8, S_q=2 B=8 L=4096, S_q=4 (all measured faster on the list); not where
         // it splits sequences that whole cells balance at L=4096 (measured slower).
-        for dtypes in [DecodeDtypes::Fp8, DecodeDtypes::Fp8KvBf16Q] {
-            let pays = |b, len, s_q| pays_for(dtypes, b, len, s_q);
+        {
+            let pays = |b, len, s_q| pays_for(true, b, len, s_q);
             assert!(pays(32, 4096, 3) && pays(32, 16384, 3));
             assert!(pays(16, 16384, 1) && pays(32, 16384, 1) && pays(64, 16384, 1));
             assert!(pays(8, 4096, 2) && pays(32, 16384, 2) && pays(64, 16384, 2));
