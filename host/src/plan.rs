@@ -323,9 +323,10 @@ pub fn list_pays(
 /// every sequence over three rounds (at H=128 S_q=3 B=32 L=16384 it puts the list 4%
 /// ahead, and the list took 0.90x / 0.87x / 0.83x the cells' time: bf16 / fp8 cache / fp8
 /// Q; docs/PERF.md 3.27), while where it calls the two level the bf16 list runs 1-7%
-/// slower; so do the e4m3 decodes' `cp.async` forms (`e4m3_map` false: fp8 caches on
-/// 16-token pages or strided, where the list, a map form, was measured only at S_q=3). The
-/// e4m3 decodes' tensor-map forms (`e4m3_map`): 105, for two or more row tiles and sequences of
+/// slower. The same 97 for the e4m3 decodes whose cells run their `cp.async` form
+/// (`e4m3_map` false: fp8 caches on 16-token pages or strided; there the list, a map form,
+/// was measured at S_q=3 only). Cells in the e4m3 tensor-map forms (`e4m3_map`): 105, for
+/// two or more row tiles and sequences of
 /// `LIST_E4M3_MIN_BLOCKS` blocks, if they are `LIST_E4M3_LONG_BLOCKS` long or the cells
 /// are at most `LIST_E4M3_MAX_SHORT_CELLS`. Where the model calls the two level or the
 /// list up to 5% behind, their list ran 0.87-1.03x the cells' time from 8192 tokens and
