@@ -232,8 +232,8 @@ pub struct DecodePlan {
     /// yet), which [`DecodePlan::run_layer_slot`] checks its request against.
     step_batch: [AtomicUsize; STEP_SLOTS],
     /// The launch model's last answer ([`plan::list_pays`]) and what it was asked: batch,
-    /// KV blocks, CTAs, the cells' form. The same for every run of one shape, and a run's host path must
-    /// not rebuild a batch's piece list each launch.
+    /// KV blocks, CTAs, the cells' form. The same for every run of one shape, and a run's
+    /// host path must not rebuild a batch's piece list each launch.
     list_memo: Mutex<Option<(ListKey, bool)>>,
 }
 
