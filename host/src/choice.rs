@@ -534,7 +534,8 @@ impl DecodeKernels {
     }
 
     /// The decode a run of `req` checks the work list against
-    /// ([`DecodeKernels::list_fixed_for`]): [`DecodeKernels::decode_for_parts`]'s, except
+    /// ([`DecodeKernels::list_fixed_for`]): `cells`, the run's
+    /// [`DecodeKernels::decode_for_parts`], except
     /// where only [`TmaForm::ByPage`] gave an fp8 cache the `cp.async` form: there the map
     /// form it displaced, so that a run the list pays for takes the list (a map-form
     /// kernel). At page 16, H=128 S_q=3 (B 8-32, L 4096-16384; H100, docs/PERF.md 3.25) the
@@ -542,11 +543,11 @@ impl DecodeKernels {
     /// fp8 Q; where the list does not pay, the `cp.async` form runs.
     pub fn list_base_for(
         &self,
+        cells: &'static Kernel,
         req: &DecodeRequest,
         parts: &SplitParts,
         shape: &DecodeShape,
     ) -> &'static Kernel {
-        let k = self.decode_for_parts(req, parts, shape);
         if self.tma_form == TmaForm::ByPage {
             let map = DecodeKernels {
                 tma_form: TmaForm::Map,
@@ -557,7 +558,7 @@ impl DecodeKernels {
                 return map;
             }
         }
-        k
+        cells
     }
 
     /// The `cp.async` form of the TMA decode for `rows` query rows, where the plan has it:

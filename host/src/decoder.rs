@@ -1033,7 +1033,8 @@ impl DecodePlan {
         parts: &SplitParts,
         shape: &DecodeShape,
     ) -> bool {
-        let k = self.kernels.list_base_for(req, parts, shape);
+        let cells = self.kernels.decode_for_parts(req, parts, shape);
+        let k = self.kernels.list_base_for(cells, req, parts, shape);
         let cap = self.ws.capacity();
         if self.kernels.list_fixed_for(k, shape, cap) == 0 {
             return false;
@@ -1043,7 +1044,6 @@ impl DecodePlan {
         }
         let len = shape.max_seq_len().min(self.config.max_seq_len);
         // The e4m3 margin is for cells in a tensor-map form ([`plan::list_margin_pct`]).
-        let cells = self.kernels.decode_for_parts(req, parts, shape);
         let e4m3_map = self.config.dtypes.kv() == mla_abi::ElemType::Fp8E4m3
             && self.kernels.tma.is_some_and(|t| t.symbol == cells.symbol);
         let key = (

@@ -698,14 +698,16 @@ impl Runtime {
         // runs' counts, whatever array a scheduled layer would have read. It runs in place
         // of the map form, or of the `cp.async` form the page size gave an fp8 cache
         // ([`DecodeKernels::list_base_for`]).
+        let cells = kernels.decode_for_parts(req, parts, shape);
         let list = if list {
-            kernels.list_fixed_for(kernels.list_base_for(req, parts, shape), shape, ws.capacity)
+            let base = kernels.list_base_for(cells, req, parts, shape);
+            kernels.list_fixed_for(base, shape, ws.capacity)
         } else {
             0
         };
         let kernel = match kernels.tma_list {
             Some(k) if list > 0 => k,
-            _ => kernels.decode_for_parts(req, parts, shape),
+            _ => cells,
         };
         // Split-major (the kernels read tile, sequence, split from x, y, z): the graph-safe
         // grid's CTAs past a sequence's split count (most of them at large batch) launch

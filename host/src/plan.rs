@@ -326,9 +326,8 @@ pub fn list_pays(
 /// slower. The same 97 for the e4m3 decodes whose cells run their `cp.async` form
 /// (`e4m3_map` false: fp8 caches on 16-token pages or strided; there the list, a map form,
 /// was measured at S_q=3 only). Cells in the e4m3 tensor-map forms (`e4m3_map`): 105, for
-/// two or more row tiles and sequences of
-/// `LIST_E4M3_MIN_BLOCKS` blocks, if they are `LIST_E4M3_LONG_BLOCKS` long or the cells
-/// are at most `LIST_E4M3_MAX_SHORT_CELLS`. Where the model calls the two level or the
+/// two or more row tiles and sequences of `LIST_E4M3_MIN_BLOCKS` blocks, if they are
+/// `LIST_E4M3_LONG_BLOCKS` long or the cells are at most `LIST_E4M3_MAX_SHORT_CELLS`. Where the model calls the two level or the
 /// list up to 5% behind, their list ran 0.87-1.03x the cells' time from 8192 tokens and
 /// 0.88-0.98x on shorter sequences in at most 256 cells (H=128 S_q 1-4, B 1-256, H100); it
 /// ran up to 1.34x slower at 1024 tokens and below, 1.02-1.06x at L=4096 in 384-512 cells

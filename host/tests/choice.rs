@@ -383,14 +383,28 @@ fn tma_form_picks_the_copy_form_on_mapped_caches() {
             let k = all.decode_for(&req, &shape);
             assert_eq!(k.symbol, cp, "{d:?} page {page}");
             // Everywhere `cp.async`: the list's base is that form, so the list is off.
-            let base = all.list_base_for(&req, &parts, &shape);
+            let base = all.list_base_for(
+                all.decode_for_parts(&req, &parts, &shape),
+                &req,
+                &parts,
+                &shape,
+            );
             assert_eq!(base.symbol, cp, "{d:?} page {page}");
             assert_eq!(
                 all.list_fixed_for(base, &shape, cap),
                 0,
                 "{d:?} page {page}"
             );
-            assert_eq!(map.list_base_for(&req, &parts, &shape).symbol, tma.symbol);
+            assert_eq!(
+                map.list_base_for(
+                    map.decode_for_parts(&req, &parts, &shape),
+                    &req,
+                    &parts,
+                    &shape
+                )
+                .symbol,
+                tma.symbol
+            );
             let want_cp = d != DecodeDtypes::Bf16 && page < E4M3_MAP_MIN_PAGE;
             let k = by_page.decode_for(&req, &shape);
             assert_eq!(
@@ -400,7 +414,12 @@ fn tma_form_picks_the_copy_form_on_mapped_caches() {
             );
             // By page, the list is checked against the map form the page size displaced:
             // a run the list pays for takes it.
-            let base = by_page.list_base_for(&req, &parts, &shape);
+            let base = by_page.list_base_for(
+                by_page.decode_for_parts(&req, &parts, &shape),
+                &req,
+                &parts,
+                &shape,
+            );
             assert_eq!(base.symbol, tma.symbol, "{d:?} page {page}");
             assert!(
                 by_page.list_fixed_for(base, &shape, cap) > 0,
@@ -414,7 +433,12 @@ fn tma_form_picks_the_copy_form_on_mapped_caches() {
         let k = kernels(Backend::Sm90a, Tile::Wg64N64, d, 8, 32)
             .with_work_list(mla_host::choice::WORK_LIST_FIXED, true);
         let (req, shape) = request(d, 8, 4096 / 8);
-        let base = k.list_base_for(&req, &SplitParts::default(), &shape);
+        let base = k.list_base_for(
+            k.decode_for_parts(&req, &SplitParts::default(), &shape),
+            &req,
+            &SplitParts::default(),
+            &shape,
+        );
         if k.tma_cp.is_some() {
             assert_eq!(base.symbol, cp, "{d:?} page 8");
         }
