@@ -331,13 +331,22 @@ impl Runtime {
         let sm_count = self.device().sm_count as usize;
         let base_ctas = tactic.target_ctas(sm_count);
         let target_ctas = plan::target_from_env().unwrap_or_else(|| {
-            plan::balanced_target(
+            let target = plan::balanced_target(
                 base_ctas,
                 sm_count,
                 tiles,
                 config.max_batch,
                 config.max_seq_len,
-            )
+            );
+            // bf16 on the 64-row TMA decode: no one-block splits (its `cp.async` form).
+            if config.dtypes == DecodeDtypes::Bf16
+                && tactic.tile == crate::tactic::Tile::Wg64N64
+                && config.page_size >= mla_abi::decode_tile::TMA_MIN_PAGE
+            {
+                plan::two_block_target(target, tiles, config.max_batch, config.max_seq_len)
+            } else {
+                target
+            }
         });
         let schedule = ScheduleConfig {
             tiles,

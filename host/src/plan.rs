@@ -121,6 +121,22 @@ pub fn balanced_target(
     }
 }
 
+/// `target` for a bf16 plan of the 64-row TMA decode whose even share would cut each of
+/// `max_batch` sequences of `max_len` tokens into one-block splits (which run its
+/// `cp.async` form, [`crate::tmap::tma_pays`]): lowered so that each split holds two
+/// blocks and runs the TMA decode. Measured at H=128 on the H100 (docs/PERF.md 3.28): S_q=1
+/// B=4 L=1024 23.6-24.1 us with splits of two to four blocks against 26.8 with one-block
+/// splits; level at B=1 L=4096 and B=2 L=1024, 0.977x at S_q=2 B=1 L=1024. Plans of one row
+/// tile keep `target`.
+pub fn two_block_target(target: usize, tiles: usize, max_batch: usize, max_len: usize) -> usize {
+    let blocks = max_len.div_ceil(BLOCK_N);
+    let cells = tiles.max(1) * max_batch.max(1);
+    if tiles < 2 || blocks < 2 || max_len >= i32::MAX as usize || target / cells < blocks {
+        return target;
+    }
+    cells * (blocks / 2)
+}
+
 /// The workspace's split capacity for a plan whose grid has `grid_splits` splits: with
 /// the work list on (`list_fixed > 0`) and a grid that splits at all, enough that a batch
 /// of `max_batch` even sequences can take its share of every part (`max(1, sm_count /
@@ -801,6 +817,19 @@ mod tests {
                 assert_eq!(counts[i] > 0, l > 0, "{what}: count of seq {i}");
             }
         }
+    }
+
+    #[test]
+    fn bf16_plans_keep_two_blocks_a_split() {
+        // H=128 S_q=1 (two row tiles) on 132 SMs: one-block splits become two-block ones.
+        assert_eq!(two_block_target(132, 2, 4, 1024), 64);
+        assert_eq!(two_block_target(132, 2, 1, 4096), 64);
+        assert_eq!(two_block_target(132, 4, 1, 1024), 32);
+        // Splits of two blocks or more, one row tile, one block: unchanged.
+        assert_eq!(two_block_target(132, 2, 8, 1024), 132);
+        assert_eq!(two_block_target(132, 1, 4, 1024), 132);
+        assert_eq!(two_block_target(132, 2, 4, 64), 132);
+        assert_eq!(two_block_target(132, 2, 1, usize::MAX), 132);
     }
 
     #[test]
