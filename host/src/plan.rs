@@ -121,17 +121,25 @@ pub fn balanced_target(
     }
 }
 
+/// Plans of fewer cells (row tiles x sequences) keep their one-block splits: measured on
+/// the H200 at H=128, two-block splits ran 1.05-1.13x the time in 2-4 cells at L <= 1024
+/// (fewer CTAs than SMs either way) and 0.90-1.00x from 8 cells (docs/PERF.md 3.29).
+pub const TWO_BLOCK_MIN_CELLS: usize = 8;
+
 /// `target` for a bf16 plan of the 64-row TMA decode whose even share would cut each of
 /// `max_batch` sequences of `max_len` tokens into one-block splits (which run its
 /// `cp.async` form, [`crate::tmap::tma_pays`]): lowered so that each split holds two
-/// blocks and runs the TMA decode. Measured at H=128 on the H100 (docs/PERF.md 3.28): S_q=1
-/// B=4 L=1024 23.6-24.1 us with splits of two to four blocks against 26.8 with one-block
-/// splits; level at B=1 L=4096 and B=2 L=1024, 0.977x at S_q=2 B=1 L=1024. Plans of one row
-/// tile keep `target`.
+/// blocks and runs the TMA decode, in plans of at least [`TWO_BLOCK_MIN_CELLS`] cells.
+/// Plans of one row tile keep `target`.
 pub fn two_block_target(target: usize, tiles: usize, max_batch: usize, max_len: usize) -> usize {
     let blocks = max_len.div_ceil(BLOCK_N);
     let cells = tiles.max(1) * max_batch.max(1);
-    if tiles < 2 || blocks < 2 || max_len >= i32::MAX as usize || target / cells < blocks {
+    if tiles < 2
+        || blocks < 2
+        || cells < TWO_BLOCK_MIN_CELLS
+        || max_len >= i32::MAX as usize
+        || target / cells < blocks
+    {
         return target;
     }
     cells * (blocks / 2)
@@ -823,8 +831,12 @@ mod tests {
     fn bf16_plans_keep_two_blocks_a_split() {
         // H=128 S_q=1 (two row tiles) on 132 SMs: one-block splits become two-block ones.
         assert_eq!(two_block_target(132, 2, 4, 1024), 64);
-        assert_eq!(two_block_target(132, 2, 1, 4096), 64);
-        assert_eq!(two_block_target(132, 4, 1, 1024), 32);
+        assert_eq!(two_block_target(132, 2, 8, 512), 64);
+        assert_eq!(two_block_target(132, 4, 2, 1024), 64);
+        // Fewer than 8 cells keep their one-block splits.
+        assert_eq!(two_block_target(132, 2, 1, 4096), 132);
+        assert_eq!(two_block_target(132, 2, 2, 1024), 132);
+        assert_eq!(two_block_target(132, 4, 1, 1024), 132);
         // Splits of two blocks or more, one row tile, one block: unchanged.
         assert_eq!(two_block_target(132, 2, 8, 1024), 132);
         assert_eq!(two_block_target(132, 1, 4, 1024), 132);
