@@ -339,8 +339,10 @@ impl Runtime {
                 config.max_seq_len,
             );
             // bf16 on the 64-row TMA decode: no one-block splits (its `cp.async` form).
+            // Measured only with the TMA decode on, so a tactic with it off keeps `target`.
             if config.dtypes == DecodeDtypes::Bf16
                 && tactic.tile == crate::tactic::Tile::Wg64N64
+                && tactic.switches.tma
                 && config.page_size >= mla_abi::decode_tile::TMA_MIN_PAGE
             {
                 plan::two_block_target(target, tiles, config.max_batch, config.max_seq_len)
