@@ -122,8 +122,8 @@ pub fn balanced_target(
 }
 
 /// Plans of fewer cells (row tiles x sequences) keep their one-block splits: measured on
-/// the H200 at H=128, two-block splits ran 1.05-1.13x the time in 2-4 cells at L <= 1024
-/// (fewer CTAs than SMs either way) and 0.90-1.00x from 8 cells (docs/PERF.md 3.29).
+/// the H200 at H=128, two-block splits ran 0.90-1.00x the one-block splits' time from 8
+/// cells and 0.94-1.13x in 2-4 cells (docs/PERF.md 3.29).
 pub const TWO_BLOCK_MIN_CELLS: usize = 8;
 
 /// `target` for a bf16 plan of the 64-row TMA decode whose even share would cut each of
