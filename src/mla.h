@@ -82,11 +82,15 @@ typedef struct MlaPlan MlaPlan;
  * heads 1..128, s_q 1..8, page_size a power of two in 1..256, dtype codes above, tile
  * 0..4, waves 0..4. max_batch also bounds the splits per sequence (the decode grid and the
  * partials are sized for it): up to about 4 x (SMs x waves) / (row tiles x max_batch), at
- * most 128. A batch far smaller than max_batch, or a bucket of max_batch sequences padded
+ * most 128; plans of several row tiles whose max_seq_len would leave SMs idle in the last
+ * round of a full batch of that length take the count that fills it, up to 8192 split cells
+ * (row tiles x max_batch x splits; max_seq_len 0 or >= 2^31-1 takes none). A batch far smaller than max_batch, or a bucket of max_batch sequences padded
  * with zero lengths, gets no more splits than that (a 256-sequence plan gives 8 live
  * sequences at 128 heads 2 splits where an 8-sequence plan gives 8): plan per batch bucket. */
 typedef struct MlaPlanConfig {
-  uint32_t max_batch, heads, s_q, page_size, max_seq_len;
+  uint32_t max_batch, heads, s_q, page_size;
+  uint32_t max_seq_len; /* the longest length the plan is tuned for, a hint: longer lengths
+                           run correctly; 0, or 2^31-1 and above: unknown (no split raise) */
   uint32_t q_dtype, kv_dtype;
   uint32_t waves; /* 0: default tactic */
   uint32_t tile;  /* 0: the plan's default (16-row tile when s_q * heads <= 16; on sm_90a,

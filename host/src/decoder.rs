@@ -40,7 +40,10 @@ pub struct DecodeConfig {
     pub dtypes: DecodeDtypes,
     pub page_size: usize,
     /// Longest sequence the plan is tuned for (lengths beyond it still run correctly; a
-    /// value past `i32::MAX`, the longest length, plans as `i32::MAX`).
+    /// value past `i32::MAX`, the longest length, plans as `i32::MAX`). Plans of several
+    /// row tiles may size their split grid and partials for a full batch of this length
+    /// (at most 8192 split cells, 1 GiB of partials in 64-row tiles; `i32::MAX`, "unknown",
+    /// takes none of that); [`DecodePlan::info`] reports the workspace.
     pub max_seq_len: usize,
 }
 

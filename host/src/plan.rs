@@ -78,6 +78,11 @@ pub fn balanced_split_cap(base: usize, target: usize, tiles: usize, max_batch: u
 /// 3-4 us against 1.8-2.0 us per block at H=128 on the H200 (docs/PERF.md 3.5).
 const CELL_FIXED_BLOCKS: usize = 4;
 const COMBINE_BLOCKS: usize = 2;
+/// [`balanced_target`] raises no plan past this many split cells (row tiles x sequences x
+/// splits): 1 GiB of f32 partials in 64-row tiles. Past it the model only chases the last
+/// round's rounding with partials for every split of the whole bucket, and a long hint
+/// over a large bucket sized them at 16.5 GiB (H=64 S_q=7 `max_batch`=151, 2^31-2 tokens).
+const RAISE_MAX_SPLIT_CELLS: usize = 8192;
 
 /// The schedule's CTA target for a plan on `sm_count` SMs: `base` (waves x SMs), or
 /// `s * tiles * max_batch` where a batch of `max_batch` sequences of `max_len` tokens would
@@ -92,7 +97,8 @@ const COMBINE_BLOCKS: usize = 2;
 /// not hold for them. So do plans whose hint is "unknown" (`max_len >= i32::MAX`, the
 /// clamp of `u32::MAX`): a raise priced for sequences of 2^31 tokens gives every batch of
 /// real lengths that many splits per sequence, and sized the partials for 128 splits of
-/// the whole bucket (16.5 GiB at H=64 S_q=8 `max_batch`=151).
+/// the whole bucket (16.5 GiB at H=64 S_q=8 `max_batch`=151). Any raise stops at
+/// `RAISE_MAX_SPLIT_CELLS` split cells, which only hints past 2^20 tokens reach.
 pub fn balanced_target(
     base: usize,
     sm_count: usize,
@@ -111,9 +117,10 @@ pub fn balanced_target(
             + if s > 1 { COMBINE_BLOCKS } else { 0 }
     };
     let s0 = (base / cells).clamp(1, blocks);
-    let best = (1..=blocks.min(MAX_SPLITS as usize))
-        .min_by_key(|&s| (cost(s), s))
-        .unwrap_or(s0);
+    let most = blocks
+        .min(MAX_SPLITS as usize)
+        .min((RAISE_MAX_SPLIT_CELLS / cells).max(1));
+    let best = (1..=most).min_by_key(|&s| (cost(s), s)).unwrap_or(s0);
     if 10 * cost(best) < 9 * cost(s0) {
         best * cells
     } else {
@@ -468,6 +475,34 @@ impl WorkspaceCapacity {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn balanced_target_bounds_the_partials() {
+        // A long hint over a large bucket: the raise stops at the split-cell bound
+        // (before it, H=64 S_q=7 at 151 sequences took 128 splits, 16.5 GiB of partials).
+        for (tiles, batch, len) in [
+            (7, 151, i32::MAX as usize - 1),
+            (7, 151, 1 << 20),
+            (8, 100, 1 << 24),
+            (2, 151, 1 << 24),
+            (14, 32, 1 << 30),
+        ] {
+            let target = balanced_target(132, 132, tiles, batch, len);
+            let splits = (target / (tiles * batch)).max(1);
+            assert!(
+                target == 132 || splits * tiles * batch <= RAISE_MAX_SPLIT_CELLS,
+                "{tiles} {batch} {len}: target {target}"
+            );
+        }
+        assert_eq!(
+            balanced_target(132, 132, 7, 151, i32::MAX as usize - 1),
+            132
+        );
+        // Serving hints keep the measured raise: H=128 S_q=1 at 100 sequences of 128K
+        // tokens, 13 splits; S_q=4 at 163840 tokens, 10.
+        assert_eq!(balanced_target(132, 132, 2, 100, 131072), 2600);
+        assert_eq!(balanced_target(132, 132, 8, 100, 163840), 8000);
+    }
 
     #[test]
     fn balanced_target_fills_the_last_round() {
