@@ -157,7 +157,8 @@ typedef struct MlaPagedArgs {
   uint64_t page_table, seq_lens; /* device: [batch, max_pages] and [batch] int32 */
   uint32_t batch, n;             /* append: n >= 1 new tokens (a step's s_q, or a prefill
                                     chunk), max_pages * page_size >= n; gather: output
-                                    rows, >= 1 */
+                                    rows, >= 1; both n <= 2^31-1 (MLA_ERR_UNSUPPORTED
+                                    above) */
   uint32_t num_pages, max_pages, page_size;
   uint32_t kv_dtype;   /* MLA_BF16, MLA_FP16 or MLA_FP8_E4M3 */
   uint32_t rows_dtype; /* gather: kv_dtype, or MLA_BF16 to dequantise an fp8 cache */

@@ -91,7 +91,8 @@ impl Scales {
 /// Host copies of device index tensors, when the caller has them. With them the validator
 /// also checks lengths against the page table and every used page id against the cache:
 /// a decode length past `max_pages * page_size` (which the device would cut there) is an
-/// error here, lengths `<= 0` (padding) and below `s_q` are not; with `seq_lens` the used
+/// error here, lengths `<= 0` (padding) and below `s_q` are not; so is a gather length past
+/// `out`'s rows (the device copies the first `max_len`); with `seq_lens` the used
 /// entries of a row are its first `ceil(len / page_size)`, without it every entry of the
 /// table counts as used.
 #[derive(Clone, Copy, Debug, Default)]
