@@ -84,9 +84,10 @@ typedef struct MlaPlan MlaPlan;
  * partials are sized for it): up to about 4 x (SMs x waves) / (row tiles x max_batch), at
  * most 128; plans of several row tiles whose max_seq_len would leave SMs idle in the last
  * round of a full batch of that length take the count that fills it, up to 8192 split cells
- * (row tiles x max_batch x splits; max_seq_len 0 or >= 2^31-1 takes none). A batch far smaller than max_batch, or a bucket of max_batch sequences padded
- * with zero lengths, gets no more splits than that (a 256-sequence plan gives 8 live
- * sequences at 128 heads 2 splits where an 8-sequence plan gives 8): plan per batch bucket. */
+ * (row tiles x max_batch x splits; max_seq_len 0 or >= 2^31-1 takes none). A batch far
+ * smaller than max_batch, or a bucket of max_batch sequences padded with zero lengths, gets
+ * no more splits than that (a 256-sequence plan gives 8 live sequences at 128 heads 2
+ * splits where an 8-sequence plan gives 8): plan per batch bucket. */
 typedef struct MlaPlanConfig {
   uint32_t max_batch, heads, s_q, page_size;
   uint32_t max_seq_len; /* the longest length the plan is tuned for, a hint: longer lengths

@@ -80,8 +80,9 @@ const CELL_FIXED_BLOCKS: usize = 4;
 const COMBINE_BLOCKS: usize = 2;
 /// [`balanced_target`] raises no plan past this many split cells (row tiles x sequences x
 /// splits): 1 GiB of f32 partials in 64-row tiles. Past it the model only chases the last
-/// round's rounding with partials for every split of the whole bucket, and a long hint
-/// over a large bucket sized them at 16.5 GiB (H=64 S_q=7 `max_batch`=151, 2^31-2 tokens).
+/// round's rounding with partials for every split of the whole bucket: without it a long
+/// hint over a large bucket would size them at 16.5 GiB (H=64 S_q=7 `max_batch`=151,
+/// 2^31-2 tokens).
 const RAISE_MAX_SPLIT_CELLS: usize = 8192;
 
 /// The schedule's CTA target for a plan on `sm_count` SMs: `base` (waves x SMs), or
@@ -98,7 +99,8 @@ const RAISE_MAX_SPLIT_CELLS: usize = 8192;
 /// clamp of `u32::MAX`): a raise priced for sequences of 2^31 tokens gives every batch of
 /// real lengths that many splits per sequence, and sized the partials for 128 splits of
 /// the whole bucket (16.5 GiB at H=64 S_q=8 `max_batch`=151). Any raise stops at
-/// `RAISE_MAX_SPLIT_CELLS` split cells, which only hints past 2^20 tokens reach.
+/// `RAISE_MAX_SPLIT_CELLS` split cells, which no plan of hints up to 163840 tokens reached
+/// in a probe of tiles 2-16 and batches 1-512 (docs/PERF.md 3.30).
 pub fn balanced_target(
     base: usize,
     sm_count: usize,
@@ -479,7 +481,8 @@ mod tests {
     #[test]
     fn balanced_target_bounds_the_partials() {
         // A long hint over a large bucket: the raise stops at the split-cell bound
-        // (before it, H=64 S_q=7 at 151 sequences took 128 splits, 16.5 GiB of partials).
+        // (unbounded, H=64 S_q=7 at 151 sequences would take 128 splits, 16.5 GiB of
+        // partials).
         for (tiles, batch, len) in [
             (7, 151, i32::MAX as usize - 1),
             (7, 151, 1 << 20),
