@@ -94,16 +94,17 @@ typedef struct MlaPlanConfig {
                            run correctly; 0, or 2^31-1 and above: unknown (no split raise) */
   uint32_t q_dtype, kv_dtype;
   uint32_t waves; /* 0: default tactic */
-  uint32_t tile;  /* 0: the plan's default (16-row tile when s_q * heads <= 16; on sm_90a,
-                     17..32 rows: with an fp8 cache and pages >= 16 the wgmma tile in
-                     plans of >= 65536 tokens in all (fp8 q) or >= 131072 with
-                     sequences of >= 1024 (bf16 q); else two 16-row tiles in plans of
-                     sequences <= 4096 tokens and <= 32768 in all (bf16 with pages >= 16:
-                     <= 16384), and with an fp8 cache below 9 sequences; otherwise the 32-row tile (fp8 cache) or the
-                     wgmma tile (bf16); more rows: the
-                     wgmma tile on sm_90a unless fp16, else 64-row); 1: 16-row;
-                     2: 64-row mma.sync; 3: 64-row wgmma (sm_90a, not fp16); 4: 32-row
-                     (sm_90a, fp8 cache) */
+  uint32_t tile;  /* 0: the plan's default (16-row tile when s_q * heads <= 16; fp16
+                     above 16 rows: the 64-row mma.sync tile; on sm_90a, 17..32 rows:
+                     with an fp8 cache and pages >= 16 the wgmma tile in plans of
+                     >= 65536 tokens in all (fp8 q) or >= 131072 with sequences of
+                     >= 1024 (bf16 q); else two 16-row tiles in plans of sequences
+                     <= 4096 tokens and <= 32768 in all (bf16 with pages >= 16:
+                     <= 16384), and with an fp8 cache below 9 sequences; otherwise the
+                     32-row tile (fp8 cache) or the wgmma tile (bf16); more rows: the
+                     wgmma tile on sm_90a, else 64-row); 1: 16-row; 2: 64-row
+                     mma.sync; 3: 64-row wgmma (sm_90a, not fp16); 4: 32-row (sm_90a,
+                     fp8 cache) */
 } MlaPlanConfig;
 
 typedef struct MlaDecodeArgs {
