@@ -213,6 +213,23 @@ pub(crate) fn spec(symbol: &'static str) -> &'static Kernel {
     }
 }
 
+/// The TMA decode of `decode`, a `wgmma` tile's kernel (bf16 or fp8 cache, bf16 or fp8
+/// Q), fed by tensor copies, where `switches` keep it on; pages of fewer than
+/// `TMA_MIN_PAGE` tokens make boxes too small to pay. `None` for every other kernel.
+pub(crate) fn tma_decode_for(
+    decode: &Kernel,
+    switches: Switches,
+    page_size: usize,
+) -> Option<&'static str> {
+    let symbol = match decode.symbol {
+        names::DECODE_WG_BF16 => names::DECODE_TMA_BF16,
+        names::DECODE_WG_FP8KV_BF16Q => names::DECODE_TMA_FP8KV_BF16Q,
+        names::DECODE_WG_FP8 => names::DECODE_TMA_FP8,
+        _ => return None,
+    };
+    (switches.tma && page_size >= mla_abi::decode_tile::TMA_MIN_PAGE).then_some(symbol)
+}
+
 /// The decode kernel of `tile` for `dtypes` (the tile must pass `Tile::check`).
 pub fn tile_kernel(tile: Tile, dtypes: DecodeDtypes) -> &'static Kernel {
     use DecodeDtypes::*;
@@ -341,18 +358,7 @@ impl DecodeKernels {
         } else {
             tile_kernel(tile, dtypes)
         };
-        // The TMA decode: the `wgmma` tile's kernel (bf16 or fp8 cache, bf16 or fp8 Q), fed
-        // by tensor copies; pages of fewer than TMA_MIN_PAGE tokens make boxes too small to
-        // pay.
-        let tma_symbol = match decode.symbol {
-            names::DECODE_WG_BF16 => Some(names::DECODE_TMA_BF16),
-            names::DECODE_WG_FP8KV_BF16Q => Some(names::DECODE_TMA_FP8KV_BF16Q),
-            names::DECODE_WG_FP8 => Some(names::DECODE_TMA_FP8),
-            _ => None,
-        };
-        let tma = tma_symbol
-            .filter(|_| switches.tma && page_size >= mla_abi::decode_tile::TMA_MIN_PAGE)
-            .map(spec);
+        let tma = tma_decode_for(decode, switches, page_size).map(spec);
         let tma_list = tma.map(|t| {
             spec(match t.symbol {
                 names::DECODE_TMA_FP8KV_BF16Q => names::DECODE_TMA_FP8KV_BF16Q_LIST,

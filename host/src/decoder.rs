@@ -343,10 +343,9 @@ impl Runtime {
             );
             // bf16 on the 64-row TMA decode: no one-block splits (its `cp.async` form).
             // Measured only with the TMA decode on, so a tactic with it off keeps `target`.
-            if config.dtypes == DecodeDtypes::Bf16
-                && tactic.tile == crate::tactic::Tile::Wg64N64
-                && tactic.switches.tma
-                && config.page_size >= mla_abi::decode_tile::TMA_MIN_PAGE
+            let tile_decode = crate::choice::tile_kernel(tactic.tile, config.dtypes);
+            if crate::choice::tma_decode_for(tile_decode, tactic.switches, config.page_size)
+                == Some(names::DECODE_TMA_BF16)
             {
                 plan::two_block_target(target, tiles, config.max_batch, config.max_seq_len)
             } else {
