@@ -94,6 +94,9 @@ const BAR_VT_READY: u32 = 10;
 const BAR_XPOSE: u32 = 14;
 /// Threads of the transposer's kernels: two consumer warpgroups and the transposer.
 const XPOSE_THREADS: u32 = 384;
+// Their cell walk's words: the marks (a word a warp), then each warp's walk state (two),
+// inside the work list's region at `TMA_E4_WORDS`.
+const _: () = assert!(3 * XPOSE_THREADS as usize / 32 <= T::walk_words(XPOSE_THREADS as usize));
 /// Registers a thread of the transposer's kernels (`setmaxnreg`): the consumers' and the
 /// transposer's sum to the launch's 384 x 168 (`setmaxnreg.inc` waits for registers the
 /// CTA does not have otherwise).
@@ -984,18 +987,30 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
 /// this CTA's (`c, c + grid, ...`) and has work, in order. Every `$threads` cells, each
 /// thread checks one (its split count, or the folded schedule) and a ballot per warp marks
 /// those with work in the word at `$marks + 4 warp` (an expression evaluated where used);
-/// the walk reads the marks through a `shfl`, so ptxas sees uniform bounds. `$bar` is the
-/// CTA barrier around a marking (the unaligned one where a warp may reach it split). A
-/// macro, not a function taking a closure: the kernels' bodies must stay in their entry,
-/// and a closure that large is not inlined; an iterator held more registers.
+/// the walk reads the marks through a `shfl`, so ptxas sees uniform bounds. `state =
+/// ADDRESS` (optional) keeps the walk's position and the marks left in two words per warp
+/// from there (every lane storing the same values) while `$body` runs, and reads the thread
+/// index where used, so that no register lives through `$body` for the walk (the e4m3
+/// decodes' consumers spill in their pair loop: 14 / 30 `STL` / `LDL` with the state held,
+/// 9 / 22 without; the fp8 cache's 25 / 43 and 18 / 30); without it the walk keeps them in
+/// registers. `$bar` is the CTA barrier around a marking (the
+/// unaligned one where a warp may reach it split). A macro, not a function taking a
+/// closure: the kernels' bodies must stay in their entry, and a closure that large is not
+/// inlined; an iterator held more registers.
 ///
 /// Every thread of the CTA runs it, converged warps (unsafe code inside).
 macro_rules! for_each_cell {
-    ($p:expr, $threads:expr, $marks:expr, $bar:path,
+    ($p:expr, $threads:expr, $marks:expr, $bar:path, $(state = $state:expr,)?
      |$tile:pat_param, $b:pat_param, $split:pat_param, $work:pat_param| $body:block) => {{
         let p: &DecodeParams = $p;
         let threads: u32 = $threads;
-        let tid = arch::thread_idx_x();
+        // Shadowed where the state is in shared memory: the thread index is read where used.
+        #[allow(unused_variables)]
+        let tid = || arch::thread_idx_x();
+        $(
+            let _ = $state;
+            let tid = || arch::opaque(arch::thread_idx_x());
+        )?
         // The virtual grid and this CTA's share of it, recomputed where used (opaque)
         // rather than held in registers through the cells.
         let tiles = || arch::opaque((p.s_q * p.heads).div_ceil(BLOCK_N));
@@ -1018,7 +1033,7 @@ macro_rules! for_each_cell {
         while at < mine() {
             let marks = $marks;
             if at.is_multiple_of(threads) {
-                let i = at + tid;
+                let i = at + tid();
                 // The cell's coordinates before the folded schedule's total (every lane,
                 // converged), which is live only up to its one use: the e4m3 TMA decodes
                 // (255 registers) spilled it when it was live across the divisions.
@@ -1029,9 +1044,9 @@ macro_rules! for_each_cell {
                 // The previous marks are read by every thread before they change.
                 $bar();
                 smem::st_shared_f32_if(
-                    marks + 4 * (tid / 32),
+                    marks + 4 * (tid() / 32),
                     f32::from_bits(word),
-                    tid.is_multiple_of(32) as u32,
+                    tid().is_multiple_of(32) as u32,
                 );
                 $bar();
             }
@@ -1044,8 +1059,20 @@ macro_rules! for_each_cell {
                 let Some(work) = decode::cta_work(p, tile, split, b, fold) else {
                     continue;
                 };
+                // The state's address is evaluated on each side of `$body`: nothing of the
+                // walk's is live through it.
+                $(
+                    let w: u32 = $state + 8 * (arch::opaque(arch::thread_idx_x()) / 32);
+                    smem::st_shared_f32_if(w, f32::from_bits(at), 1);
+                    smem::st_shared_f32_if(w + 4, f32::from_bits(m), 1);
+                )?
                 let ($tile, $b, $split, $work) = (tile, b, split, work);
                 $body
+                $(
+                    let w: u32 = $state + 8 * (arch::opaque(arch::thread_idx_x()) / 32);
+                    at = uniform(smem::ld_shared_f32(w).to_bits());
+                    m = uniform(smem::ld_shared_f32(w + 4).to_bits());
+                )?
             }
             at += 32;
         }
@@ -1196,12 +1223,13 @@ macro_rules! for_each_piece {
 /// The 64-row TMA decodes' walk: [`for_each_piece`] in the list kernels (`K::LIST`), else
 /// [`for_each_cell`]; `$list` is a constant, so each kernel holds one walk.
 macro_rules! walk {
-    ($list:expr, $p:expr, $threads:expr, $words:expr, $bar:path,
+    ($list:expr, $p:expr, $threads:expr, $words:expr, $bar:path, $(state = $state:expr,)?
      |$tile:pat_param, $b:pat_param, $split:pat_param, $work:pat_param| $body:block) => {
         if $list {
             for_each_piece!($p, $threads, $words, $bar, |$tile, $b, $split, $work| $body)
         } else {
-            for_each_cell!($p, $threads, $words, $bar, |$tile, $b, $split, $work| $body)
+            for_each_cell!($p, $threads, $words, $bar, $(state = $state,)?
+                |$tile, $b, $split, $work| $body)
         }
     };
 }
@@ -1423,6 +1451,7 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *cons
                     XPOSE_THREADS,
                     marks(),
                     sync::bar_sync,
+                    state = marks() + 4 * (XPOSE_THREADS / 32),
                     |tile, b, split, work| {
                         consume_cell::<K>(
                             &p,
@@ -1443,6 +1472,7 @@ pub unsafe fn decode_tma<K: DecodeKind<Mma = Bf16>>(p: DecodeParams, tmap: *cons
                     XPOSE_THREADS,
                     marks(),
                     sync::bar_sync,
+                    state = marks() + 4 * (XPOSE_THREADS / 32),
                     |_, _, _, work| {
                         let blocks = work.kb1 - work.kb0;
                         xpose_cell(&p, work, phase, &mut used);
