@@ -94,9 +94,9 @@ const BAR_VT_READY: u32 = 10;
 const BAR_XPOSE: u32 = 14;
 /// Threads of the transposer's kernels: two consumer warpgroups and the transposer.
 const XPOSE_THREADS: u32 = 384;
-// Their cell walk's words: the marks (a word a warp), then each warp's walk state (two),
+// Their cell walk's words: the marks (a word a warp), then each warp's walk state (three),
 // inside the work list's region at `TMA_E4_WORDS`.
-const _: () = assert!(3 * XPOSE_THREADS as usize / 32 <= T::walk_words(XPOSE_THREADS as usize));
+const _: () = assert!(4 * XPOSE_THREADS as usize / 32 <= T::walk_words(XPOSE_THREADS as usize));
 /// Registers a thread of the transposer's kernels (`setmaxnreg`): the consumers' and the
 /// transposer's sum to the launch's 384 x 168 (`setmaxnreg.inc` waits for registers the
 /// CTA does not have otherwise).
@@ -988,12 +988,12 @@ impl<'a, K: DecodeKind<Mma = Bf16>> Cta<'a, K> {
 /// thread checks one (its split count, or the folded schedule) and a ballot per warp marks
 /// those with work in the word at `$marks + 4 warp` (an expression evaluated where used);
 /// the walk reads the marks through a `shfl`, so ptxas sees uniform bounds. `state =
-/// ADDRESS` (optional) keeps the walk's position and the marks left in two words per warp
-/// from there (every lane storing the same values) while `$body` runs, and reads the thread
-/// index where used, so that no register lives through `$body` for the walk (the e4m3
-/// decodes' consumers spill in their pair loop: 14 / 30 `STL` / `LDL` with the state held,
-/// 9 / 22 without; the fp8 cache's 25 / 43 and 18 / 30); without it the walk keeps them in
-/// registers. `$bar` is the CTA barrier around a marking (the
+/// ADDRESS` (optional) keeps the walk's position, the marks left and the row tiles in three
+/// words per warp from there (every lane storing the same values) and reads the thread index
+/// where used, so that nothing of the walk's lives in a register through `$body` (the e4m3
+/// decodes' consumers spill: fp8 Q 14 / 30 `STL` / `LDL` with the walk held, 8 / 10 without;
+/// the fp8 cache 25 / 43 and 17 / 18, most outside the pair loop); without it the walk holds
+/// them in registers. `$bar` is the CTA barrier around a marking (the
 /// unaligned one where a warp may reach it split). A macro, not a function taking a
 /// closure: the kernels' bodies must stay in their entry, and a closure that large is not
 /// inlined; an iterator held more registers.
@@ -1014,6 +1014,13 @@ macro_rules! for_each_cell {
         // The virtual grid and this CTA's share of it, recomputed where used (opaque)
         // rather than held in registers through the cells.
         let tiles = || arch::opaque((p.s_q * p.heads).div_ceil(BLOCK_N));
+        // With the state in shared memory, the row tiles are its third word (ptxas merges
+        // the opaque copies of one value and held it through the cells).
+        $(
+            let tiles_at = || $state + 12 * (arch::opaque(arch::thread_idx_x()) / 32) + 8;
+            smem::st_shared_f32_if(tiles_at(), f32::from_bits(tiles()), 1);
+            let tiles = || uniform(smem::ld_shared_f32(tiles_at()).to_bits());
+        )?
         let coords = |i: u32| {
             let (c, g, tiles) = (arch::block_idx_x(), arch::grid_dim_x(), tiles());
             let v = c + i * g;
@@ -1062,14 +1069,14 @@ macro_rules! for_each_cell {
                 // The state's address is evaluated on each side of `$body`: nothing of the
                 // walk's is live through it.
                 $(
-                    let w: u32 = $state + 8 * (arch::opaque(arch::thread_idx_x()) / 32);
+                    let w: u32 = $state + 12 * (arch::opaque(arch::thread_idx_x()) / 32);
                     smem::st_shared_f32_if(w, f32::from_bits(at), 1);
                     smem::st_shared_f32_if(w + 4, f32::from_bits(m), 1);
                 )?
                 let ($tile, $b, $split, $work) = (tile, b, split, work);
                 $body
                 $(
-                    let w: u32 = $state + 8 * (arch::opaque(arch::thread_idx_x()) / 32);
+                    let w: u32 = $state + 12 * (arch::opaque(arch::thread_idx_x()) / 32);
                     at = uniform(smem::ld_shared_f32(w).to_bits());
                     m = uniform(smem::ld_shared_f32(w + 4).to_bits());
                 )?
