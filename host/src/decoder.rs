@@ -669,7 +669,7 @@ impl DecodePlan {
     pub fn takes_list(&self, rt: &Runtime, req: &DecodeRequest) -> Result<bool> {
         let parts = SplitParts::default();
         let shape = self.check_run(rt, req, &parts)?;
-        Ok(self.takes_work_list(rt, req, &parts, &shape))
+        Ok(self.work_list_fixed(rt, req, &parts, &shape) > 0)
     }
 
     /// The split counts a run of `req` writes ([`DecodePlan::read_splits`]) for its lengths
@@ -693,7 +693,7 @@ impl DecodePlan {
             ));
         }
         let cap_tokens = shape.max_seq_len().min(u32::MAX as usize);
-        if self.takes_work_list(rt, req, &parts, &shape) {
+        if self.work_list_fixed(rt, req, &parts, &shape) > 0 {
             let ctas = self.ws.list_ctas(rt.device().sm_count);
             let parts = (ctas / self.schedule.tiles.max(1)).max(1) as u32;
             let pieces = plan::work_list(
@@ -1000,8 +1000,8 @@ impl DecodePlan {
         // every decode CTA runs the schedule's rule itself (SchedFold), so the decode does
         // not wait out a schedule kernel; larger ones launch it.
         // The 64-row TMA decodes' work list cuts the batch on the device itself.
-        let list = self.takes_work_list(rt, req, parts, &shape);
-        let fold = if scheduled || list {
+        let list = self.work_list_fixed(rt, req, parts, &shape);
+        let fold = if scheduled || list > 0 {
             mla_abi::SchedFold::default()
         } else if self.kernels.folds(shape.batch) {
             let p = self.schedule_params(req.seq_lens.ptr, &shape, Counts::Runs);
@@ -1035,25 +1035,24 @@ impl DecodePlan {
         Ok(shape)
     }
 
-    /// Whether a run of `req` (validated into `shape`) takes the work list: its decode is a
-    /// 64-row TMA one that may ([`DecodeKernels::list_fixed_for`]), and the launch model
-    /// ([`plan::list_pays`]) gives it the win for a batch of even sequences as long as the
-    /// page table and the plan's length hint allow (or `MLA_WORK_LIST=all`).
-    fn takes_work_list(
+    /// The work list's fixed cost a piece where a run of `req` (validated into `shape`)
+    /// takes it, else 0 (the cells): its decode is a 64-row TMA one that may
+    /// ([`DecodeKernels::list_fixed_for`]), and the launch model ([`plan::list_pays`]) gives
+    /// it the win for a batch of even sequences as long as the page table and the plan's
+    /// length hint allow (or `MLA_WORK_LIST=all`).
+    fn work_list_fixed(
         &self,
         rt: &Runtime,
         req: &DecodeRequest,
         parts: &SplitParts,
         shape: &DecodeShape,
-    ) -> bool {
+    ) -> u32 {
         let cells = self.kernels.decode_for_parts(req, parts, shape);
         let k = self.kernels.list_base_for(cells, req, parts, shape);
         let cap = self.ws.capacity();
-        if self.kernels.list_fixed_for(k, shape, cap) == 0 {
-            return false;
-        }
-        if self.kernels.list_always {
-            return true;
+        let fixed = self.kernels.list_fixed_for(k, shape, cap);
+        if fixed == 0 || self.kernels.list_always {
+            return fixed;
         }
         let len = shape.max_seq_len().min(self.config.max_seq_len);
         // The e4m3 margin is for cells in a tensor-map form ([`plan::list_margin_pct`]).
@@ -1069,7 +1068,7 @@ impl DecodePlan {
         if let Some((asked, pays)) = memo.as_deref().copied().flatten()
             && asked == key
         {
-            return pays;
+            return if pays { fixed } else { 0 };
         }
         let pays = plan::list_pays(
             &self.schedule,
@@ -1083,7 +1082,7 @@ impl DecodePlan {
         if let Some(mut m) = memo {
             *m = Some((key, pays));
         }
-        pays
+        if pays { fixed } else { 0 }
     }
 
     /// The schedule kernel's params for `shape`'s batch with lengths at `seq_lens`, writing

@@ -660,7 +660,7 @@ impl Runtime {
                 tile,
                 mla_abi::SchedFold::default(),
                 Counts::Runs,
-                false,
+                0,
                 stream.cu_stream(),
             )?
         };
@@ -669,8 +669,9 @@ impl Runtime {
 
     /// The decode kernel (grid z = `kernels.grid_splits`) and, when that is above 1, the
     /// combine; `fold` on: the decode computes the split counts itself. `counts`: the
-    /// array the split counts are in. `list`: a 64-row TMA decode takes the work list where
-    /// [`DecodeKernels::list_fixed_for`] allows it (it then writes the runs' counts).
+    /// array the split counts are in. `list`: the work list's fixed cost a piece where the
+    /// run takes it, as [`DecodeKernels::list_fixed_for`] gave it for this request, else 0
+    /// (the list kernel then writes the runs' counts).
     ///
     /// # Safety
     /// `req` passed [`validate_decode`] giving `shape`, the workspace holds `shape`, and its
@@ -687,7 +688,7 @@ impl Runtime {
         tile: Tile,
         fold: mla_abi::SchedFold,
         counts: Counts,
-        list: bool,
+        list: u32,
         stream: CUstream,
     ) -> Result<()> {
         let rows = shape.rows();
@@ -699,12 +700,6 @@ impl Runtime {
         // of the map form, or of the `cp.async` form the page size gave an fp8 cache
         // ([`DecodeKernels::list_base_for`]).
         let cells = kernels.decode_for_parts(req, parts, shape);
-        let list = if list {
-            let base = kernels.list_base_for(cells, req, parts, shape);
-            kernels.list_fixed_for(base, shape, ws.capacity)
-        } else {
-            0
-        };
         let kernel = match kernels.tma_list {
             Some(k) if list > 0 => k,
             _ => cells,
