@@ -997,21 +997,48 @@ pub struct MlaPagedArgs {
 }
 
 /// The views of `a`'s cache, page table and lengths.
-fn paged_views(
-    a: &MlaPagedArgs,
-) -> Result<(TensorView<3>, TensorView<2>, TensorView<1>), MlaError> {
+/// The paged views of `a`: the cache (fused, or its 512-wide part where `sp.kpe_cache` is
+/// set, tokens `sp.kv_token_stride` apart), its rope part, the page table and lengths.
+type PagedViews = (
+    TensorView<3>,
+    Option<TensorView<3>>,
+    TensorView<2>,
+    TensorView<1>,
+);
+
+fn paged_views(a: &MlaPagedArgs, sp: &MlaSplitArgs) -> Result<PagedViews, MlaError> {
     let kv = elem(a.kv_dtype, "kv_dtype")?;
+    rope_strides_need_a_part(sp)?;
+    if sp.q_pe != 0 {
+        return Err(MlaError::shape(
+            "split.q_pe",
+            "0 (the paged calls take no q)",
+            sp.q_pe,
+        ));
+    }
     let b = a.batch as usize;
+    let page = a.page_size as usize;
+    let width = if sp.kpe_cache == 0 { D_QK } else { D_V };
+    let rope = D_QK - D_V;
     let kv_cache = paged_part(
         a.kv_cache,
         kv,
-        (a.num_pages, a.page_size as usize, D_QK),
-        D_QK,
+        (a.num_pages, page, width),
+        or_default(sp.kv_token_stride, width),
         a.kv_page_stride,
     );
+    let kpe = (sp.kpe_cache != 0).then(|| {
+        paged_part(
+            sp.kpe_cache,
+            kv,
+            (a.num_pages, page, rope),
+            or_default(sp.kpe_token_stride, rope),
+            sp.kpe_page_stride,
+        )
+    });
     let page_table = table_view(a.page_table, b, a.max_pages, a.page_table_stride);
     let seq_lens = TensorView::contiguous(a.seq_lens, ElemType::I32, [b]);
-    Ok((kv_cache, page_table, seq_lens))
+    Ok((kv_cache, kpe, page_table, seq_lens))
 }
 
 /// Which paged call.
@@ -1030,13 +1057,18 @@ enum Paged {
 unsafe fn paged_c(
     rt: *const MlaRuntime,
     args: *const MlaPagedArgs,
+    split: *const MlaSplitArgs,
     stream: *mut c_void,
     call: Paged,
 ) -> c_int {
     guard(|| {
         // SAFETY: forwarded from the caller.
         let (rt, a) = unsafe { rt_and_args(rt, args)? };
-        let (kv_cache, page_table, seq_lens) = paged_views(&a)?;
+        if split.is_null() {
+            return Err(MlaError::NullArgument { field: "split" });
+        }
+        // SAFETY: checked non-null; the caller guarantees validity.
+        let (kv_cache, kpe, page_table, seq_lens) = paged_views(&a, unsafe { &*split })?;
         let st = stream as cudarc::driver::sys::CUstream;
         let rows = |t| TensorView::contiguous(a.rows, t, [a.batch as usize, a.n as usize, D_QK]);
         let host = HostMirror::default();
@@ -1051,7 +1083,7 @@ unsafe fn paged_c(
                     host,
                 };
                 // SAFETY: forwarded from the caller.
-                unsafe { rt.append_kv_raw(st, &req, None) }
+                unsafe { rt.append_kv_raw(st, &req, kpe.as_ref()) }
             }
             Paged::Gather => {
                 let req = GatherRequest {
@@ -1063,7 +1095,7 @@ unsafe fn paged_c(
                     host,
                 };
                 // SAFETY: forwarded from the caller.
-                unsafe { rt.gather_kv_raw(st, &req, None) }
+                unsafe { rt.gather_kv_raw(st, &req, kpe.as_ref()) }
             }
         }
     })
@@ -1081,8 +1113,25 @@ pub unsafe extern "C" fn mla_append_kv(
     args: *const MlaPagedArgs,
     stream: *mut c_void,
 ) -> c_int {
+    // SAFETY: forwarded from the caller; the split args are a local.
+    unsafe { paged_c(rt, args, &MlaSplitArgs::default(), stream, Paged::Append) }
+}
+
+/// `mla_append_kv` into a split or padded cache (`split`: the rope part and the strides, as
+/// `mla_decode_run_split` reads them; `split.q_pe` must be 0); `Runtime::append_kv_split`.
+///
+/// # Safety
+/// As `mla_append_kv`; `split` null or valid, its device pointers valid for the described
+/// shapes until the kernel completes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mla_append_kv_split(
+    rt: *const MlaRuntime,
+    args: *const MlaPagedArgs,
+    split: *const MlaSplitArgs,
+    stream: *mut c_void,
+) -> c_int {
     // SAFETY: forwarded from the caller.
-    unsafe { paged_c(rt, args, stream, Paged::Append) }
+    unsafe { paged_c(rt, args, split, stream, Paged::Append) }
 }
 
 /// Copies each sequence's rows `0 .. min(seq_lens[b], n)` out of the pages into
@@ -1097,8 +1146,24 @@ pub unsafe extern "C" fn mla_gather_kv(
     args: *const MlaPagedArgs,
     stream: *mut c_void,
 ) -> c_int {
+    // SAFETY: forwarded from the caller; the split args are a local.
+    unsafe { paged_c(rt, args, &MlaSplitArgs::default(), stream, Paged::Gather) }
+}
+
+/// `mla_gather_kv` from a split or padded cache (`split` as for `mla_append_kv_split`); the
+/// output rows stay 576 wide; `Runtime::gather_kv_split`.
+///
+/// # Safety
+/// As `mla_append_kv_split`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mla_gather_kv_split(
+    rt: *const MlaRuntime,
+    args: *const MlaPagedArgs,
+    split: *const MlaSplitArgs,
+    stream: *mut c_void,
+) -> c_int {
     // SAFETY: forwarded from the caller.
-    unsafe { paged_c(rt, args, stream, Paged::Gather) }
+    unsafe { paged_c(rt, args, split, stream, Paged::Gather) }
 }
 
 /// The library's version (the `mla` crate's), for a caller to check the ABI it loaded.
@@ -1178,6 +1243,67 @@ mod tests {
                 }
                 other => panic!("{sp:?}: {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn paged_views_take_the_split_layout() {
+        let a = MlaPagedArgs {
+            rows: 0x1000,
+            kv_cache: 0x10000,
+            page_table: 0x2000,
+            seq_lens: 0x3000,
+            batch: 3,
+            n: 2,
+            num_pages: 40,
+            max_pages: 8,
+            page_size: 16,
+            kv_dtype: MLA_BF16,
+            rows_dtype: MLA_BF16,
+            _pad: 0,
+            page_table_stride: 0,
+            kv_page_stride: 0,
+            kv_scale: 1.0,
+            _pad2: 0,
+        };
+        // Fused: 576 wide, tokens 576 apart, no rope part.
+        let (kv, kpe, table, lens) = paged_views(&a, &MlaSplitArgs::default()).unwrap();
+        assert_eq!(kv.shape, [40, 16, D_QK]);
+        assert_eq!(kv.strides, [16 * D_QK, D_QK, 1]);
+        assert!(kpe.is_none());
+        assert_eq!((table.shape, lens.shape), ([3, 8], [3]));
+        // Split and padded: the 512-wide part with its own token stride, the rope part with
+        // its own, a page stride of the page's tokens by default.
+        let sp = MlaSplitArgs {
+            kpe_cache: 0x80000,
+            kpe_token_stride: 72,
+            kv_token_stride: 520,
+            ..Default::default()
+        };
+        let (kv, kpe, _, _) = paged_views(&a, &sp).unwrap();
+        assert_eq!(kv.shape, [40, 16, D_V]);
+        assert_eq!(kv.strides, [16 * 520, 520, 1]);
+        let kpe = kpe.unwrap();
+        assert_eq!((kpe.ptr, kpe.shape), (0x80000, [40, 16, D_QK - D_V]));
+        assert_eq!(kpe.strides, [16 * 72, 72, 1]);
+        // The paged calls take no q; rope strides need a rope part.
+        let q = MlaSplitArgs {
+            q_pe: 0x9000,
+            ..Default::default()
+        };
+        match paged_views(&a, &q) {
+            Err(MlaError::InvalidShape { field, .. }) => assert_eq!(field, "split.q_pe"),
+            other => panic!("{other:?}"),
+        }
+        let stray = MlaSplitArgs {
+            kpe_token_stride: 64,
+            ..Default::default()
+        };
+        match paged_views(&a, &stray) {
+            Err(MlaError::InvalidShape { field, .. }) => {
+                assert_eq!(field, "split.kpe_token_stride")
+            }
+            other => panic!("{other:?}"),
         }
     }
 }

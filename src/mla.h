@@ -305,6 +305,14 @@ int mla_append_kv(const MlaRuntime *rt, const MlaPagedArgs *args, void *stream);
  * (capturable); rows past them are not written; a page id outside [0, num_pages) reads as
  * zeros. */
 int mla_gather_kv(const MlaRuntime *rt, const MlaPagedArgs *args, void *stream);
+/* mla_append_kv / mla_gather_kv on a split or padded cache: `split` gives the rope part
+ * (kpe_cache; kv_cache is then [num_pages, page_size, 512]) and the token strides as
+ * mla_decode_run_split reads them; args->kv_page_stride 0 is page_size times the token
+ * stride. split->q_pe must be 0. Gather rows stay 576 wide. */
+int mla_append_kv_split(const MlaRuntime *rt, const MlaPagedArgs *args,
+                        const MlaSplitArgs *split, void *stream);
+int mla_gather_kv_split(const MlaRuntime *rt, const MlaPagedArgs *args,
+                        const MlaSplitArgs *split, void *stream);
 /* This thread's last error; empty after a call that succeeded (the destroy functions
  * leave it as it was, so it can be read after cleaning up). */
 const char *mla_last_error(void);

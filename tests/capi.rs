@@ -142,6 +142,21 @@ fn null_handles_and_arguments_are_named() {
             (MLA_ERR_INVALID, "rt is a null handle")
         );
     }
+    for f in [mla_append_kv_split, mla_gather_kv_split] {
+        // SAFETY: as above.
+        let s = unsafe {
+            f(
+                std::ptr::null(),
+                std::ptr::null(),
+                std::ptr::null(),
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(
+            (s, last_error().as_str()),
+            (MLA_ERR_INVALID, "rt is a null handle")
+        );
+    }
     // SAFETY: as above.
     let s = unsafe { mla_runtime_create(0, std::ptr::null_mut()) };
     assert_eq!(
@@ -840,6 +855,198 @@ mod gpu {
                 );
             }
         }
+        // SAFETY: all work synchronised (the copies above); a live handle.
+        unsafe { mla_runtime_destroy(rt) };
+    }
+
+    /// `mla_append_kv_split` and `mla_gather_kv_split` write and read the same bytes as the
+    /// Rust API's `append_kv_split` and `gather_kv_split` on a split cache with padded token
+    /// strides (512-wide part 528 apart, rope part 80 apart): bf16 and fp8 (bf16 rows in,
+    /// gathered raw and dequantised), pages of 16, a padding sequence.
+    #[test]
+    fn split_paged_calls_match_the_rust_api() {
+        use mla::abi::{D_QK, D_V, ElemType};
+        use mla::{AppendRequest, GatherRequest, HostMirror, TensorView};
+        use mla_dev::harness::device_addr as ptr;
+        use mla_dev::numeric;
+        let test = "capi_paged_split";
+        let seed = crate::common::seed(test);
+        let Some((rt, rt_rust, stream)) = runtimes(test) else {
+            return;
+        };
+        let mut rng = SplitMix64::new(seed);
+        let st = stream.cu_stream() as *mut std::ffi::c_void;
+        let (kv_tok, pe_tok, rope) = (528usize, 80usize, D_QK - D_V);
+        for cache_t in [ElemType::Bf16, ElemType::Fp8E4m3] {
+            let (page, n_new, num_pages, max_pages) = (16usize, 2usize, 64usize, 20usize);
+            let lens = [37i32, 0, 300];
+            let b = lens.len();
+            // Each sequence its own pages, in a shuffled order.
+            let mut pages: Vec<i32> = (0..num_pages as i32).collect();
+            for i in (1..pages.len()).rev() {
+                pages.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+            }
+            let table: Vec<i32> = pages[..b * max_pages].to_vec();
+            let new_t = cache_t.append_rows();
+            let new_vals: Vec<f32> = (0..b * n_new * D_QK).map(|_| rng.normal() as f32).collect();
+            let d_new = stream
+                .clone_htod(&numeric::from_f32(new_t, &new_vals))
+                .unwrap();
+            let d_table = stream.clone_htod(&table).unwrap();
+            let d_lens = stream.clone_htod(&lens).unwrap();
+            let fill = |len: usize, rng: &mut SplitMix64| -> Vec<u8> {
+                (0..len).map(|_| rng.next_u64() as u8).collect()
+            };
+            let kv_bytes = fill(num_pages * page * kv_tok * cache_t.size(), &mut rng);
+            let pe_bytes = fill(num_pages * page * pe_tok * cache_t.size(), &mut rng);
+            let kv = [
+                stream.clone_htod(&kv_bytes).unwrap(),
+                stream.clone_htod(&kv_bytes).unwrap(),
+            ];
+            let pe = [
+                stream.clone_htod(&pe_bytes).unwrap(),
+                stream.clone_htod(&pe_bytes).unwrap(),
+            ];
+            let kv_view = |i: usize| {
+                TensorView::strided(
+                    ptr(&kv[i], &stream),
+                    cache_t,
+                    [num_pages, page, D_V],
+                    [page * kv_tok, kv_tok, 1],
+                )
+            };
+            let pe_view = |i: usize| {
+                TensorView::strided(
+                    ptr(&pe[i], &stream),
+                    cache_t,
+                    [num_pages, page, rope],
+                    [page * pe_tok, pe_tok, 1],
+                )
+            };
+            let table_v =
+                TensorView::contiguous(ptr(&d_table, &stream), ElemType::I32, [b, max_pages]);
+            let lens_v = TensorView::contiguous(ptr(&d_lens, &stream), ElemType::I32, [b]);
+            let kv_scale = if cache_t == ElemType::Fp8E4m3 {
+                0.25
+            } else {
+                1.0
+            };
+            rt_rust
+                .append_kv_split(
+                    &stream,
+                    &AppendRequest {
+                        new_kv: TensorView::contiguous(
+                            ptr(&d_new, &stream),
+                            new_t,
+                            [b, n_new, D_QK],
+                        ),
+                        kv_cache: kv_view(0),
+                        page_table: table_v,
+                        seq_lens: lens_v,
+                        kv_scale,
+                        host: HostMirror::default(),
+                    },
+                    &pe_view(0),
+                )
+                .unwrap();
+            let mut a = MlaPagedArgs {
+                rows: ptr(&d_new, &stream),
+                kv_cache: kv_view(1).ptr,
+                page_table: table_v.ptr,
+                seq_lens: lens_v.ptr,
+                batch: b as u32,
+                n: n_new as u32,
+                num_pages: num_pages as u32,
+                max_pages: max_pages as u32,
+                page_size: page as u32,
+                kv_dtype: cache_t as u32,
+                rows_dtype: new_t as u32,
+                _pad: 0,
+                page_table_stride: 0,
+                kv_page_stride: 0,
+                kv_scale,
+                _pad2: 0,
+            };
+            let sp = MlaSplitArgs {
+                kpe_cache: pe_view(1).ptr,
+                kpe_page_stride: 0,
+                kpe_token_stride: pe_tok as u64,
+                kv_token_stride: kv_tok as u64,
+                q_pe: 0,
+            };
+            // SAFETY: live handle; the buffers outlive the synchronisation below.
+            let s = unsafe { mla_append_kv_split(rt, &a, &sp, st) };
+            assert_eq!(s, MLA_OK, "{}", last_error());
+            for (name, pair, before) in [("kv", &kv, &kv_bytes), ("kpe", &pe, &pe_bytes)] {
+                let c0: Vec<u8> = stream.clone_dtoh(&pair[0]).unwrap();
+                let c1: Vec<u8> = stream.clone_dtoh(&pair[1]).unwrap();
+                assert!(
+                    c0 != *before,
+                    "{}: the append wrote no {name}",
+                    cache_t.name()
+                );
+                assert!(
+                    c0 == c1,
+                    "{}: the C append's {name} differs",
+                    cache_t.name()
+                );
+            }
+            // q_pe is refused by name.
+            let with_q = MlaSplitArgs { q_pe: 0x1000, ..sp };
+            // SAFETY: as above; refused before any device pointer is touched.
+            let s = unsafe { mla_append_kv_split(rt, &a, &with_q, st) };
+            assert_eq!(s, MLA_ERR_INVALID);
+            assert!(last_error().contains("split.q_pe"), "{}", last_error());
+            let outs = if cache_t == ElemType::Fp8E4m3 {
+                vec![ElemType::Fp8E4m3, ElemType::Bf16]
+            } else {
+                vec![cache_t]
+            };
+            let n = 310usize;
+            for out_t in outs {
+                let bytes = b * n * D_QK * out_t.size();
+                let g = [
+                    stream.clone_htod(&vec![0x5au8; bytes]).unwrap(),
+                    stream.clone_htod(&vec![0x5au8; bytes]).unwrap(),
+                ];
+                rt_rust
+                    .gather_kv_split(
+                        &stream,
+                        &GatherRequest {
+                            kv_cache: kv_view(1),
+                            page_table: table_v,
+                            seq_lens: lens_v,
+                            out: TensorView::contiguous(ptr(&g[0], &stream), out_t, [b, n, D_QK]),
+                            kv_scale,
+                            host: HostMirror::default(),
+                        },
+                        &pe_view(1),
+                    )
+                    .unwrap();
+                a.rows = ptr(&g[1], &stream);
+                a.n = n as u32;
+                a.rows_dtype = out_t as u32;
+                // SAFETY: as above.
+                let s = unsafe { mla_gather_kv_split(rt, &a, &sp, st) };
+                assert_eq!(s, MLA_OK, "{}", last_error());
+                let (g0, g1): (Vec<u8>, Vec<u8>) = (
+                    stream.clone_dtoh(&g[0]).unwrap(),
+                    stream.clone_dtoh(&g[1]).unwrap(),
+                );
+                assert!(
+                    g0.iter().any(|&x| x != 0x5a),
+                    "{}: the gather wrote nothing",
+                    cache_t.name()
+                );
+                assert!(
+                    g0 == g1,
+                    "{} to {}: the C gather differs",
+                    cache_t.name(),
+                    out_t.name()
+                );
+            }
+        }
+        eprintln!("[{test}] passed (seed {seed})");
         // SAFETY: all work synchronised (the copies above); a live handle.
         unsafe { mla_runtime_destroy(rt) };
     }
