@@ -39,11 +39,12 @@ pub struct DecodeConfig {
     pub s_q: usize,
     pub dtypes: DecodeDtypes,
     pub page_size: usize,
-    /// Longest sequence the plan is tuned for (lengths beyond it still run correctly; a
-    /// value past `i32::MAX`, the longest length, plans as `i32::MAX`). Plans of several
-    /// row tiles may size their split grid and partials for a full batch of this length
-    /// (at most 8192 split cells, 1 GiB of partials in 64-row tiles; `i32::MAX`, "unknown",
-    /// takes none of that); [`DecodePlan::info`] reports the workspace.
+    /// Longest sequence the plan is tuned for (lengths beyond it still run correctly; 0
+    /// and any value from `i32::MAX`, the longest length, mean "unknown" and plan as
+    /// `i32::MAX`: [`DecodeConfig::planned_len`]). Plans of several row tiles may size
+    /// their split grid and partials for a full batch of this length (at most 8192 split
+    /// cells, 1 GiB of partials in 64-row tiles; "unknown" takes none of that);
+    /// [`DecodePlan::info`] reports the workspace.
     pub max_seq_len: usize,
 }
 
@@ -53,11 +54,23 @@ impl DecodeConfig {
         self.s_q * self.heads
     }
 
-    /// The plan's extent as the tile choice reads it.
+    /// `max_seq_len` as planning reads it: 0 and values from `i32::MAX` ("unknown") as
+    /// `i32::MAX`, the longest length there is; any other value as it is. A plan tuned for
+    /// "unknown" gets the tile, split grid and work-list model of the longest sequences,
+    /// not of empty ones.
+    pub fn planned_len(&self) -> usize {
+        if self.max_seq_len == 0 {
+            i32::MAX as usize
+        } else {
+            self.max_seq_len.min(i32::MAX as usize)
+        }
+    }
+
+    /// The plan's extent as the tile choice reads it (the length: [`Self::planned_len`]).
     pub fn plan_size(&self) -> crate::tactic::PlanSize {
         crate::tactic::PlanSize {
             max_batch: self.max_batch,
-            max_seq_len: self.max_seq_len,
+            max_seq_len: self.planned_len(),
             page_size: self.page_size,
         }
     }
@@ -296,10 +309,10 @@ impl Runtime {
             switches: crate::choice::Overrides::get().apply(tactic.switches),
             ..tactic
         };
-        // Lengths are i32: a longer hint (such as u32::MAX for "unknown") plans as the
-        // longest length there is.
+        // Lengths are i32: "unknown" (0, or a hint from i32::MAX such as u32::MAX) plans
+        // as the longest length there is.
         let config = DecodeConfig {
-            max_seq_len: config.max_seq_len.min(i32::MAX as usize),
+            max_seq_len: config.planned_len(),
             ..config
         };
         let geometry = Geometry {
@@ -474,7 +487,7 @@ impl Runtime {
             return Ok(self.default_tactic(&config));
         }
         let device = DeviceKey::from(self.device());
-        let key = ShapeKey::for_decode(&shape, config.max_seq_len);
+        let key = ShapeKey::for_decode(&shape, config.planned_len());
         tuner.choose_or_tune(&device, &key, |tactic| {
             let plan = self.plan_decode(stream, config, *tactic)?;
             let (e0, e1) = self.timing_events()?;

@@ -88,3 +88,33 @@ fn a_shape_of_the_config_fits_and_any_other_is_named() {
         assert_eq!(field_of(c.check_shape(&shape)), field, "{shape:?}");
     }
 }
+
+/// 0 is "unknown" (the C ABI's `max_seq_len` documents it so), as any hint from `i32::MAX`:
+/// all plan as the longest length, not as empty sequences; so the default tile of a bf16
+/// plan of 32 rows is the one "unknown" gets, not the small-plan 16-row tile.
+#[test]
+fn an_unknown_length_hint_plans_as_the_longest() {
+    use mla_host::Backend;
+    use mla_host::tactic::Tile;
+    let with = |max_seq_len| DecodeConfig {
+        heads: 16,
+        max_seq_len,
+        ..config()
+    };
+    let longest = i32::MAX as usize;
+    for hint in [0, longest, u32::MAX as usize, usize::MAX] {
+        let c = with(hint);
+        assert_eq!(c.planned_len(), longest, "hint {hint}");
+        assert_eq!(c.plan_size(), with(longest).plan_size(), "hint {hint}");
+    }
+    for hint in [1, 4096, longest - 1] {
+        assert_eq!(with(hint).planned_len(), hint);
+    }
+    let tile = |hint| {
+        let c = with(hint);
+        Tile::default_for_plan(c.rows(), c.plan_size(), Backend::Sm90a, c.dtypes)
+    };
+    assert_eq!(tile(0), tile(longest));
+    // A real short hint still picks the small plan's tile.
+    assert_ne!(tile(1024), tile(longest));
+}
