@@ -47,9 +47,12 @@ thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }
 
+/// Sets this thread's last-error text. A call during the thread's exit, after its
+/// thread-locals were destroyed (a C++ `thread_local` destructor calling in), keeps only
+/// the status: `with` would panic there, and a panic cannot leave an `extern "C"` call.
 fn set_error(msg: String) {
     let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
-    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = c);
 }
 
 fn status_of(e: &MlaError) -> c_int {
@@ -70,7 +73,7 @@ fn status_of(e: &MlaError) -> c_int {
 fn guard(f: impl FnOnce() -> Result<(), MlaError>) -> c_int {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => {
-            LAST_ERROR.with(|e| *e.borrow_mut() = CString::default());
+            set_error(String::new());
             MLA_OK
         }
         Ok(Err(e)) => {
@@ -1192,16 +1195,53 @@ pub unsafe extern "C" fn mla_get_version(
     })
 }
 
-/// The last error of this thread, as UTF-8 text (empty when none). Valid until the next
-/// call into the library on this thread.
+/// The last error of this thread, as UTF-8 text (empty when none, and during the thread's
+/// exit once its thread-locals are gone). Valid until the next call into the library on
+/// this thread.
 #[unsafe(no_mangle)]
 pub extern "C" fn mla_last_error() -> *const c_char {
-    LAST_ERROR.with(|e| e.borrow().as_ptr())
+    LAST_ERROR
+        .try_with(|e| e.borrow().as_ptr())
+        .unwrap_or(c"".as_ptr())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A thread-local whose destructor calls into the library after `LAST_ERROR` is gone.
+    /// Returning at all is the test: `with` panicked there, and the panic aborted the
+    /// process at the `extern "C"` boundary.
+    #[test]
+    fn calls_during_thread_exit_keep_their_status() {
+        struct CallsAtExit;
+        impl Drop for CallsAtExit {
+            fn drop(&mut self) {
+                let null = std::ptr::null_mut();
+                // SAFETY: null pointers, which both calls accept (the second refuses them).
+                let (ok, bad) = unsafe {
+                    (
+                        mla_get_version(null, null, null),
+                        mla_plan_info(std::ptr::null(), std::ptr::null(), std::ptr::null_mut()),
+                    )
+                };
+                assert_eq!(ok, MLA_OK);
+                assert_ne!(bad, MLA_OK);
+                assert!(!mla_last_error().is_null());
+            }
+        }
+        thread_local! {
+            static AT_EXIT: CallsAtExit = const { CallsAtExit };
+        }
+        std::thread::spawn(|| {
+            // AT_EXIT registered first: its destructor runs after LAST_ERROR's here (the
+            // other order does not reach the case).
+            AT_EXIT.with(|_| {});
+            set_error("first".into());
+        })
+        .join()
+        .expect("the thread's exit ran its destructors without a panic");
+    }
 
     #[test]
     fn rope_strides_without_a_rope_part_are_refused_by_name() {

@@ -94,7 +94,10 @@ typedef struct MlaPlanConfig {
                            run correctly; 0, or 2^31-1 and above: unknown (no split raise) */
   uint32_t q_dtype, kv_dtype;
   uint32_t waves; /* 0: default tactic */
-  uint32_t tile;  /* 0: the plan's default (16-row tile when s_q * heads <= 16; fp16
+  uint32_t tile;  /* 0: the plan's default (16-row tile when s_q * heads <= 16, but
+                     bf16 on sm_90a with pages >= 16 in plans of max_batch >= 8,
+                     max_seq_len >= 4096 and >= 2^19 tokens in all takes the wgmma
+                     tile, whose small-row decode runs there; fp16
                      above 16 rows: the 64-row mma.sync tile; on sm_90a, 17..32 rows:
                      with an fp8 cache and pages >= 16 the wgmma tile in plans of
                      >= 65536 tokens in all (fp8 q) or >= 131072 with sequences of
