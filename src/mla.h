@@ -301,11 +301,12 @@ int mla_plan_clear_fault(const MlaRuntime *rt, const MlaPlan *plan, void *stream
 int mla_merge(const MlaRuntime *rt, const MlaMergeArgs *args, void *stream);
 /* Writes each sequence's n new rows at positions seq_len - n .. seq_len - 1 of its pages
  * (capturable). A length <= 0 is padding (nothing written), as is a length below n; a page
- * id outside [0, num_pages) is skipped. Two new rows the table maps to one slot are written
+ * id outside [0, num_pages) is skipped, as is a position at or past max_pages * page_size. Two new rows the table maps to one slot are written
  * in no defined order. Both paged calls take batch <= 65535 (MLA_ERR_UNSUPPORTED above). */
 int mla_append_kv(const MlaRuntime *rt, const MlaPagedArgs *args, void *stream);
-/* Copies each sequence's rows 0 .. min(seq_len, n) - 1 out of its pages into rows[b]
- * (capturable); rows past them are not written; a page id outside [0, num_pages) reads as
+/* Copies each sequence's rows 0 .. min(seq_len, max_pages * page_size, n) - 1 out of its
+ * pages into rows[b] (capturable; a length is cut at the table's capacity, as the decode
+ * cuts it); rows past them are not written; a page id outside [0, num_pages) reads as
  * zeros. */
 int mla_gather_kv(const MlaRuntime *rt, const MlaPagedArgs *args, void *stream);
 /* mla_append_kv / mla_gather_kv on a split or padded cache: `split` gives the rope part

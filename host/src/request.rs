@@ -163,7 +163,9 @@ impl DecodeShape {
 /// Write `s_q` new tokens per sequence (a decode step's tokens, or a prefill chunk: any
 /// count the page table holds) into the paged cache at positions
 /// `seq_lens[b] - s_q ..= seq_lens[b] - 1`. A length `<= 0` is padding: nothing is written
-/// for it (with host copies, a length in `1..s_q` is an error). Two new rows that the page
+/// for it (with host copies, a length in `1..s_q` is an error); a position at or past the
+/// table's `max_pages * page_size`, or on a page id outside `0..num_pages`, is skipped
+/// ([`HostMirror`] says what host copies check). Two new rows that the page
 /// table maps to the same cache slot (sequences sharing a page past their common prefix)
 /// are written in no defined order: the table must give each new token a slot of its own.
 /// At most 65535 sequences a call (append and gather: a typed `Unsupported` error above).
@@ -184,7 +186,8 @@ pub struct AppendRequest<'a> {
 }
 
 /// Copy each sequence's rows out of the pages into `out[b, 0..seq_lens[b], :]` (a length
-/// `<= 0` is padding: nothing is copied).
+/// `<= 0` is padding: nothing is copied; a length is cut at the table's `max_pages *
+/// page_size` and at `out`'s rows, and rows past the cut are not written).
 #[derive(Clone, Copy, Debug)]
 pub struct GatherRequest<'a> {
     /// `[num_pages, page_size, D_QK]`.
