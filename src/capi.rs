@@ -999,9 +999,7 @@ pub struct MlaPagedArgs {
     pub _pad2: u32,
 }
 
-/// The views of `a`'s cache, page table and lengths.
-/// The paged views of `a`: the cache (fused, or its 512-wide part where `sp.kpe_cache` is
-/// set, tokens `sp.kv_token_stride` apart), its rope part, the page table and lengths.
+/// A paged call's views: the cache, its rope part (split caches), the page table, lengths.
 type PagedViews = (
     TensorView<3>,
     Option<TensorView<3>>,
@@ -1009,6 +1007,8 @@ type PagedViews = (
     TensorView<1>,
 );
 
+/// The paged views of `a`: the cache (fused, or its 512-wide part where `sp.kpe_cache` is
+/// set, tokens `sp.kv_token_stride` apart), its rope part, the page table and lengths.
 fn paged_views(a: &MlaPagedArgs, sp: &MlaSplitArgs) -> Result<PagedViews, MlaError> {
     let kv = elem(a.kv_dtype, "kv_dtype")?;
     rope_strides_need_a_part(sp)?;

@@ -427,8 +427,8 @@ fn header_matches_the_rust_structs() {
 mod gpu {
     use std::sync::Arc;
 
-    use cudarc::driver::CudaStream;
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    use cudarc::driver::{CudaSlice, CudaStream};
     use mla::DecodeDtypes;
     use mla::capi::*;
     use mla_dev::harness::{self, CaseSpec, DeviceCase, HostCase};
@@ -473,6 +473,44 @@ mod gpu {
             return None;
         };
         Some((rt, rt_rust, stream))
+    }
+
+    /// The gathers' output types from a `cache_t` cache: raw, and dequantised (bf16) from
+    /// an fp8 one.
+    fn gather_types(cache_t: mla::abi::ElemType) -> Vec<mla::abi::ElemType> {
+        use mla::abi::ElemType;
+        if cache_t == ElemType::Fp8E4m3 {
+            vec![ElemType::Fp8E4m3, ElemType::Bf16]
+        } else {
+            vec![cache_t]
+        }
+    }
+
+    /// Two gather outputs of `bytes` each, poisoned alike (0x5a).
+    fn poisoned_pair(stream: &Arc<CudaStream>, bytes: usize) -> [CudaSlice<u8>; 2] {
+        [
+            stream.clone_htod(&vec![0x5au8; bytes]).unwrap(),
+            stream.clone_htod(&vec![0x5au8; bytes]).unwrap(),
+        ]
+    }
+
+    /// The Rust gather into `g[0]` wrote something, and the C one into `g[1]` the same bytes
+    /// (`what`: the case's name, `out_t` the output type).
+    fn assert_same_gather(
+        stream: &Arc<CudaStream>,
+        g: &[CudaSlice<u8>; 2],
+        what: &str,
+        out_t: mla::abi::ElemType,
+    ) {
+        let (g0, g1): (Vec<u8>, Vec<u8>) = (
+            stream.clone_dtoh(&g[0]).unwrap(),
+            stream.clone_dtoh(&g[1]).unwrap(),
+        );
+        assert!(
+            g0.iter().any(|&x| x != 0x5a),
+            "{what}: the gather wrote nothing"
+        );
+        assert!(g0 == g1, "{what} to {}: the C gather differs", out_t.name());
     }
 
     /// Through the C ABI, the pattern a serving stack runs: one plan (bf16, page 64,
@@ -807,18 +845,9 @@ mod gpu {
                 d.name()
             );
             // Gather from cache 1, raw and (fp8) dequantised, both ways.
-            let outs = if cache_t == ElemType::Fp8E4m3 {
-                vec![ElemType::Fp8E4m3, ElemType::Bf16]
-            } else {
-                vec![cache_t]
-            };
             let n = 310usize;
-            for out_t in outs {
-                let bytes = b * n * D_QK * out_t.size();
-                let g = [
-                    stream.clone_htod(&vec![0x5au8; bytes]).unwrap(),
-                    stream.clone_htod(&vec![0x5au8; bytes]).unwrap(),
-                ];
+            for out_t in gather_types(cache_t) {
+                let g = poisoned_pair(&stream, b * n * D_QK * out_t.size());
                 rt_rust
                     .gather_kv(
                         &stream,
@@ -838,21 +867,7 @@ mod gpu {
                 // SAFETY: as above.
                 let s = unsafe { mla_gather_kv(rt, &a, st) };
                 assert_eq!(s, MLA_OK, "{}", last_error());
-                let (g0, g1): (Vec<u8>, Vec<u8>) = (
-                    stream.clone_dtoh(&g[0]).unwrap(),
-                    stream.clone_dtoh(&g[1]).unwrap(),
-                );
-                assert!(
-                    g0.iter().any(|&x| x != 0x5a),
-                    "{}: the gather wrote nothing",
-                    d.name()
-                );
-                assert!(
-                    g0 == g1,
-                    "{} to {}: the C gather differs",
-                    d.name(),
-                    out_t.name()
-                );
+                assert_same_gather(&stream, &g, d.name(), out_t);
             }
         }
         // SAFETY: all work synchronised (the copies above); a live handle.
@@ -997,18 +1012,9 @@ mod gpu {
             let s = unsafe { mla_append_kv_split(rt, &a, &with_q, st) };
             assert_eq!(s, MLA_ERR_INVALID);
             assert!(last_error().contains("split.q_pe"), "{}", last_error());
-            let outs = if cache_t == ElemType::Fp8E4m3 {
-                vec![ElemType::Fp8E4m3, ElemType::Bf16]
-            } else {
-                vec![cache_t]
-            };
             let n = 310usize;
-            for out_t in outs {
-                let bytes = b * n * D_QK * out_t.size();
-                let g = [
-                    stream.clone_htod(&vec![0x5au8; bytes]).unwrap(),
-                    stream.clone_htod(&vec![0x5au8; bytes]).unwrap(),
-                ];
+            for out_t in gather_types(cache_t) {
+                let g = poisoned_pair(&stream, b * n * D_QK * out_t.size());
                 rt_rust
                     .gather_kv_split(
                         &stream,
@@ -1029,21 +1035,7 @@ mod gpu {
                 // SAFETY: as above.
                 let s = unsafe { mla_gather_kv_split(rt, &a, &sp, st) };
                 assert_eq!(s, MLA_OK, "{}", last_error());
-                let (g0, g1): (Vec<u8>, Vec<u8>) = (
-                    stream.clone_dtoh(&g[0]).unwrap(),
-                    stream.clone_dtoh(&g[1]).unwrap(),
-                );
-                assert!(
-                    g0.iter().any(|&x| x != 0x5a),
-                    "{}: the gather wrote nothing",
-                    cache_t.name()
-                );
-                assert!(
-                    g0 == g1,
-                    "{} to {}: the C gather differs",
-                    cache_t.name(),
-                    out_t.name()
-                );
+                assert_same_gather(&stream, &g, cache_t.name(), out_t);
             }
         }
         eprintln!("[{test}] passed (seed {seed})");
